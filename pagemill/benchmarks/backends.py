@@ -1,0 +1,65 @@
+"""Construct a benchmark backend by name; all expose `generate(prompts, output_lens)` and `close()`."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any, Protocol, Sequence
+
+BACKENDS = ("pagemill", "hf")
+
+
+class Backend(Protocol):
+    """What throughput/latency benchmarks need from an engine."""
+
+    name: str
+
+    def generate(self, prompts: Sequence[Sequence[int]], output_lens: Sequence[int],
+                 use_tqdm: bool = False) -> list[list[int]]: ...
+
+    def close(self) -> None: ...
+
+
+def make_backend(name: str, args: argparse.Namespace, model: str,
+                 hf_batch_size: int) -> tuple[Backend, float]:
+    """Build backend `name` for `model`; return it and its load time in seconds."""
+    start = time.perf_counter()
+    backend: Any
+    if name == "pagemill":
+        from pagemill.benchmarks.pagemill_backend import PagemillBackend, engine_kwargs
+
+        backend = PagemillBackend(engine_kwargs(args, model))
+    elif name == "hf":
+        from pagemill.benchmarks.hf_backend import HFBackend
+
+        backend = HFBackend(model, hf_batch_size)
+    else:
+        raise ValueError(f"unknown backend {name!r}; choose from {BACKENDS}")
+    return backend, time.perf_counter() - start
+
+
+def backend_order(args: argparse.Namespace) -> list[str]:
+    """The backend under test first, then the `--compare` baseline if different."""
+    names = [args.backend]
+    if args.compare and args.compare != args.backend:
+        names.append(args.compare)
+    return names
+
+
+def backend_label(name: str, args: argparse.Namespace) -> str:
+    """Short description of a backend's configuration for tables and JSON."""
+    if name == "hf":
+        return f"hf transformers float32 generate, static batches of {args.hf_batch_size}"
+    return f"pagemill LLM, dtype={args.dtype or 'engine default'}"
+
+
+def add_backend_args(parser: argparse.ArgumentParser, hf_batch_default: int | None) -> None:
+    """--backend / --compare / --hf-batch-size / --model shared by throughput and latency."""
+    parser.add_argument("--model", default=None,
+                        help="GGUF file or HF directory; None means the embedded SmolLM2-135M-Instruct")
+    parser.add_argument("--backend", default="pagemill", choices=BACKENDS)
+    parser.add_argument("--compare", default=None, choices=BACKENDS,
+                        help="also run this baseline on the same requests and print the ratio")
+    if hf_batch_default is not None:
+        parser.add_argument("--hf-batch-size", type=int, default=hf_batch_default,
+                            help="static batch size of the hf backend")

@@ -1,0 +1,51 @@
+"""`bench throughput|latency|serve` sub-commands for the pagemill CLI (modelled on `vllm bench`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Sequence
+
+
+def _run(module: str, func: str) -> Any:
+    def runner(args: argparse.Namespace) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(f"pagemill.benchmarks.{module}"), func)(args)
+
+    return runner
+
+
+def register_bench_subcommands(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `bench` with `throughput`, `latency` and `serve` to an argparse sub-parser set."""
+    from pagemill.benchmarks.latency import add_latency_args
+    from pagemill.benchmarks.serve import add_serve_args
+    from pagemill.benchmarks.throughput import add_throughput_args
+
+    bench = subparsers.add_parser("bench", help="benchmark pagemill against its baselines")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="{throughput,latency,serve}")
+    bench_sub.required = True
+    for name, add_args, module, func, help_text in (
+        ("throughput", add_throughput_args, "throughput", "run_throughput",
+         "offline throughput of a request set"),
+        ("latency", add_latency_args, "latency", "run_latency", "latency of one batch"),
+        ("serve", add_serve_args, "serve", "run_serve",
+         "load-test an OpenAI-compatible server"),
+    ):
+        parser = bench_sub.add_parser(name, help=help_text,
+                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        add_args(parser)
+        parser.set_defaults(func=_run(module, func))
+    return bench
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Stand-alone entry: `python -m pagemill.benchmarks.cli bench <command> ...`."""
+    parser = argparse.ArgumentParser(prog="pagemill")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    register_bench_subcommands(subparsers)
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

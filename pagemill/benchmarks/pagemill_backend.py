@@ -1,0 +1,78 @@
+"""The engine under test: pagemill's offline `LLM` (vLLM API), fed token ids directly."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import gc
+from typing import Any, Sequence
+
+
+def parse_engine_args(items: Sequence[str] | None) -> dict[str, Any]:
+    """Parse repeated `--engine-arg KEY=VALUE` (VALUE as a Python literal when it parses)."""
+    kwargs: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--engine-arg expects KEY=VALUE, got {item!r}")
+        try:
+            kwargs[key.replace("-", "_")] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            kwargs[key.replace("-", "_")] = raw
+    return kwargs
+
+
+def engine_kwargs(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """Keyword arguments for `LLM(...)`: the model plus every engine flag that was given."""
+    kwargs: dict[str, Any] = {"model": model}
+    for name in ("dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
+                 "kv_cache_memory", "enable_prefix_caching"):
+        value = getattr(args, name, None)
+        if value is not None:
+            kwargs[name] = value
+    kwargs.update(parse_engine_args(getattr(args, "engine_arg", None)))
+    return kwargs
+
+
+class PagemillBackend:
+    """Runs requests with `LLM.generate`, greedy, ignore_eos, exact output lengths."""
+
+    name = "pagemill"
+
+    def __init__(self, kwargs: dict[str, Any]) -> None:
+        from pagemill import LLM
+
+        self.kwargs = kwargs
+        self.llm = LLM(**kwargs)
+
+    def generate(self, prompts: Sequence[Sequence[int]], output_lens: Sequence[int],
+                 use_tqdm: bool = False) -> list[list[int]]:
+        """Output token ids per request, in input order."""
+        from pagemill import SamplingParams
+
+        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in output_lens]
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
+                                    use_tqdm=use_tqdm)
+        return [list(o.outputs[0].token_ids) for o in outputs]
+
+    def close(self) -> None:
+        """Shut the engine down (if it supports it) and release its memory."""
+        shutdown = getattr(self.llm, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        self.llm = None
+        gc.collect()
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Engine flags passed through to `LLM(...)` when set (names as in `vllm`)."""
+    g = parser.add_argument_group("pagemill engine")
+    g.add_argument("--dtype", default=None, help="e.g. float32 (default: the engine's)")
+    g.add_argument("--max-num-seqs", type=int, default=None)
+    g.add_argument("--max-num-batched-tokens", type=int, default=None)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--block-size", type=int, default=None)
+    g.add_argument("--kv-cache-memory", default=None, help="e.g. 2GiB")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--engine-arg", action="append", default=None, metavar="KEY=VALUE",
+                   help="any other LLM(...) keyword; repeatable")

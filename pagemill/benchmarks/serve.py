@@ -1,0 +1,347 @@
+"""`bench serve`: an asyncio load generator for any OpenAI-compatible streaming endpoint.
+
+Requests arrive as a Poisson (or gamma, `--burstiness`) process at `--request-rate`, optionally
+capped by `--max-concurrency`; each streams its answer and the client records chunk times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from pagemill.benchmarks.datasets import SampleRequest, add_dataset_args, get_samples
+from pagemill.benchmarks.metrics import (LATENCY_METRICS, RequestResult, compute_metrics,
+                                         parse_goodput)
+from pagemill.benchmarks.model_path import default_model_path, load_hf_tokenizer
+from pagemill.benchmarks.report import config_dict, environment_info, format_table, save_result
+
+REQUEST_TIMEOUT_S = 6 * 3600
+
+
+def arrival_times(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> list[float]:
+    """Send offsets (s) of `n` requests: gamma inter-arrival gaps (shape=burstiness, mean 1/rate).
+
+    burstiness 1.0 is a Poisson process; an infinite rate sends everything at time 0.
+    """
+    if rate <= 0:
+        raise ValueError(f"--request-rate must be positive, got {rate}")
+    if burstiness <= 0:
+        raise ValueError(f"--burstiness must be positive, got {burstiness}")
+    if math.isinf(rate):
+        return [0.0] * n
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+    gaps[0] = 0.0  # the first request goes out immediately, as in `vllm bench serve`
+    return [float(t) for t in np.cumsum(gaps)]
+
+
+def build_payload(sample: SampleRequest, model: str, chat: bool, ignore_eos: bool,
+                  temperature: float, extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON body of one streaming completion or chat-completion request."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": sample.expected_output_len,
+        "temperature": temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": ignore_eos,
+    }
+    if chat:
+        body["messages"] = [{"role": "user", "content": sample.prompt}]
+        body["max_completion_tokens"] = sample.expected_output_len
+    else:
+        body["prompt"] = sample.prompt
+    body.update(extra_body or {})
+    return body
+
+
+def _chunk_text(choice: dict[str, Any], chat: bool) -> str:
+    if chat:
+        return (choice.get("delta") or {}).get("content") or ""
+    return choice.get("text") or ""
+
+
+async def send_request(session: Any, url: str, payload: dict[str, Any], prompt_len: int,
+                       chat: bool) -> RequestResult:
+    """POST one streaming request and record the arrival time of every chunk carrying text.
+
+    Output tokens come from the final `usage` chunk when the server sends one, else one per
+    chunk. Any HTTP, protocol or server error marks the request failed instead of raising.
+    """
+    result = RequestResult(send_time=time.perf_counter(), prompt_len=prompt_len)
+    usage_tokens: int | None = None
+    texts: list[str] = []
+    try:
+        async with session.post(url, json=payload) as resp:
+            if resp.status != 200:
+                result.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"
+                return result
+            async for raw in resp.content:
+                line = raw.decode("utf-8").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    break
+                now = time.perf_counter()
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    result.error = json.dumps(chunk["error"])[:500]
+                    return result
+                for choice in chunk.get("choices") or []:
+                    text = _chunk_text(choice, chat)
+                    if text:
+                        result.chunk_times.append(now)
+                        texts.append(text)
+                        break
+                usage = chunk.get("usage")
+                if usage and usage.get("completion_tokens") is not None:
+                    usage_tokens = int(usage["completion_tokens"])
+                    if usage.get("prompt_tokens"):
+                        result.prompt_len = int(usage["prompt_tokens"])
+    except Exception as exc:  # noqa: BLE001 - a failed request is data, not a crash
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    result.generated_text = "".join(texts)
+    result.output_tokens = usage_tokens if usage_tokens is not None else len(result.chunk_times)
+    result.success = bool(result.chunk_times)
+    if not result.success:
+        result.error = "stream ended without any generated text"
+    return result
+
+
+async def run_load(samples: Sequence[SampleRequest], url: str, model: str, chat: bool,
+                   request_rate: float, burstiness: float, max_concurrency: int | None,
+                   ignore_eos: bool, temperature: float, seed: int,
+                   extra_body: dict[str, Any] | None = None,
+                   disable_tqdm: bool = False) -> tuple[list[RequestResult], float]:
+    """Send every sample on its arrival schedule; return per-request results and wall time."""
+    import aiohttp
+    from tqdm.asyncio import tqdm
+
+    offsets = arrival_times(len(samples), request_rate, burstiness, np.random.default_rng(seed))
+    semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    progress = tqdm(total=len(samples), disable=disable_tqdm, desc=f"rate={request_rate:g}")
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        start = time.perf_counter()
+
+        async def one(sample: SampleRequest, offset: float) -> RequestResult:
+            await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+            payload = build_payload(sample, model, chat, ignore_eos, temperature, extra_body)
+            if semaphore is None:
+                result = await send_request(session, url, payload, sample.prompt_len, chat)
+            else:
+                async with semaphore:
+                    result = await send_request(session, url, payload, sample.prompt_len, chat)
+            progress.update(1)
+            return result
+
+        results = await asyncio.gather(*(one(s, t) for s, t in zip(samples, offsets)))
+        duration = time.perf_counter() - start
+    progress.close()
+    return list(results), duration
+
+
+async def served_model_names(base_url: str) -> list[str]:
+    """Model ids listed by the server's /v1/models."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        async with session.get(base_url.rstrip("/") + "/v1/models") as resp:
+            resp.raise_for_status()
+            body = await resp.json()
+    return [m["id"] for m in body.get("data", [])]
+
+
+def choose_model_name(args: argparse.Namespace, served: Sequence[str]) -> str:
+    """The `model` field to send: --served-model-name, else --model if served, else the only one."""
+    if args.served_model_name:
+        return args.served_model_name
+    if args.model in served:
+        return args.model
+    if served:
+        return served[0]
+    if args.model:
+        return args.model
+    raise ValueError("the server lists no models; pass --served-model-name")
+
+
+def tokenizer_source(args: argparse.Namespace) -> str:
+    """Where to load the tokenizer from: --tokenizer, else a local --model path, else the default."""
+    if args.tokenizer:
+        return args.tokenizer
+    if args.model and os.path.exists(args.model):
+        return args.model
+    return default_model_path()
+
+
+def serve_table(metrics: dict[str, Any], percentiles: Sequence[str], title: str) -> str:
+    """Format one run's metrics like `vllm bench serve` does."""
+    rows: list[tuple[str, Any]] = [
+        ("Successful requests", metrics["completed"]),
+        ("Failed requests", metrics["failed"]),
+        ("Request rate (req/s)", f"{metrics['request_rate']:g}"),
+        ("Benchmark duration (s)", metrics["duration_s"]),
+        ("Total input tokens", metrics["total_input_tokens"]),
+        ("Total generated tokens", metrics["total_output_tokens"]),
+        ("Request throughput (req/s)", metrics["request_throughput"]),
+        ("Output token throughput (tok/s)", metrics["output_throughput"]),
+        ("Total token throughput (tok/s)", metrics["total_token_throughput"]),
+        ("Normalized latency (s/token)", f"{metrics['normalized_latency_s_per_token']:.4f}"),
+    ]
+    if "request_goodput" in metrics:
+        rows.append(("Request goodput (req/s)", metrics["request_goodput"]))
+    names = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
+             "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+    for metric in LATENCY_METRICS:
+        stats = metrics[f"{metric}_ms"]
+        rows.append((f"--{names[metric]}", ""))
+        rows.append((f"Mean {metric.upper()} (ms)", stats["mean"]))
+        rows.append((f"Median {metric.upper()} (ms)", stats["median"]))
+        rows.append((f"Std {metric.upper()} (ms)", stats["std"]))
+        for p in percentiles:
+            rows.append((f"P{p} {metric.upper()} (ms)", stats[f"p{p}"]))
+    return format_table(title, rows)
+
+
+def _rates(args: argparse.Namespace) -> list[float]:
+    if args.sweep_rates:
+        return [float(r) for r in args.sweep_rates.split(",") if r.strip()]
+    return [float(args.request_rate)]
+
+
+async def _initial_test(url: str, sample: SampleRequest, model: str, chat: bool,
+                        extra_body: dict[str, Any] | None) -> None:
+    import aiohttp
+
+    short = SampleRequest(sample.prompt, sample.prompt_len, min(4, sample.expected_output_len))
+    payload = build_payload(short, model, chat, True, 0.0, extra_body)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        result = await send_request(session, url, payload, sample.prompt_len, chat)
+    if not result.success:
+        raise RuntimeError(f"initial test request to {url} failed: {result.error}")
+
+
+def _details(results: Sequence[RequestResult]) -> dict[str, list[Any]]:
+    ok = [r.success and bool(r.chunk_times) for r in results]
+    return {
+        "ttfts_s": [r.ttft if good else None for r, good in zip(results, ok)],
+        "e2els_s": [r.e2el if good else None for r, good in zip(results, ok)],
+        "itls_s": [r.itls if good else [] for r, good in zip(results, ok)],
+        "output_lens": [r.output_tokens for r in results],
+        "input_lens": [r.prompt_len for r in results],
+        "errors": [r.error for r in results],
+    }
+
+
+async def _bench_target(args: argparse.Namespace, base_url: str, label: str,
+                        samples: Sequence[SampleRequest]) -> list[dict[str, Any]]:
+    chat = "chat" in args.endpoint
+    url = base_url.rstrip("/") + args.endpoint
+    model = choose_model_name(args, await served_model_names(base_url))
+    extra_body = json.loads(args.extra_body) if args.extra_body else None
+    percentiles = [float(p) for p in args.metric_percentiles.split(",")]
+    if not args.skip_initial_test:
+        await _initial_test(url, samples[0], model, chat, extra_body)
+    runs = []
+    for rate in _rates(args):
+        results, duration = await run_load(
+            samples, url, model, chat, rate, args.burstiness, args.max_concurrency,
+            args.ignore_eos, args.temperature, args.seed, extra_body, args.disable_tqdm)
+        metrics = compute_metrics(results, duration, percentiles, parse_goodput(args.goodput))
+        metrics.update(target=label, base_url=base_url, served_model=model, request_rate=rate,
+                       burstiness=args.burstiness, max_concurrency=args.max_concurrency)
+        if args.save_detailed:
+            metrics["requests"] = _details(results)
+        errors = sorted({r.error for r in results if r.error})
+        if errors:
+            metrics["error_samples"] = errors[:5]
+        print(serve_table(metrics, [k[1:] for k in metrics["ttft_ms"] if k.startswith("p")],
+                          f"Serving Benchmark Result ({label})"))
+        runs.append(metrics)
+    return runs
+
+
+def run_serve(args: argparse.Namespace) -> dict[str, Any]:
+    """Entry point of `bench serve`: build the dataset, run every rate and target, report."""
+    samples = get_samples(args, load_hf_tokenizer(tokenizer_source(args)))
+    targets = [("pagemill" if args.label is None else args.label, args.base_url)]
+    if args.baseline_base_url:
+        targets.append((args.baseline_label, args.baseline_base_url))
+    series: dict[str, list[dict[str, Any]]] = {}
+    for label, base_url in targets:
+        series[label] = asyncio.run(_bench_target(args, base_url, label, samples))
+    payload = {"benchmark": "serve", "config": config_dict(args),
+               "environment": environment_info(), "runs": [r for v in series.values() for r in v]}
+    if len(targets) == 2:
+        payload["ratios"] = _ratios(series[targets[0][0]], series[targets[1][0]])
+        for row in payload["ratios"]:
+            print(f"rate {row['request_rate']:g}: output throughput ratio "
+                  f"{row['output_throughput_ratio']:.2f}x, normalized latency ratio "
+                  f"{row['normalized_latency_ratio']:.2f}x ({targets[0][0]} / {targets[1][0]})")
+    if args.save_result:
+        save_result(args.save_result, payload)
+        print(f"saved {args.save_result}")
+    if args.plot:
+        from pagemill.benchmarks.plots import plot_sweep
+
+        plot_sweep(series, args.plot, f"{args.dataset_name} dataset, {len(samples)} requests")
+        print(f"saved {args.plot}")
+    return payload
+
+
+def _ratios(ours: Sequence[dict[str, Any]], base: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
+    rows = []
+    for a, b in zip(ours, base):
+        rows.append({
+            "request_rate": a["request_rate"],
+            "output_throughput_ratio": a["output_throughput"] / max(b["output_throughput"], 1e-12),
+            "normalized_latency_ratio": (a["normalized_latency_s_per_token"]
+                                         / max(b["normalized_latency_s_per_token"], 1e-12)),
+        })
+    return rows
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of `bench serve` (names as in `vllm bench serve`, plus --sweep-rates/--plot)."""
+    add_dataset_args(parser)
+    parser.add_argument("--model", default=None,
+                        help="model name or path (default: the server's only model; tokenizer "
+                             "of the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--served-model-name", default=None, help="`model` field to send")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer path (GGUF or HF dir)")
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+    parser.add_argument("--endpoint", default="/v1/completions",
+                        choices=["/v1/completions", "/v1/chat/completions"])
+    parser.add_argument("--request-rate", type=float, default=float("inf"),
+                        help="requests/s (inf: send all at once)")
+    parser.add_argument("--burstiness", type=float, default=1.0,
+                        help="gamma shape of inter-arrival times (1.0 = Poisson)")
+    parser.add_argument("--max-concurrency", type=int, default=None)
+    parser.add_argument("--sweep-rates", default=None,
+                        help="comma-separated request rates to run one after another")
+    parser.add_argument("--plot", default=None, help="PNG: normalized latency vs request rate")
+    parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--extra-body", default=None, help="JSON merged into every request")
+    parser.add_argument("--goodput", nargs="+", default=None, metavar="METRIC:MS",
+                        help="SLOs, e.g. ttft:500 tpot:50 e2el:10000")
+    parser.add_argument("--metric-percentiles", default="99", help="e.g. 50,90,99")
+    parser.add_argument("--label", default=None, help="name of the target in tables/plots")
+    parser.add_argument("--baseline-base-url", default=None,
+                        help="also run the same load against this server and print ratios")
+    parser.add_argument("--baseline-label", default="baseline")
+    parser.add_argument("--skip-initial-test", action="store_true")
+    parser.add_argument("--save-result", default=None, help="JSON file for metrics and config")
+    parser.add_argument("--save-detailed", action="store_true",
+                        help="include per-request timings in the JSON")
+    parser.add_argument("--disable-tqdm", action="store_true")

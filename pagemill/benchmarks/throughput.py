@@ -1,0 +1,121 @@
+"""`bench throughput`: offline throughput of a request set, pagemill vs its baselines."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Sequence
+
+from pagemill.benchmarks.backends import (add_backend_args, backend_label, backend_order,
+                                          make_backend)
+from pagemill.benchmarks.datasets import SampleRequest, add_dataset_args, get_samples
+from pagemill.benchmarks.model_path import load_hf_tokenizer, resolve_model
+from pagemill.benchmarks.pagemill_backend import add_engine_args
+from pagemill.benchmarks.report import config_dict, environment_info, format_table, save_result
+
+
+def throughput_metrics(samples: Sequence[SampleRequest], outputs: Sequence[Sequence[int]],
+                       elapsed_s: float) -> dict[str, Any]:
+    """Request and token rates of one run; output tokens are those actually returned."""
+    input_tokens = sum(s.prompt_len for s in samples)
+    output_tokens = sum(len(o) for o in outputs)
+    return {
+        "elapsed_s": elapsed_s,
+        "num_requests": len(samples),
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": output_tokens,
+        "requested_output_tokens": sum(s.expected_output_len for s in samples),
+        "requests_per_s": len(samples) / elapsed_s,
+        "input_tokens_per_s": input_tokens / elapsed_s,
+        "output_tokens_per_s": output_tokens / elapsed_s,
+        "total_tokens_per_s": (input_tokens + output_tokens) / elapsed_s,
+    }
+
+
+def agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """How many requests got identical greedy tokens from two backends, and the mean common prefix."""
+    same = sum(list(x) == list(y) for x, y in zip(a, b))
+    prefix = []
+    for x, y in zip(a, b):
+        n = 0
+        while n < min(len(x), len(y)) and x[n] == y[n]:
+            n += 1
+        prefix.append(n / max(1, max(len(x), len(y))))
+    return {"identical_requests": same, "num_requests": len(a),
+            "mean_common_prefix_fraction": sum(prefix) / max(1, len(prefix))}
+
+
+def run_backend(name: str, args: argparse.Namespace, model: str,
+                samples: Sequence[SampleRequest]) -> tuple[dict[str, Any], list[list[int]]]:
+    """Load backend `name`, time generating every sample, close it; return metrics and outputs."""
+    import time
+
+    backend, load_s = make_backend(name, args, model, args.hf_batch_size)
+    try:
+        prompts = [s.prompt_token_ids or [] for s in samples]
+        output_lens = [s.expected_output_len for s in samples]
+        start = time.perf_counter()
+        outputs = backend.generate(prompts, output_lens, use_tqdm=not args.disable_tqdm)
+        elapsed = time.perf_counter() - start
+        metrics = throughput_metrics(samples, outputs, elapsed)
+        metrics.update(backend=name, description=backend_label(name, args), load_s=load_s)
+        if name == "hf":
+            metrics["generated_tokens_incl_batch_padding"] = backend.generated_tokens
+    finally:
+        backend.close()
+    return metrics, outputs
+
+
+def throughput_table(metrics: dict[str, Any]) -> str:
+    """Human-readable table of one backend's throughput."""
+    rows = [("Requests", metrics["num_requests"]), ("Elapsed (s)", metrics["elapsed_s"]),
+            ("Total input tokens", metrics["total_input_tokens"]),
+            ("Total output tokens", metrics["total_output_tokens"]),
+            ("Requests/s", metrics["requests_per_s"]),
+            ("Input tokens/s", metrics["input_tokens_per_s"]),
+            ("Output tokens/s", metrics["output_tokens_per_s"]),
+            ("Total tokens/s", metrics["total_tokens_per_s"]),
+            ("Model load (s)", metrics["load_s"])]
+    if "generated_tokens_incl_batch_padding" in metrics:
+        rows.append(("Tokens generated incl. batch waste", metrics["generated_tokens_incl_batch_padding"]))
+    return format_table(f"Throughput: {metrics['backend']}", rows)
+
+
+def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    """Entry point of `bench throughput`."""
+    model = resolve_model(args.model)
+    samples = get_samples(args, load_hf_tokenizer(model))
+    payload: dict[str, Any] = {"benchmark": "throughput", "model": model,
+                               "config": config_dict(args), "environment": environment_info(),
+                               "results": {}}
+    outputs: dict[str, list[list[int]]] = {}
+    for name in backend_order(args):
+        metrics, outputs[name] = run_backend(name, args, model, samples)
+        payload["results"][name] = metrics
+        print(throughput_table(metrics))
+    names = list(payload["results"])
+    if len(names) == 2:
+        ours, base = (payload["results"][n] for n in names)
+        payload["ratio"] = {
+            "output_tokens_per_s": ours["output_tokens_per_s"] / base["output_tokens_per_s"],
+            "total_tokens_per_s": ours["total_tokens_per_s"] / base["total_tokens_per_s"],
+            "requests_per_s": ours["requests_per_s"] / base["requests_per_s"],
+        }
+        payload["agreement"] = agreement(outputs[names[0]], outputs[names[1]])
+        print(f"{names[0]} / {names[1]} throughput: "
+              f"{payload['ratio']['total_tokens_per_s']:.2f}x total tok/s, "
+              f"{payload['ratio']['output_tokens_per_s']:.2f}x output tok/s; identical greedy "
+              f"outputs: {payload['agreement']['identical_requests']}/{len(samples)} requests")
+    if args.save_result:
+        save_result(args.save_result, payload)
+        print(f"saved {args.save_result}")
+    return payload
+
+
+def add_throughput_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of `bench throughput`."""
+    add_dataset_args(parser)
+    add_backend_args(parser, hf_batch_default=16)
+    add_engine_args(parser)
+    parser.add_argument("--save-result", "--output-json", dest="save_result", default=None,
+                        help="JSON file for metrics and config")
+    parser.add_argument("--disable-tqdm", action="store_true")
