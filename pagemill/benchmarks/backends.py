@@ -46,10 +46,10 @@ def backend_order(args: argparse.Namespace) -> list[str]:
     return names
 
 
-def backend_label(name: str, args: argparse.Namespace) -> str:
+def backend_label(name: str, args: argparse.Namespace, hf_batch_size: int) -> str:
     """Short description of a backend's configuration for tables and JSON."""
     if name == "hf":
-        return f"hf transformers float32 generate, static batches of {args.hf_batch_size}"
+        return f"hf transformers float32 generate, static batches of {hf_batch_size}"
     return f"pagemill LLM, dtype={args.dtype or 'engine default'}"
 
 

@@ -47,7 +47,7 @@ def run_backend(name: str, args: argparse.Namespace, model: str,
     backend, load_s = make_backend(name, args, model, hf_batch_size=len(prompts))
     try:
         times = time_batch(backend, prompts, args.output_len, args.num_iters_warmup, args.num_iters)
-        result: dict[str, Any] = {"backend": name, "description": backend_label(name, args),
+        result: dict[str, Any] = {"backend": name, "description": backend_label(name, args, len(prompts)),
                                   "load_s": load_s, "latencies_s": times, **latency_stats(times)}
         if len(prompts) == 1:
             ttft = float(np.mean(time_batch(backend, prompts, 1, 1, args.num_iters)))

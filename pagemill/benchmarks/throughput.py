@@ -57,7 +57,7 @@ def run_backend(name: str, args: argparse.Namespace, model: str,
         outputs = backend.generate(prompts, output_lens, use_tqdm=not args.disable_tqdm)
         elapsed = time.perf_counter() - start
         metrics = throughput_metrics(samples, outputs, elapsed)
-        metrics.update(backend=name, description=backend_label(name, args), load_s=load_s)
+        metrics.update(backend=name, description=backend_label(name, args, args.hf_batch_size), load_s=load_s)
         if name == "hf":
             metrics["generated_tokens_incl_batch_padding"] = backend.generated_tokens
     finally:

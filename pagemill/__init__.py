@@ -1,0 +1,22 @@
+"""pagemill: a vLLM-class LLM inference and serving engine for CPUs."""
+
+from pagemill.outputs import CompletionOutput, Logprob, RequestOutput
+from pagemill.sampling_params import RequestOutputKind, SamplingParams
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "RequestOutputKind",
+           "EngineArgs", "LLMEngine", "__version__"]
+
+
+def __getattr__(name: str):
+    # Import the engine lazily so that `import pagemill` stays light (no torch/transformers until needed).
+    if name == "LLM":
+        from pagemill.llm import LLM
+        return LLM
+    if name == "EngineArgs":
+        from pagemill.config import EngineArgs
+        return EngineArgs
+    if name == "LLMEngine":
+        from pagemill.engine.llm_engine import LLMEngine
+        return LLMEngine
+    raise AttributeError(name)

@@ -1,0 +1,92 @@
+"""Reference paged attention in pure torch: write K/V by slot_mapping, gather blocks, run SDPA.
+
+It is the correctness reference that faster backends are tested against.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pagemill.attention.metadata import CommonAttentionMetadata
+
+
+def _slots(block_table: np.ndarray, length: int, block_size: int) -> np.ndarray:
+    """Slot ids of the first `length` tokens of every row of `block_table`: [B, length]."""
+    j = np.arange(length)
+    return block_table[:, j // block_size] * block_size + (j % block_size)
+
+
+class TorchPagedAttention:
+    """Pure-torch paged attention backend (decodes batched in one SDPA call, prefills one by one)."""
+
+    name = "torch"
+
+    @staticmethod
+    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        """Layout of one layer's cache: [2 (K/V), num_blocks, block_size, kv_heads, head_dim]."""
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+    def _decode_inputs(self, md: CommonAttentionMetadata, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        key = ("decode", window)
+        if key not in md.extra:
+            d = md.num_decodes
+            seq_lens = md.seq_lens[:d]
+            max_kv = int(seq_lens.max())
+            idx = torch.from_numpy(_slots(md.block_table[:d], max_kv, md.block_size).astype(np.int64))
+            pos = np.arange(max_kv)[None, :]
+            allowed = pos < seq_lens[:, None]
+            if window is not None:
+                allowed &= pos > (seq_lens[:, None] - 1 - window)
+            md.extra[key] = (idx, torch.from_numpy(allowed)[:, None, None, :])
+        return md.extra[key]
+
+    def _prefill_inputs(self, md: CommonAttentionMetadata, i: int, window: int | None):
+        key = ("prefill", i, window)
+        if key not in md.extra:
+            ctx = int(md.num_computed_tokens[i])
+            seq = int(md.seq_lens[i])
+            q_len = seq - ctx
+            idx = torch.from_numpy(_slots(md.block_table[i : i + 1], seq, md.block_size)[0].astype(np.int64))
+            qpos = ctx + np.arange(q_len)[:, None]
+            kpos = np.arange(seq)[None, :]
+            allowed = kpos <= qpos
+            if window is not None:
+                allowed &= kpos > qpos - window
+            md.extra[key] = (idx, torch.from_numpy(allowed))
+        return md.extra[key]
+
+    def forward(self, layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor, md: CommonAttentionMetadata) -> torch.Tensor:
+        """q: [T, Hq, D]; k, v: [T, Hk, D] -> [T, Hq, D]."""
+        n = md.num_actual_tokens
+        k_cache = kv_cache[0].view(-1, layer.num_kv_heads, layer.head_dim)
+        v_cache = kv_cache[1].view(-1, layer.num_kv_heads, layer.head_dim)
+        k_cache.index_copy_(0, md.slot_mapping, k[:n])
+        v_cache.index_copy_(0, md.slot_mapping, v[:n])
+        out = torch.empty_like(q)
+        window = layer.sliding_window
+        d = md.num_decodes
+        if d:
+            idx, mask = self._decode_inputs(md, window)
+            kd = k_cache[idx].transpose(1, 2)  # [D, Hk, max_kv, hd]
+            vd = v_cache[idx].transpose(1, 2)
+            qd = q[:d].unsqueeze(2)  # [D, Hq, 1, hd]
+            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=layer.scale, enable_gqa=True)
+            out[:d] = o.squeeze(2)
+        qsl = md.query_start_loc
+        for i in range(d, md.num_reqs):
+            s, e = int(qsl[i]), int(qsl[i + 1])
+            qi = q[s:e].transpose(0, 1).unsqueeze(0)
+            if md.num_computed_tokens[i] == 0 and window is None:
+                ki = k[s:e].transpose(0, 1).unsqueeze(0)
+                vi = v[s:e].transpose(0, 1).unsqueeze(0)
+                o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scale, enable_gqa=True)
+            else:
+                idx, mask = self._prefill_inputs(md, i, window)
+                ki = k_cache[idx].transpose(0, 1).unsqueeze(0)
+                vi = v_cache[idx].transpose(0, 1).unsqueeze(0)
+                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=layer.scale, enable_gqa=True)
+            out[s:e] = o[0].transpose(0, 1)
+        return out

@@ -1,0 +1,216 @@
+"""Engine configuration: one place owns each fact (model, cache, scheduler limits)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+}
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
+               "g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
+
+
+def parse_size(value: int | float | str) -> int:
+    """Bytes from an int or a string such as '2GiB', '512MB', '1.5g'."""
+    if isinstance(value, (int, float)):
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"kv_cache_memory must be a size like '2GiB' or a number of bytes, got {value!r}.")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """The torch dtype for a `dtype` argument; 'auto' is float32 (fastest and exact on CPUs without AMX)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.float32
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}.") from None
+
+
+@dataclass
+class ModelConfig:
+    """Which model to run and how: path, dtype, context length, and the HF config it was loaded with."""
+
+    model: str
+    dtype: torch.dtype
+    max_model_len: int
+    hf_config: Any
+    tokenizer: str
+    gguf_file: str | None = None
+    served_model_name: str | None = None
+    seed: int = 0
+
+    @property
+    def architecture(self) -> str:
+        """The HF architecture name (e.g. LlamaForCausalLM)."""
+        archs = getattr(self.hf_config, "architectures", None) or []
+        return archs[0] if archs else self.hf_config.model_type
+
+    @property
+    def num_layers(self) -> int:
+        """Number of transformer layers."""
+        return self.hf_config.num_hidden_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Number of key/value heads (GQA)."""
+        c = self.hf_config
+        return getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Size of one attention head."""
+        c = self.hf_config
+        return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+
+    @property
+    def name(self) -> str:
+        """The name the server reports for this model."""
+        return self.served_model_name or self.model
+
+
+@dataclass
+class CacheConfig:
+    """Paged KV cache: block size, memory budget, prefix caching."""
+
+    block_size: int = 16
+    kv_cache_memory: int = 2 * 2**30
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "builtin"
+    num_gpu_blocks_override: int | None = None  # exact number of blocks (tests)
+    num_blocks: int = 0  # set once the KV cache is sized
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            raise ValueError(f"block_size must be a power of two in [1, 256], got {self.block_size}.")
+        if self.prefix_caching_hash_algo not in ("builtin", "sha256"):
+            raise ValueError("prefix_caching_hash_algo must be 'builtin' or 'sha256'.")
+
+
+@dataclass
+class SchedulerConfig:
+    """Per-step limits and the scheduling policy."""
+
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+    policy: str = "fcfs"
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.policy!r}.")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1.")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1.")
+
+
+@dataclass
+class EngineConfig:
+    """All the configuration of one engine."""
+
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    num_threads: int | None = None
+    log_stats: bool = False
+
+
+@dataclass
+class EngineArgs:
+    """User-facing engine arguments (vLLM names); `create_engine_config` resolves them."""
+
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    kv_cache_memory: int | str | None = None
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "builtin"
+    scheduling_policy: str = "fcfs"
+    seed: int = 0
+    served_model_name: str | None = None
+    num_gpu_blocks_override: int | None = None
+    num_threads: int | None = None
+    disable_log_stats: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """The argument names (used to build CLI flags and to filter kwargs)."""
+        return [f.name for f in fields(cls) if f.name != "extra"]
+
+    def create_engine_config(self) -> EngineConfig:
+        """Load the model's config and resolve every default."""
+        from pagemill.loader.model_files import resolve_model
+
+        resolved = resolve_model(self.model, self.tokenizer)
+        hf_config = resolved.hf_config
+        model_max = getattr(hf_config, "max_position_embeddings", None) or 8192
+        max_model_len = self.max_model_len or model_max
+        if max_model_len > model_max:
+            raise ValueError(
+                f"max_model_len ({max_model_len}) is larger than the model's context length ({model_max})."
+            )
+        max_batched = self.max_num_batched_tokens or max(2048, 0)
+        kv_bytes = parse_size(self.kv_cache_memory) if self.kv_cache_memory is not None else _default_kv_bytes()
+        model_config = ModelConfig(
+            model=resolved.path,
+            dtype=resolve_dtype(self.dtype),
+            max_model_len=max_model_len,
+            hf_config=hf_config,
+            tokenizer=resolved.tokenizer_path,
+            gguf_file=resolved.gguf_file,
+            served_model_name=self.served_model_name,
+            seed=self.seed,
+        )
+        cache_config = CacheConfig(
+            block_size=self.block_size,
+            kv_cache_memory=kv_bytes,
+            enable_prefix_caching=self.enable_prefix_caching,
+            prefix_caching_hash_algo=self.prefix_caching_hash_algo,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+        )
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=max_batched,
+            max_model_len=max_model_len,
+            policy=self.scheduling_policy,
+        )
+        return EngineConfig(model_config, cache_config, scheduler_config,
+                            num_threads=self.num_threads, log_stats=not self.disable_log_stats)
+
+
+def _default_kv_bytes() -> int:
+    """Default KV budget: 2 GiB, or a quarter of available memory if that is smaller."""
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        avail = 8 * 2**30
+    return int(min(2 * 2**30, avail // 4))

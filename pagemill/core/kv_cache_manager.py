@@ -1,0 +1,98 @@
+"""Per-request block tables on top of the block pool: prefix-cache lookups, slot allocation, freeing."""
+
+from __future__ import annotations
+
+from pagemill.core.block_pool import BlockPool, KVCacheBlock
+from pagemill.core.kv_cache_utils import extend_block_hashes, get_hash_fn
+from pagemill.engine.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division."""
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Allocates and frees KV blocks for requests; finds cached prefixes (vLLM v1's interface)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 hash_algo: str = "builtin") -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.hash_fn = get_hash_fn(hash_algo)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_blocks: dict[str, int] = {}
+        self.prefix_cache_queries = 0  # tokens looked up
+        self.prefix_cache_hits = 0  # tokens found
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the KV cache in use."""
+        return self.block_pool.get_usage()
+
+    def _ensure_hashes(self, request: Request, num_full_blocks: int) -> None:
+        extra = (request.cache_salt,) if request.cache_salt else None
+        extend_block_hashes(self.hash_fn, request.block_hashes, request.all_token_ids, self.block_size,
+                            num_full_blocks, extra)
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest run of cached full blocks at the start of the request, and how many tokens that is.
+
+        The last token is never a hit: its logits must be computed.
+        """
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        self._ensure_hashes(request, max_blocks)
+        hits: list[KVCacheBlock] = []
+        for h in request.block_hashes[:max_blocks]:
+            block = self.block_pool.get_cached_block(h)
+            if block is None:
+                break
+            hits.append(block)
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += len(hits) * self.block_size
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: list[KVCacheBlock] | None = None,
+                       num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:
+        """Make room for `num_new_tokens` more tokens; None (and no change) if the pool is too small."""
+        new_computed_blocks = new_computed_blocks or []
+        req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        num_required = cdiv(num_computed + num_new_tokens + num_lookahead_tokens, self.block_size)
+        num_new_blocks = num_required - len(req_blocks) - len(new_computed_blocks)
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_new_blocks > self.block_pool.get_num_free_blocks() - num_evictable_hits:
+            if not req_blocks:
+                del self.req_to_blocks[request.request_id]
+            return None
+        if new_computed_blocks:
+            self.block_pool.touch(new_computed_blocks)
+            req_blocks.extend(new_computed_blocks)
+        new_blocks = self.block_pool.get_new_blocks(max(num_new_blocks, 0))
+        req_blocks.extend(new_blocks)
+        if self.enable_caching:
+            num_full = (num_computed + num_new_tokens) // self.block_size
+            start = self.num_cached_blocks.get(request.request_id, 0)
+            if num_full > start:
+                self._ensure_hashes(request, num_full)
+                self.block_pool.cache_full_blocks(req_blocks, request.block_hashes, start, num_full)
+                self.num_cached_blocks[request.request_id] = num_full
+        return new_blocks
+
+    def free(self, request: Request) -> None:
+        """Release a request's blocks, tail first so that its last blocks are evicted first."""
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.num_cached_blocks.pop(request.request_id, None)
+        self.block_pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table."""
+        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop all cached prefixes (only when nothing runs)."""
+        return self.block_pool.reset_prefix_cache()

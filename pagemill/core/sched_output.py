@@ -1,0 +1,51 @@
+"""What the scheduler hands the model runner for one step, and what comes back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagemill.engine.messages import LogprobsLists
+from pagemill.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """A request the runner has not seen (or sees again after preemption): all its tokens and blocks."""
+
+    req_id: str
+    token_ids: list[int]  # prompt + outputs so far
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    eos_token_id: int | None = None
+
+
+@dataclass
+class CachedRequestData:
+    """A running request the runner already holds: only what changed."""
+
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan: which requests run and how many tokens each computes."""
+
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    finished_req_ids: set[str] = field(default_factory=set)  # the runner drops their state
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Sampled tokens (one per request that reached the end of its known tokens) and logprobs."""
+
+    sampled: dict[str, int]
+    logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)

@@ -1,0 +1,251 @@
+"""vLLM v1-style scheduler: one token budget per step, running requests first, then waiting ones.
+
+There are no prefill or decode phases: each step gives tokens to requests so that their
+num_computed_tokens catches up with num_tokens (chunked prefill, prefix hits and recompute
+after preemption all follow from that).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+
+from pagemill.config import CacheConfig, SchedulerConfig
+from pagemill.core.kv_cache_manager import KVCacheManager
+from pagemill.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
+                                        SchedulerOutput)
+from pagemill.engine.messages import EngineCoreOutput, SchedulerStats
+from pagemill.engine.request import Request, RequestStatus
+
+
+class _WaitingQueue:
+    """FCFS deque or a priority heap (lower priority value first, then arrival)."""
+
+    def __init__(self, policy: str) -> None:
+        self.priority = policy == "priority"
+        self._items: deque[Request] | list[Request] = [] if self.priority else deque()
+
+    def add(self, req: Request) -> None:
+        if self.priority:
+            heapq.heappush(self._items, req)
+        else:
+            self._items.append(req)
+
+    def add_front(self, req: Request) -> None:
+        """Re-queue a preempted request ahead of new arrivals (FCFS) or by its priority."""
+        if self.priority:
+            heapq.heappush(self._items, req)
+        else:
+            self._items.appendleft(req)
+
+    def peek(self) -> Request:
+        return self._items[0]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._items) if self.priority else self._items.popleft()
+
+    def remove(self, req: Request) -> None:
+        self._items.remove(req)
+        if self.priority:
+            heapq.heapify(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self):
+        return iter(self._items)
+
+
+class Scheduler:
+    """Decides each step's batch and applies the model's results to the requests."""
+
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int) -> None:
+        self.config = scheduler_config
+        self.block_size = cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
+                                               cache_config.enable_prefix_caching,
+                                               cache_config.prefix_caching_hash_algo)
+        self.requests: dict[str, Request] = {}
+        self.waiting = _WaitingQueue(scheduler_config.policy)
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()
+        self.num_preemptions = 0
+        self.num_prompt_tokens = 0  # computed prompt tokens (counter)
+        self.num_generation_tokens = 0
+
+    # ---- requests in and out ----
+    def add_request(self, request: Request) -> None:
+        """Queue a new request."""
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> list[Request]:
+        """Finish (usually abort) requests wherever they are; returns the ones that existed."""
+        done = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None or req.status.finished:
+                continue
+            if req.status == RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            req.status = status
+            self._free(req)
+            done.append(req)
+        return done
+
+    def _free(self, req: Request) -> None:
+        self.kv_cache_manager.free(req)
+        self.finished_req_ids.add(req.request_id)
+        del self.requests[req.request_id]
+
+    def has_unfinished_requests(self) -> bool:
+        """True while anything is running or waiting."""
+        return bool(self.running) or len(self.waiting) > 0
+
+    # ---- one step ----
+    def _preempt_victim(self) -> Request:
+        if self.config.policy == "priority":
+            victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+            self.running.remove(victim)
+            return victim
+        return self.running.pop()
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step within the token budget, preempting by recompute when blocks run out."""
+        budget = self.config.max_num_batched_tokens
+        max_len = self.config.max_model_len
+        num_scheduled: dict[str, int] = {}
+        new_reqs: list[NewRequestData] = []
+        cached_reqs: list[CachedRequestData] = []
+        preempted: set[str] = set()
+        resumed: set[str] = set()
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget,
+                          max_len - req.num_computed_tokens)
+            if num_new <= 0:
+                i += 1
+                continue
+            while True:
+                new_blocks = self.kv_cache_manager.allocate_slots(req, num_new)
+                if new_blocks is not None:
+                    break
+                victim = self._preempt_victim()
+                if victim.request_id in num_scheduled:  # already planned this step: take it back
+                    budget += num_scheduled.pop(victim.request_id)
+                    cached_reqs = [c for c in cached_reqs if c.req_id != victim.request_id]
+                    i -= 1
+                self._preempt(victim)
+                preempted.add(victim.request_id)
+                if victim is req:
+                    break
+            if new_blocks is None:
+                break  # req itself was preempted; everything after it is gone too
+            num_scheduled[req.request_id] = num_new
+            cached_reqs.append(CachedRequestData(req.request_id, [b.block_id for b in new_blocks],
+                                                 req.num_computed_tokens))
+            budget -= num_new
+            i += 1
+
+        now = time.monotonic()
+        while not preempted and len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting.peek()
+            hit_blocks, num_hit = [], 0
+            if req.num_computed_tokens == 0:
+                hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(req)
+            num_new = min(req.num_tokens - num_hit, budget)
+            new_blocks = self.kv_cache_manager.allocate_slots(req, num_new, num_hit, hit_blocks)
+            if new_blocks is None:
+                break
+            self.waiting.pop()
+            if req.status == RequestStatus.PREEMPTED:
+                resumed.add(req.request_id)
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+                req.first_scheduled_time = now
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = num_hit
+            self.running.append(req)
+            num_scheduled[req.request_id] = num_new
+            new_reqs.append(NewRequestData(req.request_id, list(req.all_token_ids), req.num_prompt_tokens,
+                                           req.sampling_params,
+                                           self.kv_cache_manager.get_block_ids(req.request_id), num_hit,
+                                           req.eos_token_id))
+            budget -= num_new
+
+        total = sum(num_scheduled.values())
+        for rid, n in num_scheduled.items():
+            req = self.requests[rid]
+            prompt_left = max(0, req.num_prompt_tokens - req.num_computed_tokens)
+            self.num_prompt_tokens += min(n, prompt_left)
+            req.num_computed_tokens += n
+        out = SchedulerOutput(new_reqs, cached_reqs, num_scheduled, total,
+                              finished_req_ids=self.finished_req_ids, preempted_req_ids=preempted)
+        self.finished_req_ids = set()
+        return out
+
+    def _preempt(self, req: Request) -> None:
+        """Preemption by recompute: drop the request's blocks and queue it again."""
+        self.kv_cache_manager.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.add_front(req)
+
+    def update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Append sampled tokens, check stop conditions, free finished requests; one output per request."""
+        outputs: list[EngineCoreOutput] = []
+        for rid in sched.num_scheduled_tokens:
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            prompt_lp = out.prompt_logprobs.get(rid)
+            token = out.sampled.get(rid)
+            if token is None:
+                if prompt_lp is not None:
+                    outputs.append(EngineCoreOutput(rid, [], new_prompt_logprobs=prompt_lp))
+                continue
+            req.append_output_token(token)
+            self.num_generation_tokens += 1
+            status = self._check_stop(req, token)
+            eco = EngineCoreOutput(rid, [token], new_logprobs=out.logprobs.get(rid), new_prompt_logprobs=prompt_lp,
+                                   num_cached_tokens=max(req.num_cached_tokens, 0))
+            if status is not None:
+                req.status = status
+                eco.finish_reason = status.finish_reason
+                eco.stop_reason = req.stop_reason
+                self.running.remove(req)
+                self._free(req)
+            outputs.append(eco)
+        return outputs
+
+    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
+        sp = req.sampling_params
+        if req.num_output_tokens >= sp.min_tokens:
+            if not sp.ignore_eos and token == req.eos_token_id:
+                return RequestStatus.FINISHED_STOPPED
+            if token in sp.all_stop_token_ids:
+                req.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if req.max_tokens is not None and req.num_output_tokens >= req.max_tokens:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        if req.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None
+
+    def make_stats(self) -> SchedulerStats:
+        """Counters and gauges for logging and /metrics."""
+        pool = self.kv_cache_manager.block_pool
+        return SchedulerStats(
+            num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=pool.get_usage(), num_blocks_total=pool.num_blocks - 1,
+            num_blocks_free=pool.get_num_free_blocks(),
+            prefix_cache_queries=self.kv_cache_manager.prefix_cache_queries,
+            prefix_cache_hits=self.kv_cache_manager.prefix_cache_hits, num_preemptions=self.num_preemptions,
+            num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens)

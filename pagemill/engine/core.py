@@ -1,0 +1,58 @@
+"""EngineCore: the busy loop's body: schedule -> execute -> update, on token ids only."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pagemill.config import EngineConfig
+from pagemill.core.scheduler import Scheduler
+from pagemill.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from pagemill.engine.request import Request, RequestStatus
+from pagemill.worker.executor import UniProcExecutor
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    """Owns the scheduler and the executor; knows nothing of text."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.executor = UniProcExecutor(config)
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.executor.num_blocks)
+        self._last_log = time.monotonic()
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a request for scheduling."""
+        if request.request_id in self.scheduler.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use.")
+        self.scheduler.add_request(Request.from_engine_core_request(request))
+
+    def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        """Abort requests and free their blocks; returns their final outputs."""
+        done = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        return [EngineCoreOutput(r.request_id, [], finish_reason="abort") for r in done]
+
+    def has_unfinished_requests(self) -> bool:
+        """True while requests are running or waiting."""
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> EngineCoreOutputs:
+        """One engine step."""
+        if not self.scheduler.has_unfinished_requests():
+            return EngineCoreOutputs([], self.scheduler.make_stats(), time.monotonic())
+        so = self.scheduler.schedule()
+        out = self.executor.execute_model(so)
+        outputs = self.scheduler.update_from_output(so, out)
+        stats = self.scheduler.make_stats()
+        if self.config.log_stats and time.monotonic() - self._last_log > 5.0:
+            self._last_log = time.monotonic()
+            logger.info("Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
+                        stats.num_running_reqs, stats.num_waiting_reqs, 100 * stats.kv_cache_usage,
+                        100 * stats.prefix_cache_hits / max(1, stats.prefix_cache_queries))
+        return EngineCoreOutputs(outputs, stats, time.monotonic())
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop cached prefixes (only when idle)."""
+        return self.scheduler.kv_cache_manager.reset_prefix_cache()

@@ -1,0 +1,93 @@
+"""LLMEngine: the synchronous, in-process engine (processor -> engine core -> output processor)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from pagemill.config import EngineArgs, EngineConfig
+from pagemill.engine.core import EngineCore
+from pagemill.engine.output_processor import OutputProcessor, ParentRequest
+from pagemill.engine.processor import Processor, PromptType
+from pagemill.loader.tokenizer import load_tokenizer
+from pagemill.outputs import RequestOutput
+from pagemill.sampling_params import SamplingParams
+
+
+class LLMEngine:
+    """Adds requests and steps the engine; each step returns the outputs it completed."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        mc = config.model_config
+        self.tokenizer = load_tokenizer(mc.tokenizer, mc.gguf_file)
+        self.processor = Processor(mc, self.tokenizer)
+        self.engine_core = EngineCore(config)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._ids = itertools.count()
+        self._parents: dict[str, ParentRequest] = {}
+        self.last_stats = None
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+        """Build from user-facing arguments."""
+        return cls(args.create_engine_config())
+
+    def get_tokenizer(self) -> Any:
+        """The tokenizer in use."""
+        return self.tokenizer
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    arrival_time: float | None = None, priority: int = 0, cache_salt: str | None = None,
+                    queue: Any = None) -> None:
+        """Validate and queue a request; n > 1 fans out into child sequences sharing the prompt."""
+        text, req = self.processor.process(request_id, prompt, params, arrival_time, priority, cache_salt)
+        parent = None
+        if params.n > 1:
+            parent = self._parents[request_id] = ParentRequest(request_id, params.n)
+        for child_id, index, child_req in self.fan_out(req):
+            self.output_processor.add_request(child_id, text, req.prompt_token_ids, child_req.sampling_params,
+                                              parent, index, queue, req.arrival_time)
+            self.engine_core.add_request(child_req)
+
+    @staticmethod
+    def fan_out(req):
+        """(child id, index, child request) for each of the n sequences of a request."""
+        sp = req.sampling_params
+        if sp.n == 1:
+            yield req.request_id, 0, req
+            return
+        import msgspec
+
+        for i in range(sp.n):
+            child_sp = sp.clone(n=1, seed=None if sp.seed is None else sp.seed + i)
+            yield f"{i}_{req.request_id}", i, msgspec.structs.replace(
+                req, request_id=f"{i}_{req.request_id}", sampling_params=child_sp)
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        """Abort requests (and all their child sequences)."""
+        ids = [sid for sid, s in self.output_processor.states.items()
+               if sid in request_ids or (s.parent is not None and s.parent.request_id in request_ids)]
+        self.output_processor.abort_requests(ids)
+        self.engine_core.abort_requests(ids)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while anything is in flight."""
+        return self.engine_core.has_unfinished_requests() or self.output_processor.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step and return the request outputs it produced."""
+        core_out = self.engine_core.step()
+        self.last_stats = core_out.scheduler_stats
+        outputs, to_abort = self.output_processor.process_outputs(core_out.outputs)
+        if to_abort:
+            self.engine_core.abort_requests(to_abort)
+        if self._parents:
+            for o in outputs:
+                if o.finished:
+                    self._parents.pop(o.request_id, None)
+        return outputs
+
+    def next_request_id(self) -> str:
+        """A fresh request id."""
+        return str(next(self._ids))

@@ -1,0 +1,191 @@
+"""Front-end output processing: detokenize, stop strings, logprobs, and n > 1 aggregation."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagemill.engine.detokenizer import IncrementalDetokenizer
+from pagemill.engine.messages import EngineCoreOutput, LogprobsLists
+from pagemill.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from pagemill.sampling_params import RequestOutputKind, SamplingParams
+
+
+@dataclass
+class ParentRequest:
+    """A user request with n > 1: its child sequences' latest outputs, by index."""
+
+    request_id: str
+    n: int
+    completions: dict[int, CompletionOutput] = field(default_factory=dict)
+    num_finished: int = 0
+
+
+class RequestState:
+    """Everything the front end tracks for one sequence while it is generated."""
+
+    def __init__(self, request_id: str, parent: ParentRequest | None, index: int, prompt: str | None,
+                 prompt_token_ids: list[int], params: SamplingParams, tokenizer: Any, queue: Any,
+                 arrival_time: float) -> None:
+        self.request_id = request_id
+        self.parent = parent
+        self.index = index
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.queue = queue
+        self.detok = IncrementalDetokenizer(tokenizer, prompt_token_ids, params.skip_special_tokens) \
+            if params.detokenize else None
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = \
+            [None] if params.prompt_logprobs is not None else None
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.sent_tokens = 0
+        self.sent_text = 0
+        self.sent_logprobs = 0
+        self.num_cached_tokens = 0
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.max_stop_len = max((len(s) for s in params.stop), default=0)
+
+    def _check_stop_strings(self, new_text_len: int) -> bool:
+        """Truncate at the first stop string that the new text completes."""
+        if not self.params.stop or not new_text_len:
+            return False
+        start = max(0, len(self.text) - new_text_len - self.max_stop_len + 1)
+        best = None
+        for s in self.params.stop:
+            i = self.text.find(s, start)
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is None:
+            return False
+        i, s = best
+        self.text = self.text[: i + len(s)] if self.params.include_stop_str_in_output else self.text[:i]
+        self.finish_reason, self.stop_reason = "stop", s
+        return True
+
+    def completion(self, kind: RequestOutputKind) -> CompletionOutput:
+        """The CompletionOutput to report now (a delta or everything so far)."""
+        finished = self.finish_reason is not None
+        hold = 0 if finished or not self.max_stop_len else self.max_stop_len - 1
+        if kind == RequestOutputKind.DELTA:
+            text_end = max(self.sent_text, len(self.text) - hold)
+            text = self.text[self.sent_text:text_end]
+            tokens = self.token_ids[self.sent_tokens:]
+            lps = self.logprobs[self.sent_logprobs:] if self.logprobs is not None else None
+            self.sent_text, self.sent_tokens = text_end, len(self.token_ids)
+            self.sent_logprobs = len(self.logprobs) if self.logprobs is not None else 0
+        else:
+            text = self.text if finished else self.text[: max(0, len(self.text) - hold)]
+            tokens, lps = list(self.token_ids), self.logprobs
+        return CompletionOutput(self.index, text, tokens, self.cumulative_logprob, lps, self.finish_reason,
+                                self.stop_reason)
+
+
+class OutputProcessor:
+    """Applies engine-core outputs to request states and builds RequestOutputs."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, RequestState] = {}
+        self._token_text: dict[int, str] = {}
+
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+                    parent: ParentRequest | None = None, index: int = 0, queue: Any = None,
+                    arrival_time: float | None = None) -> None:
+        """Start tracking a sequence."""
+        self.states[request_id] = RequestState(request_id, parent, index, prompt, prompt_token_ids, params,
+                                               self.tokenizer, queue, arrival_time or time.monotonic())
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any sequence is tracked."""
+        return bool(self.states)
+
+    def abort_requests(self, request_ids: list[str]) -> list[RequestState]:
+        """Stop tracking sequences; returns their states."""
+        return [s for rid in request_ids if (s := self.states.pop(rid, None)) is not None]
+
+    def _decode_token(self, tok: int) -> str:
+        text = self._token_text.get(tok)
+        if text is None:
+            text = self._token_text[tok] = self.tokenizer.decode([tok])
+        return text
+
+    def _to_dicts(self, lists: LogprobsLists) -> list[dict[int, Logprob]]:
+        out = []
+        for ids, lps, rank in zip(lists.token_ids, lists.logprobs, lists.ranks):
+            d = {ids[0]: Logprob(lps[0], rank, self._decode_token(ids[0]))}
+            for r, (t, lp) in enumerate(zip(ids[1:], lps[1:]), start=1):
+                if t not in d:
+                    d[t] = Logprob(lp, r, self._decode_token(t))
+            out.append(d)
+        return out
+
+    def process_outputs(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
+        """(request outputs to deliver, ids the core must abort because a stop string matched)."""
+        results: list[RequestOutput] = []
+        to_abort: list[str] = []
+        now = time.monotonic()
+        for eco in outputs:
+            state = self.states.get(eco.request_id)
+            if state is None:
+                continue
+            if eco.new_prompt_logprobs is not None and state.prompt_logprobs is not None:
+                state.prompt_logprobs.extend(self._to_dicts(eco.new_prompt_logprobs))
+            state.num_cached_tokens = eco.num_cached_tokens
+            if eco.new_token_ids:
+                if state.metrics.first_token_time is None:
+                    state.metrics.first_token_time = now
+                state.metrics.last_token_time = now
+            new_len = 0
+            for tok in eco.new_token_ids:
+                state.token_ids.append(tok)
+                if state.detok is not None:
+                    piece = state.detok.step(tok)
+                    state.text += piece
+                    new_len += len(piece)
+            if eco.new_logprobs is not None and state.logprobs is not None:
+                dicts = self._to_dicts(eco.new_logprobs)
+                state.logprobs.extend(dicts)
+                state.cumulative_logprob += sum(lp[0] for lp in eco.new_logprobs.logprobs)
+            if eco.finish_reason is not None:
+                state.finish_reason, state.stop_reason = eco.finish_reason, eco.stop_reason
+            elif state.detok is not None and state._check_stop_strings(new_len):
+                to_abort.append(eco.request_id)
+            out = self._make_output(state)
+            if state.finish_reason is not None:
+                state.metrics.finished_time = now
+                del self.states[eco.request_id]
+            if out is not None:
+                if state.queue is not None:
+                    state.queue.put_nowait(out)
+                else:
+                    results.append(out)
+        return results, to_abort
+
+    def _make_output(self, state: RequestState) -> RequestOutput | None:
+        kind = state.params.output_kind
+        finished = state.finish_reason is not None
+        parent = state.parent
+        if parent is None:
+            if kind == RequestOutputKind.FINAL_ONLY and not finished:
+                return None
+            return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, state.prompt_logprobs,
+                                 [state.completion(kind)], finished, state.metrics, state.num_cached_tokens)
+        if finished:
+            parent.num_finished += 1
+        all_done = parent.num_finished == parent.n
+        if kind == RequestOutputKind.FINAL_ONLY:
+            parent.completions[state.index] = state.completion(kind)
+            if not all_done:
+                return None
+            outs = [parent.completions[i] for i in sorted(parent.completions)]
+        else:
+            outs = [state.completion(kind)]
+        return RequestOutput(parent.request_id, state.prompt, state.prompt_token_ids, state.prompt_logprobs,
+                             outs, all_done, state.metrics, state.num_cached_tokens)

@@ -1,0 +1,67 @@
+"""Front-end input processing: tokenize, validate, and build the EngineCoreRequest."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pagemill.config import ModelConfig
+from pagemill.engine.messages import EngineCoreRequest
+from pagemill.sampling_params import SamplingParams
+
+PromptType = str | dict | list[int]
+
+
+class Processor:
+    """Validates user input against the model and turns it into engine requests."""
+
+    def __init__(self, model_config: ModelConfig, tokenizer: Any) -> None:
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_token_id
+        self.vocab_size = model_config.hf_config.vocab_size
+
+    def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """(prompt text or None, token ids) from a string, {"prompt": ...}, {"prompt_token_ids": ...} or ids."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("prompt dict must have a 'prompt' or 'prompt_token_ids' key.")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt must not be empty.")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt)
+        raise ValueError(f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}.")
+
+    def process(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                arrival_time: float | None = None, priority: int = 0,
+                cache_salt: str | None = None) -> tuple[str | None, EngineCoreRequest]:
+        """Validate and build the request; raises ValueError naming the bad field."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}.")
+        text, ids = self.tokenize_prompt(prompt)
+        if not ids:
+            raise ValueError("prompt must not be empty (it has no tokens).")
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            raise ValueError(f"prompt_token_ids must be in [0, {self.vocab_size}), got a token id out of range.")
+        max_len = self.model_config.max_model_len
+        if len(ids) >= max_len:
+            raise ValueError(
+                f"The prompt (length {len(ids)}) is longer than the maximum model length of {max_len} "
+                "(max_model_len): no room to generate."
+            )
+        for field_name in ("logprobs", "prompt_logprobs"):
+            n = getattr(params, field_name)
+            if n is not None and n > self.vocab_size:
+                raise ValueError(f"{field_name} must be at most the vocabulary size ({self.vocab_size}).")
+        if params.max_tokens is None:
+            params.max_tokens = max_len - len(ids)
+        req = EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,
+                                eos_token_id=self.eos_token_id, arrival_time=arrival_time or time.monotonic(),
+                                priority=priority, cache_salt=cache_salt)
+        return text, req

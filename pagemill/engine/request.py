@@ -1,0 +1,79 @@
+"""The engine core's view of a request: tokens, progress counters, status."""
+
+from __future__ import annotations
+
+import enum
+
+from pagemill.engine.messages import EngineCoreRequest
+from pagemill.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is in its life."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def finished(self) -> bool:
+        """True for the three finished states."""
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The OpenAI finish_reason of a finished status."""
+        return {3: "stop", 4: "length", 5: "abort"}.get(int(self))
+
+
+class Request:
+    """One sequence being generated; `num_computed_tokens` catches up with `num_tokens` step by step."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                 eos_token_id: int | None, arrival_time: float, priority: int = 0,
+                 cache_salt: str | None = None) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.arrival_time = arrival_time
+        self.priority = priority
+        self.cache_salt = cache_salt
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        self.num_preemptions = 0
+        self.num_cached_tokens = -1  # prefix-cache hit length at first scheduling
+        self.block_hashes: list[int] = []
+        self.max_tokens = sampling_params.max_tokens
+        self.first_scheduled_time: float | None = None
+
+    @classmethod
+    def from_engine_core_request(cls, r: EngineCoreRequest) -> "Request":
+        """Build from the wire message."""
+        return cls(r.request_id, r.prompt_token_ids, r.sampling_params, r.eos_token_id, r.arrival_time,
+                   r.priority, r.cache_salt)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens so far."""
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far."""
+        return len(self.output_token_ids)
+
+    def append_output_token(self, token_id: int) -> None:
+        """Record a sampled token."""
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def __lt__(self, other: "Request") -> bool:  # heap order for the priority policy
+        return (self.priority, self.arrival_time) < (other.priority, other.arrival_time)

@@ -1,0 +1,46 @@
+"""Rotary position embedding with a precomputed cos/sin table indexed by position."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _inv_freq(hf_config) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and attention scaling for the config's RoPE type (HF's own init functions)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+        dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+        dim = int(dim * params.get("partial_rotary_factor", 1.0))
+        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+    if rope_type not in ROPE_INIT_FUNCTIONS or rope_type == "dynamic":
+        raise ValueError(f"rope type {rope_type!r} is not supported.")
+    return ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE (the non-interleaved "rotate_half" form HF Llama uses) to q and k."""
+
+    def __init__(self, hf_config, max_position: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        inv_freq, scaling = _inv_freq(hf_config)
+        pos = torch.arange(max_position, dtype=torch.float)
+        freqs = pos[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", (emb.cos() * scaling).to(dtype), persistent=False)
+        self.register_buffer("sin", (emb.sin() * scaling).to(dtype), persistent=False)
+
+    @staticmethod
+    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [T, Hq, D], k: [T, Hk, D]; positions: [T]."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin

@@ -1,0 +1,103 @@
+"""The offline LLM class: vLLM's `LLM` API (generate, chat) over the in-process engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from pagemill.config import EngineArgs
+from pagemill.engine.llm_engine import LLMEngine
+from pagemill.engine.processor import PromptType
+from pagemill.outputs import RequestOutput
+from pagemill.sampling_params import SamplingParams
+
+ChatMessages = list[dict[str, Any]]
+
+
+class LLM:
+    """Generate text offline for a batch of prompts; `LLM()` runs the embedded SmolLM2-135M-Instruct."""
+
+    def __init__(self, model: str | None = None, tokenizer: str | None = None, dtype: str = "auto",
+                 seed: int = 0, max_model_len: int | None = None, max_num_seqs: int = 128,
+                 max_num_batched_tokens: int | None = None, block_size: int = 16,
+                 kv_cache_memory: int | str | None = None, enable_prefix_caching: bool = True,
+                 **kwargs: Any) -> None:
+        known = set(EngineArgs.field_names())
+        unknown = [k for k in kwargs if k not in known]
+        if unknown:
+            raise ValueError(f"Unknown LLM argument(s): {', '.join(unknown)}.")
+        args = EngineArgs(model=model, tokenizer=tokenizer, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                          block_size=block_size, kv_cache_memory=kv_cache_memory,
+                          enable_prefix_caching=enable_prefix_caching, **kwargs)
+        self.llm_engine = LLMEngine.from_engine_args(args)
+
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer."""
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in prompt order."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
+                                                and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) \
+            else list(sampling_params)
+        if len(params) != len(prompts):
+            raise ValueError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts.")
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts.")
+        return self._run(prompts, params, use_tqdm, priority)
+
+    def chat(self, messages: ChatMessages | list[ChatMessages],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False) -> list[RequestOutput]:
+        """Apply the chat template to one conversation or a list of them and generate replies."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [{"prompt_token_ids": self.render_chat(c, chat_template, add_generation_prompt,
+                                                          continue_final_message)} for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def render_chat(self, conversation: ChatMessages, chat_template: str | None = None,
+                    add_generation_prompt: bool = True, continue_final_message: bool = False) -> list[int]:
+        """Token ids of a conversation rendered with the model's (or the given) chat template."""
+        if not conversation:
+            raise ValueError("messages must not be empty.")
+        tok = self.get_tokenizer()
+        text = tok.apply_chat_template(conversation, chat_template=chat_template, tokenize=False,
+                                       add_generation_prompt=add_generation_prompt and not continue_final_message,
+                                       continue_final_message=continue_final_message)
+        return tok.encode(text, add_special_tokens=False)
+
+    def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool,
+             priority: list[int] | None) -> list[RequestOutput]:
+        engine = self.llm_engine
+        processed = []
+        for i, (p, sp) in enumerate(zip(prompts, params)):  # validate everything before scheduling anything
+            rid = engine.next_request_id()
+            engine.processor.process(rid, p, sp)
+            processed.append(rid)
+        for i, (rid, p, sp) in enumerate(zip(processed, prompts, params)):
+            engine.add_request(rid, p, sp, priority=priority[i] if priority else 0)
+        order = {rid: i for i, rid in enumerate(processed)}
+        results: list[RequestOutput | None] = [None] * len(prompts)
+        bar = tqdm(total=len(prompts), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True)
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        results[order[out.request_id]] = out
+                        bar.update(1)
+        finally:
+            bar.close()
+            if engine.has_unfinished_requests():  # interrupted: leave the engine clean
+                engine.abort_request(processed)
+        return results  # type: ignore[return-value]

@@ -1,0 +1,51 @@
+"""Find a model's files (HF directory or GGUF file) and load its HF config."""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from pagemill.loader.default_model import DEFAULT_MODEL_NAME, default_model_path
+
+
+@dataclass
+class ResolvedModel:
+    """Where a model's weights, config and tokenizer live."""
+
+    path: str  # the directory, or the .gguf file
+    tokenizer_path: str
+    gguf_file: str | None
+    hf_config: Any
+    display_name: str
+
+
+def resolve_model(model: str | None, tokenizer: str | None = None) -> ResolvedModel:
+    """Resolve `model` (None = embedded default, a HF directory, or a .gguf file) and load its config."""
+    from transformers import AutoConfig
+
+    display = model
+    if model is None:
+        model, display = default_model_path(), DEFAULT_MODEL_NAME
+    model = os.path.expanduser(model)
+    if not os.path.exists(model):
+        raise ValueError(
+            f"model {model!r} does not exist: give a Hugging Face model directory or a .gguf file "
+            "(models are never downloaded)."
+        )
+    gguf_file = None
+    if os.path.isdir(model) and not os.path.isfile(os.path.join(model, "config.json")):
+        ggufs = sorted(glob.glob(os.path.join(model, "*.gguf")))
+        if len(ggufs) != 1:
+            raise ValueError(f"model directory {model!r} has no config.json and not exactly one .gguf file.")
+        model = ggufs[0]
+    if os.path.isfile(model):
+        if not model.endswith(".gguf"):
+            raise ValueError(f"model file {model!r} is not a .gguf file.")
+        gguf_file = model
+        hf_config = AutoConfig.from_pretrained(os.path.dirname(model), gguf_file=os.path.basename(model))
+    else:
+        hf_config = AutoConfig.from_pretrained(model)
+    tok = tokenizer or model
+    return ResolvedModel(model, tok, gguf_file, hf_config, display or model)

@@ -1,0 +1,39 @@
+"""Model registry: HF architecture name or GGUF/HF model_type -> model class."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from pagemill.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+
+_ARCHITECTURES: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+}
+_MODEL_TYPES: dict[str, type[nn.Module]] = {
+    "llama": LlamaForCausalLM,
+    "mistral": MistralForCausalLM,
+    "qwen2": Qwen2ForCausalLM,
+}
+
+
+def supported_architectures() -> list[str]:
+    """Names accepted by `get_model_class`."""
+    return sorted(_ARCHITECTURES)
+
+
+def get_model_class(hf_config) -> type[nn.Module]:
+    """The class implementing the config's architecture; a clear error naming it otherwise."""
+    archs = getattr(hf_config, "architectures", None) or []
+    for arch in archs:
+        if arch in _ARCHITECTURES:
+            return _ARCHITECTURES[arch]
+    model_type = getattr(hf_config, "model_type", None)
+    if not archs and model_type in _MODEL_TYPES:
+        return _MODEL_TYPES[model_type]
+    name = archs[0] if archs else model_type
+    raise ValueError(
+        f"Model architecture {name!r} is not supported. Supported architectures: "
+        f"{', '.join(supported_architectures())}."
+    )

@@ -1,0 +1,29 @@
+"""Per-step sampling parameters as tensors, one row per request being sampled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingMetadata:
+    """Batched sampling state; optional parts are None when no request in the batch uses them."""
+
+    temperature: torch.Tensor  # [S] float32, 1.0 for greedy rows
+    greedy_mask: torch.Tensor  # [S] bool
+    all_greedy: bool
+    top_p: torch.Tensor | None
+    top_k: torch.Tensor | None
+    min_p: torch.Tensor | None
+    generators: dict[int, torch.Generator]  # row -> per-request generator (seeded requests)
+    # penalties: [S] tensors plus token-id matrices padded with vocab_size
+    presence_penalty: torch.Tensor | None = None
+    frequency_penalty: torch.Tensor | None = None
+    repetition_penalty: torch.Tensor | None = None
+    prompt_token_ids: torch.Tensor | None = None
+    output_token_ids: torch.Tensor | None = None
+    # (row, token ids to forbid) for requests below min_tokens
+    min_tokens_blocks: list[tuple[int, list[int]]] | None = None
+    max_num_logprobs: int | None = None

@@ -1,0 +1,109 @@
+"""Sampling parameters of a request, named and validated as in vLLM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+_SAMPLING_EPS = 1e-5
+
+
+class RequestOutputKind(IntEnum):
+    """How outputs are reported while a request runs (vLLM's names)."""
+
+    CUMULATIVE = 0  # every output carries the whole text so far
+    DELTA = 1  # every output carries only what is new
+    FINAL_ONLY = 2  # one output when the request finishes
+
+
+@dataclass
+class SamplingParams:
+    """How to sample the tokens of one request: the fields and defaults of vLLM's SamplingParams."""
+
+    n: int = 1
+    best_of: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
+    # Filled in by the engine from the model's generation config; not user input.
+    all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k is None or self.top_k < 0:
+            self.top_k = 0  # vLLM treats -1 as "off"; 0 means off here too
+        self._verify()
+        self.all_stop_token_ids = set(self.stop_token_ids)
+
+    def _verify(self) -> None:
+        def bad(name: str, what: str) -> ValueError:
+            return ValueError(f"{name} {what}, got {getattr(self, name)!r}.")
+
+        if not isinstance(self.n, int) or self.n < 1:
+            raise bad("n", "must be an integer >= 1")
+        if self.best_of is not None and self.best_of < self.n:
+            raise bad("best_of", f"must be >= n ({self.n})")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise bad("presence_penalty", "must be in [-2, 2]")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise bad("frequency_penalty", "must be in [-2, 2]")
+        if not self.repetition_penalty > 0.0:
+            raise bad("repetition_penalty", "must be > 0")
+        if not self.temperature >= 0.0:
+            raise bad("temperature", "must be non-negative")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", "must be in (0, 1]")
+        if not isinstance(self.top_k, int):
+            raise bad("top_k", "must be an integer")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", "must be in [0, 1]")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            raise bad("max_tokens", "must be at least 1")
+        if self.min_tokens < 0:
+            raise bad("min_tokens", "must be >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise bad("min_tokens", f"must be <= max_tokens ({self.max_tokens})")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise bad("logprobs", "must be non-negative")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
+            raise bad("prompt_logprobs", "must be non-negative")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}.")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}.")
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling reduces to argmax."""
+        return self.temperature < _SAMPLING_EPS
+
+    def clone(self, **changes: object) -> "SamplingParams":
+        """A copy with some fields changed (used to fan out n > 1 into child requests)."""
+        data = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "all_stop_token_ids"}
+        data.update(changes)
+        out = SamplingParams(**data)
+        out.all_stop_token_ids = set(self.all_stop_token_ids)
+        return out

@@ -1,0 +1,23 @@
+"""Executor: runs the model runner for the engine core (one in-process worker on a CPU)."""
+
+from __future__ import annotations
+
+from pagemill.config import EngineConfig
+from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagemill.worker.model_runner import ModelRunner
+
+
+class UniProcExecutor:
+    """A single worker in the engine core's own process."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.model_runner = ModelRunner(config)
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks the worker allocated (including the null block)."""
+        return self.model_runner.num_blocks
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step on the worker."""
+        return self.model_runner.execute_model(scheduler_output)

@@ -1,0 +1,82 @@
+"""Persistent per-request state of the model runner: token ids, block tables, sampling settings.
+
+Rows are kept across steps and updated incrementally (thesis §4.6): a step only writes what changed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pagemill.core.sched_output import NewRequestData
+from pagemill.sampling_params import SamplingParams
+
+
+class InputBatch:
+    """Numpy buffers with one row per live request."""
+
+    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int) -> None:
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.max_blocks = -(-max_model_len // block_size)
+        self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int64)
+        self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
+        self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int64)
+        self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
+        self.block_table = np.zeros((max_num_reqs, self.max_blocks), dtype=np.int64)
+        self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
+        self.params: list[SamplingParams | None] = [None] * max_num_reqs
+        self.eos_token_id: list[int | None] = [None] * max_num_reqs
+        self.generators: dict[int, torch.Generator] = {}  # row -> generator of a seeded request
+        self._req_generators: dict[str, torch.Generator] = {}  # kept across preemption
+        self.req_id_to_row: dict[str, int] = {}
+        self._free_rows = list(range(max_num_reqs - 1, -1, -1))
+
+    def add_request(self, new: NewRequestData) -> int:
+        """Put a (new or resumed) request into a row."""
+        if new.req_id in self.req_id_to_row:
+            self.remove_request(new.req_id, finished=False)
+        row = self._free_rows.pop()
+        self.req_id_to_row[new.req_id] = row
+        n = len(new.token_ids)
+        self.token_ids[row, :n] = new.token_ids
+        self.num_tokens[row] = n
+        self.num_prompt_tokens[row] = new.num_prompt_tokens
+        self.num_computed_tokens[row] = new.num_computed_tokens
+        nb = len(new.block_ids)
+        self.block_table[row, :nb] = new.block_ids
+        self.num_blocks[row] = nb
+        sp = new.sampling_params
+        self.params[row] = sp
+        self.eos_token_id[row] = new.eos_token_id
+        if sp.seed is not None and not sp.greedy:
+            gen = self._req_generators.get(new.req_id)
+            if gen is None:  # a resumed request continues its random stream
+                gen = self._req_generators[new.req_id] = torch.Generator().manual_seed(sp.seed)
+            self.generators[row] = gen
+        return row
+
+    def remove_request(self, req_id: str, finished: bool = True) -> None:
+        """Free the request's row (a preempted request keeps its random generator)."""
+        if finished:
+            self._req_generators.pop(req_id, None)
+        row = self.req_id_to_row.pop(req_id, None)
+        if row is None:
+            return
+        self.params[row] = None
+        self.generators.pop(row, None)
+        self._free_rows.append(row)
+
+    def append_blocks(self, row: int, block_ids: list[int]) -> None:
+        """Extend a row's block table."""
+        if block_ids:
+            nb = int(self.num_blocks[row])
+            self.block_table[row, nb:nb + len(block_ids)] = block_ids
+            self.num_blocks[row] = nb + len(block_ids)
+
+    def append_token(self, row: int, token_id: int) -> None:
+        """Record a sampled token."""
+        n = int(self.num_tokens[row])
+        if n < self.max_model_len:
+            self.token_ids[row, n] = token_id
+        self.num_tokens[row] = n + 1

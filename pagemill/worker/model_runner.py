@@ -1,0 +1,196 @@
+"""The model runner: turns a SchedulerOutput into one forward pass and sampled tokens."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import torch
+
+from pagemill.attention.backends.torch_paged import TorchPagedAttention
+from pagemill.attention.metadata import CommonAttentionMetadata
+from pagemill.config import EngineConfig
+from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagemill.engine.messages import LogprobsLists
+from pagemill.forward_context import set_forward_context
+from pagemill.loader.model_loader import load_model
+from pagemill.sample.metadata import SamplingMetadata
+from pagemill.sample.sampler import Sampler, gather_logprobs
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    """Owns the model, the paged KV cache and the persistent input batch."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        mc, cc = config.model_config, config.cache_config
+        torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        self.model = load_model(mc)
+        self.vocab_size = mc.hf_config.vocab_size
+        self.block_size = cc.block_size
+        self.backend = TorchPagedAttention()
+        self.num_blocks = self._num_blocks()
+        cc.num_blocks = self.num_blocks
+        shape = self.backend.kv_cache_shape(self.num_blocks, cc.block_size, mc.num_kv_heads, mc.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=mc.dtype) for _ in range(mc.num_layers)]
+        for layer, cache in zip(self.model.attention_layers(), self.kv_caches):
+            layer.kv_cache, layer.backend = cache, self.backend
+        from pagemill.worker.input_batch import InputBatch
+
+        self.input_batch = InputBatch(config.scheduler_config.max_num_seqs, mc.max_model_len, cc.block_size)
+        self.sampler = Sampler()
+
+    def _num_blocks(self) -> int:
+        mc, cc = self.config.model_config, self.config.cache_config
+        if cc.num_gpu_blocks_override:
+            return cc.num_gpu_blocks_override
+        elem = torch.tensor([], dtype=mc.dtype).element_size()
+        per_block = mc.num_layers * 2 * cc.block_size * mc.num_kv_heads * mc.head_dim * elem
+        num_blocks = max(2, cc.kv_cache_memory // per_block)
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB)", num_blocks - 1, cc.block_size,
+                    (num_blocks - 1) * cc.block_size, num_blocks * per_block / 2**30)
+        return int(num_blocks)
+
+    # ---- per step ----
+    def _update_states(self, so: SchedulerOutput) -> None:
+        ib = self.input_batch
+        for rid in so.finished_req_ids:
+            ib.remove_request(rid)
+        for rid in so.preempted_req_ids:
+            ib.remove_request(rid, finished=False)
+        for new in so.scheduled_new_reqs:
+            ib.add_request(new)
+        for c in so.scheduled_cached_reqs:
+            row = ib.req_id_to_row[c.req_id]
+            ib.append_blocks(row, c.new_block_ids)
+            ib.num_computed_tokens[row] = c.num_computed_tokens
+
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step: build inputs from the persistent batch, forward, sample."""
+        self._update_states(so)
+        if so.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput({})
+        ib = self.input_batch
+        req_ids = list(so.num_scheduled_tokens)
+        counts = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids))
+        order = np.argsort(counts != 1, kind="stable")  # one-token requests (decodes) first
+        counts = counts[order]
+        req_ids = [req_ids[i] for i in order]
+        rows = np.fromiter((ib.req_id_to_row[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
+        num_reqs = len(req_ids)
+        cu = np.cumsum(counts)
+        starts = cu - counts
+        total = int(cu[-1])
+        req_idx = np.repeat(np.arange(num_reqs), counts)
+        computed = ib.num_computed_tokens[rows]
+        positions = computed[req_idx] + (np.arange(total) - starts[req_idx])
+        token_rows = rows[req_idx]
+        input_ids = ib.token_ids[token_rows, positions]
+        bs = self.block_size
+        slot_mapping = ib.block_table[token_rows, positions // bs] * bs + positions % bs
+        seq_lens = computed + counts
+        max_blocks = int(ib.num_blocks[rows].max())
+        md = CommonAttentionMetadata(
+            num_reqs=num_reqs, num_decodes=int((counts == 1).sum()), num_actual_tokens=total,
+            query_start_loc=np.concatenate([[0], cu]), seq_lens=seq_lens, num_computed_tokens=computed,
+            block_table=ib.block_table[rows, :max_blocks], block_size=bs,
+            slot_mapping=torch.from_numpy(slot_mapping))
+        with set_forward_context(md):
+            hidden = self.model(torch.from_numpy(input_ids), torch.from_numpy(positions))
+        ib.num_computed_tokens[rows] = seq_lens
+
+        out = ModelRunnerOutput({})
+        self._prompt_logprobs(out, req_ids, rows, computed, counts, starts, hidden)
+        sample_idx = np.nonzero(seq_lens >= ib.num_tokens[rows])[0]
+        if len(sample_idx) == 0:
+            return out
+        sample_rows = rows[sample_idx]
+        logits = self.model.compute_logits(hidden[torch.from_numpy(cu[sample_idx] - 1)])
+        smd = self._sampling_metadata(sample_rows)
+        tokens, raw_lp = self.sampler(logits, smd)
+        token_list = tokens.tolist()
+        for j, i in enumerate(sample_idx):
+            out.sampled[req_ids[i]] = token_list[j]
+            ib.append_token(int(rows[i]), token_list[j])
+        if raw_lp is not None:
+            self._sample_logprobs(out, raw_lp, tokens, sample_idx, sample_rows, req_ids)
+        return out
+
+    def _sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
+        ib = self.input_batch
+        params = [ib.params[r] for r in rows]
+        greedy = [p.greedy for p in params]
+        temperature = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)])
+        use_top_k = any(p.top_k > 0 for p in params)
+        use_top_p = any(p.top_p < 1.0 for p in params)
+        use_min_p = any(p.min_p > 0.0 for p in params)
+        gens = {j: ib.generators[r] for j, r in enumerate(rows) if r in ib.generators}
+        lp = [p.logprobs for p in params if p.logprobs is not None]
+        md = SamplingMetadata(
+            temperature=temperature, greedy_mask=torch.tensor(greedy), all_greedy=all(greedy),
+            top_p=torch.tensor([p.top_p for p in params]) if use_top_p else None,
+            top_k=torch.tensor([p.top_k for p in params]) if use_top_k else None,
+            min_p=torch.tensor([p.min_p for p in params]) if use_min_p else None,
+            generators=gens, max_num_logprobs=max(lp) if lp else None)
+        if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in params):
+            self._penalty_metadata(md, rows, params)
+        blocks = []
+        for j, (r, p) in enumerate(zip(rows, params)):
+            if p.min_tokens and ib.num_tokens[r] - ib.num_prompt_tokens[r] < p.min_tokens:
+                ids = set(p.all_stop_token_ids)
+                if ib.eos_token_id[r] is not None:
+                    ids.add(ib.eos_token_id[r])
+                blocks.append((j, sorted(ids)))
+        md.min_tokens_blocks = blocks or None
+        return md
+
+    def _penalty_metadata(self, md: SamplingMetadata, rows: np.ndarray, params: list) -> None:
+        ib = self.input_batch
+        v = self.vocab_size
+        prompts = [ib.token_ids[r, :ib.num_prompt_tokens[r]] for r in rows]
+        outputs = [ib.token_ids[r, ib.num_prompt_tokens[r]:ib.num_tokens[r]] for r in rows]
+
+        def padded(seqs: list[np.ndarray]) -> torch.Tensor:
+            width = max(1, max(len(s) for s in seqs))
+            m = np.full((len(seqs), width), v, dtype=np.int64)
+            for j, s in enumerate(seqs):
+                m[j, :len(s)] = s
+            return torch.from_numpy(m)
+
+        md.prompt_token_ids = padded(prompts)
+        md.output_token_ids = padded(outputs)
+        md.presence_penalty = torch.tensor([p.presence_penalty for p in params])
+        md.frequency_penalty = torch.tensor([p.frequency_penalty for p in params])
+        md.repetition_penalty = torch.tensor([p.repetition_penalty for p in params])
+
+    def _sample_logprobs(self, out: ModelRunnerOutput, raw_lp: torch.Tensor, tokens: torch.Tensor,
+                         sample_idx: np.ndarray, sample_rows: np.ndarray, req_ids: list[str]) -> None:
+        ib = self.input_batch
+        k = max(ib.params[r].logprobs or 0 for r in sample_rows)
+        ids, lps, ranks = gather_logprobs(raw_lp, tokens, k)
+        ids, lps, ranks = ids.tolist(), lps.tolist(), ranks.tolist()
+        for j, (i, r) in enumerate(zip(sample_idx, sample_rows)):
+            n = ib.params[r].logprobs
+            if n is not None:
+                out.logprobs[req_ids[i]] = LogprobsLists([ids[j][:n + 1]], [lps[j][:n + 1]], [ranks[j]])
+
+    def _prompt_logprobs(self, out: ModelRunnerOutput, req_ids: list[str], rows: np.ndarray, computed: np.ndarray,
+                         counts: np.ndarray, starts: np.ndarray, hidden: torch.Tensor) -> None:
+        ib = self.input_batch
+        for i, r in enumerate(rows):
+            k = ib.params[r].prompt_logprobs
+            if k is None:
+                continue
+            last = int(ib.num_prompt_tokens[r]) - 1  # positions < last predict a prompt token
+            first, end = int(computed[i]), min(int(computed[i] + counts[i]), last)
+            if end <= first:
+                continue
+            h = hidden[int(starts[i]):int(starts[i]) + end - first]
+            raw = self.model.compute_logits(h).float().log_softmax(dim=-1)
+            targets = torch.from_numpy(ib.token_ids[r, first + 1:end + 1].copy())
+            ids, lps, ranks = gather_logprobs(raw, targets, k)
+            out.prompt_logprobs[req_ids[i]] = LogprobsLists(ids.tolist(), lps.tolist(), ranks.tolist())
