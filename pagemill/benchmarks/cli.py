@@ -38,12 +38,17 @@ def register_bench_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     return bench
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Stand-alone entry: `python -m pagemill.benchmarks.cli bench <command> ...`."""
+def build_parser() -> argparse.ArgumentParser:
+    """A stand-alone `pagemill` parser holding only the `bench` sub-commands."""
     parser = argparse.ArgumentParser(prog="pagemill")
     subparsers = parser.add_subparsers(dest="command", required=True)
     register_bench_subcommands(subparsers)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Stand-alone entry: `python -m pagemill.benchmarks.cli bench <command> ...`."""
+    args = build_parser().parse_args(argv)
     args.func(args)
 
 
