@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 BACKENDS = ("pagemill", "hf")
 
@@ -63,3 +63,38 @@ def add_backend_args(parser: argparse.ArgumentParser, hf_batch_default: int | No
     if hf_batch_default is not None:
         parser.add_argument("--hf-batch-size", type=int, default=hf_batch_default,
                             help="static batch size of the hf backend")
+
+
+def load_backends(names: Sequence[str], args: argparse.Namespace, model: str,
+                  hf_batch_size: int) -> tuple[dict[str, Backend], dict[str, float]]:
+    """Load every named backend up front (so timed runs can interleave); also their load times."""
+    backends: dict[str, Backend] = {}
+    load_s: dict[str, float] = {}
+    try:
+        for name in names:
+            backends[name], load_s[name] = make_backend(name, args, model, hf_batch_size)
+    except BaseException:
+        close_all(backends)
+        raise
+    return backends, load_s
+
+
+def close_all(backends: dict[str, Backend]) -> None:
+    """Close every backend."""
+    for backend in backends.values():
+        backend.close()
+
+
+def interleaved_times(backends: dict[str, Backend], run: Callable[[Backend], Any],
+                      iters: int) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Time `run(backend)` `iters` times per backend in ABBA order, so slow phases of a shared
+    machine hit every backend alike; return the seconds per call and each backend's last result."""
+    names = list(backends)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    last: dict[str, Any] = {}
+    for it in range(iters):
+        for name in (names if it % 2 == 0 else names[::-1]):
+            start = time.perf_counter()
+            last[name] = run(backends[name])
+            times[name].append(time.perf_counter() - start)
+    return times, last

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any, Sequence
 
 import numpy as np
 
-from pagemill.benchmarks.backends import (Backend, add_backend_args, backend_label, backend_order,
-                                          make_backend)
+from pagemill.benchmarks.backends import (add_backend_args, backend_label, backend_order,
+                                          close_all, interleaved_times, load_backends)
 from pagemill.benchmarks.datasets import random_dataset
 from pagemill.benchmarks.model_path import load_hf_tokenizer, resolve_model
 from pagemill.benchmarks.pagemill_backend import add_engine_args
@@ -17,20 +16,6 @@ from pagemill.benchmarks.prompts import PromptBuilder
 from pagemill.benchmarks.report import config_dict, environment_info, format_table, save_result
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
-
-
-def time_batch(backend: Backend, prompts: Sequence[Sequence[int]], output_len: int,
-               warmup: int, iters: int) -> list[float]:
-    """Seconds per `generate` call of the whole batch, after `warmup` untimed calls."""
-    lens = [output_len] * len(prompts)
-    for _ in range(warmup):
-        backend.generate(prompts, lens)
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        backend.generate(prompts, lens)
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def latency_stats(times_s: Sequence[float]) -> dict[str, float]:
@@ -41,24 +26,40 @@ def latency_stats(times_s: Sequence[float]) -> dict[str, float]:
     return stats
 
 
-def run_backend(name: str, args: argparse.Namespace, model: str,
-                prompts: Sequence[Sequence[int]]) -> dict[str, Any]:
-    """Load backend `name`, measure its batch latency (and TTFT/decode at batch 1), close it."""
-    backend, load_s = make_backend(name, args, model, hf_batch_size=len(prompts))
+def measure_backends(args: argparse.Namespace, model: str,
+                     prompts: Sequence[Sequence[int]]) -> dict[str, dict[str, Any]]:
+    """Load the backends, time the batch on each in interleaved iterations, close them.
+
+    At batch size 1 a `max_tokens=1` run gives TTFT, and (mean latency - TTFT) / (output_len - 1)
+    the decode time per token.
+    """
+    names = backend_order(args)
+    lens = [args.output_len] * len(prompts)
+    backends, load_s = load_backends(names, args, model, hf_batch_size=len(prompts))
     try:
-        times = time_batch(backend, prompts, args.output_len, args.num_iters_warmup, args.num_iters)
-        result: dict[str, Any] = {"backend": name, "description": backend_label(name, args, len(prompts)),
-                                  "load_s": load_s, "latencies_s": times, **latency_stats(times)}
+        for _ in range(args.num_iters_warmup):
+            for backend in backends.values():
+                backend.generate(prompts, lens)
+        times, _ = interleaved_times(backends, lambda b: b.generate(prompts, lens), args.num_iters)
+        ttfts: dict[str, list[float]] = {}
         if len(prompts) == 1:
-            ttft = float(np.mean(time_batch(backend, prompts, 1, 1, args.num_iters)))
-            result["ttft_s"] = ttft
+            ttfts, _ = interleaved_times(backends, lambda b: b.generate(prompts, [1]),
+                                         max(1, args.num_iters))
+    finally:
+        close_all(backends)
+    results = {}
+    for name in names:
+        result: dict[str, Any] = {"backend": name, "load_s": load_s[name],
+                                  "description": backend_label(name, args, len(prompts)),
+                                  "latencies_s": times[name], **latency_stats(times[name])}
+        if name in ttfts:
+            result["ttft_s"] = float(np.mean(ttfts[name]))
             if args.output_len > 1:
-                decode = (result["avg_s"] - ttft) / (args.output_len - 1)
+                decode = (result["avg_s"] - result["ttft_s"]) / (args.output_len - 1)
                 result["decode_s_per_token"] = decode
                 result["decode_tokens_per_s"] = 1.0 / decode if decode > 0 else float("inf")
-    finally:
-        backend.close()
-    return result
+        results[name] = result
+    return results
 
 
 def latency_table(result: dict[str, Any]) -> str:
@@ -82,9 +83,8 @@ def run_latency(args: argparse.Namespace) -> dict[str, Any]:
     prompts = [s.prompt_token_ids or [] for s in samples]
     payload: dict[str, Any] = {"benchmark": "latency", "model": model, "config": config_dict(args),
                                "environment": environment_info(), "results": {}}
-    for name in backend_order(args):
-        result = run_backend(name, args, model, prompts)
-        payload["results"][name] = result
+    payload["results"] = measure_backends(args, model, prompts)
+    for result in payload["results"].values():
         print(latency_table(result))
     names = list(payload["results"])
     if len(names) == 2:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 from typing import Any, Sequence
 
 from pagemill.benchmarks.backends import (add_backend_args, backend_label, backend_order,
-                                          make_backend)
+                                          close_all, interleaved_times, load_backends)
 from pagemill.benchmarks.datasets import SampleRequest, add_dataset_args, get_samples
 from pagemill.benchmarks.model_path import load_hf_tokenizer, resolve_model
 from pagemill.benchmarks.pagemill_backend import add_engine_args
@@ -44,30 +45,43 @@ def agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict[st
             "mean_common_prefix_fraction": sum(prefix) / max(1, len(prefix))}
 
 
-def run_backend(name: str, args: argparse.Namespace, model: str,
-                samples: Sequence[SampleRequest]) -> tuple[dict[str, Any], list[list[int]]]:
-    """Load backend `name`, time generating every sample, close it; return metrics and outputs."""
-    import time
+def measure_backends(args: argparse.Namespace, model: str, samples: Sequence[SampleRequest]
+                     ) -> tuple[dict[str, dict[str, Any]], dict[str, list[list[int]]]]:
+    """Load the backends, time `--num-iters` interleaved runs of all samples on each, close them.
 
-    backend, load_s = make_backend(name, args, model, args.hf_batch_size)
+    Returns per-backend metrics (at the median elapsed time) and each backend's output ids.
+    """
+    names = backend_order(args)
+    prompts = [s.prompt_token_ids or [] for s in samples]
+    output_lens = [s.expected_output_len for s in samples]
+    results: dict[str, dict[str, Any]] = {}
+    backends, load_s = load_backends(names, args, model, args.hf_batch_size)
     try:
-        prompts = [s.prompt_token_ids or [] for s in samples]
-        output_lens = [s.expected_output_len for s in samples]
-        start = time.perf_counter()
-        outputs = backend.generate(prompts, output_lens, use_tqdm=not args.disable_tqdm)
-        elapsed = time.perf_counter() - start
-        metrics = throughput_metrics(samples, outputs, elapsed)
-        metrics.update(backend=name, description=backend_label(name, args, args.hf_batch_size), load_s=load_s)
-        if name == "hf":
-            metrics["generated_tokens_incl_batch_padding"] = backend.generated_tokens
+        for _ in range(args.num_iters_warmup):
+            for backend in backends.values():
+                backend.generate(prompts, output_lens)
+        hf = backends.get("hf")
+        if hf is not None:
+            hf.generated_tokens = 0
+        times, outputs = interleaved_times(
+            backends, lambda b: b.generate(prompts, output_lens, use_tqdm=not args.disable_tqdm),
+            args.num_iters)
+        for name in names:
+            metrics = throughput_metrics(samples, outputs[name], statistics.median(times[name]))
+            metrics.update(backend=name, description=backend_label(name, args, args.hf_batch_size),
+                           load_s=load_s[name], elapsed_all_s=times[name])
+            if hf is not None and name == "hf":
+                metrics["generated_tokens_incl_batch_padding"] = (
+                    hf.generated_tokens // max(1, args.num_iters))
+            results[name] = metrics
     finally:
-        backend.close()
-    return metrics, outputs
+        close_all(backends)
+    return results, outputs
 
 
 def throughput_table(metrics: dict[str, Any]) -> str:
     """Human-readable table of one backend's throughput."""
-    rows = [("Requests", metrics["num_requests"]), ("Elapsed (s)", metrics["elapsed_s"]),
+    rows = [("Requests", metrics["num_requests"]), ("Elapsed, median of runs (s)", metrics["elapsed_s"]),
             ("Total input tokens", metrics["total_input_tokens"]),
             ("Total output tokens", metrics["total_output_tokens"]),
             ("Requests/s", metrics["requests_per_s"]),
@@ -87,10 +101,9 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     payload: dict[str, Any] = {"benchmark": "throughput", "model": model,
                                "config": config_dict(args), "environment": environment_info(),
                                "results": {}}
-    outputs: dict[str, list[list[int]]] = {}
-    for name in backend_order(args):
-        metrics, outputs[name] = run_backend(name, args, model, samples)
-        payload["results"][name] = metrics
+    results, outputs = measure_backends(args, model, samples)
+    payload["results"] = results
+    for metrics in results.values():
         print(throughput_table(metrics))
     names = list(payload["results"])
     if len(names) == 2:
@@ -116,6 +129,9 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> None:
     add_dataset_args(parser)
     add_backend_args(parser, hf_batch_default=16)
     add_engine_args(parser)
+    parser.add_argument("--num-iters", type=int, default=1,
+                        help="timed runs per backend (interleaved); the median is reported")
+    parser.add_argument("--num-iters-warmup", type=int, default=0)
     parser.add_argument("--save-result", "--output-json", dest="save_result", default=None,
                         help="JSON file for metrics and config")
     parser.add_argument("--disable-tqdm", action="store_true")

@@ -67,4 +67,4 @@ def iter_gguf_weights(path: str, hf_config) -> Iterator[tuple[str, torch.Tensor]
             arr = _reverse_permute(arr, heads)
         if model_type.startswith("gemma") and "norm" in t.name:
             arr = arr - 1.0  # GGUF stores Gemma's (1 + w) norm weights
-        yield hf_name, torch.from_numpy(np.ascontiguousarray(arr))
+        yield hf_name, torch.from_numpy(arr if arr.flags.writeable else arr.copy())

@@ -1,0 +1,83 @@
+"""Shared fixtures: the embedded SmolLM2 model, its HF transformers twin, tiny random HF models."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from pagemill.loader.default_model import default_model_path
+
+SMOL_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "Water boils at",
+    "In 1492, Christopher Columbus",
+    "The quick brown fox",
+    "To make a cup of tea, first",
+    "Photosynthesis is the process by which",
+    "The largest planet in our solar system is",
+    "import numpy as np\nx = np.arange(10)\n",
+    "Dear Sir or Madam, I am writing to",
+]
+
+
+@pytest.fixture(scope="session")
+def smol_path() -> str:
+    """Path of the embedded SmolLM2-135M-Instruct GGUF."""
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smol_llm(smol_path):
+    """A pagemill LLM on SmolLM2 (float32), shared by the tests that only read from it."""
+    from pagemill import LLM
+
+    return LLM(smol_path, kv_cache_memory="512MiB", max_model_len=2048)
+
+
+@pytest.fixture(scope="session")
+def smol_hf(smol_path):
+    """HF transformers' model and tokenizer for the same GGUF, dequantized to float32."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d, f = os.path.split(smol_path)
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    return model, tok
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:
+    """HF transformers greedy continuation of one prompt (no padding, so exact float32 numerics)."""
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                             do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                             eos_token_id=eos_token_id, pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def _save_tiny(kind: str, root: str, tokenizer) -> str:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  initializer_range=0.2, tie_word_embeddings=False)
+    extra = {"llama": dict(rope_theta=10000.0), "qwen2": dict(rope_theta=1e6),
+             "mistral": dict(sliding_window=None, rope_theta=1e4)}[kind]
+    config = AutoConfig.for_model(kind, **common, **extra)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    path = os.path.join(root, f"tiny-{kind}")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, smol_hf) -> dict[str, str]:
+    """Tiny random Llama, Qwen2 and Mistral models saved with save_pretrained (SmolLM2's tokenizer)."""
+    root = str(tmp_path_factory.mktemp("tiny"))
+    return {k: _save_tiny(k, root, smol_hf[1]) for k in ("llama", "qwen2", "mistral")}
