@@ -9,22 +9,6 @@ from pagemill.benchmarks.hf_backend import HFBackend, plan_batches
 from pagemill.benchmarks.throughput import agreement
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory, tokenizer):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, tie_word_embeddings=True,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    path = tmp_path_factory.mktemp("tiny_llama")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def test_plan_batches_groups_similar_lengths():
     batches = plan_batches([5, 100, 6, 90, 7], [1, 1, 1, 1, 1], 2)
     assert batches == [[0, 2], [4, 3], [1]]
@@ -77,3 +61,13 @@ def test_bench_latency_hf_batch_one(tiny_model, tmp_path):
     assert res["p10_s"] <= res["p50_s"] <= res["p99_s"]
     assert 0 < res["ttft_s"] and res["decode_s_per_token"] == pytest.approx(
         (res["avg_s"] - res["ttft_s"]) / 5)
+
+
+def test_interleaved_times_runs_every_backend(tiny_model):
+    from pagemill.benchmarks.backends import interleaved_times
+
+    backends = {"a": HFBackend(tiny_model, 2), "b": HFBackend(tiny_model, 2)}
+    times, last = interleaved_times(backends, lambda b: b.generate([[5, 6, 7]], [4]), 3)
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    assert all(t > 0 for v in times.values() for t in v)
+    assert last["a"] == last["b"] and len(last["a"][0]) == 4
