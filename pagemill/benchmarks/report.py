@@ -43,6 +43,7 @@ def environment_info() -> dict[str, Any]:
         "git_commit": git_commit(),
         "cpu_model": cpu_model(),
         "cpu_cores": os.cpu_count(),
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "python": platform.python_version(),
         "platform": platform.platform(),
     }

@@ -10,7 +10,8 @@ from pagemill.benchmarks.cli import build_parser
 from pagemill.benchmarks.datasets import SampleRequest
 from pagemill.benchmarks.plots import plot_sweep
 from pagemill.benchmarks.report import environment_info, format_table, save_result
-from pagemill.benchmarks.serve import arrival_times, build_payload, choose_model_name
+from pagemill.benchmarks.openai_client import build_payload
+from pagemill.benchmarks.serve import arrival_times, choose_model_name
 
 
 def test_poisson_arrivals_have_the_requested_rate():
