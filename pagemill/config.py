@@ -6,22 +6,15 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "fp16": torch.float16,
-}
+_DTYPES = {"float32": "float32", "float": "float32", "fp32": "float32", "bfloat16": "bfloat16",
+           "bf16": "bfloat16", "float16": "float16", "half": "float16", "fp16": "float16"}
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
                "g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
@@ -39,14 +32,15 @@ def parse_size(value: int | float | str) -> int:
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """The torch dtype for a `dtype` argument; 'auto' is float32 (fastest and exact on CPUs without AMX)."""
+    import torch
+
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         return torch.float32
-    try:
-        return _DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}.") from None
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}.")
+    return getattr(torch, _DTYPES[dtype])
 
 
 @dataclass
