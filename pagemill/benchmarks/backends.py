@@ -60,6 +60,8 @@ def add_backend_args(parser: argparse.ArgumentParser, hf_batch_default: int | No
     parser.add_argument("--backend", default="pagemill", choices=BACKENDS)
     parser.add_argument("--compare", default=None, choices=BACKENDS,
                         help="also run this baseline on the same requests and print the ratio")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads before loading (default: torch's choice)")
     if hf_batch_default is not None:
         parser.add_argument("--hf-batch-size", type=int, default=hf_batch_default,
                             help="static batch size of the hf backend")
@@ -68,6 +70,10 @@ def add_backend_args(parser: argparse.ArgumentParser, hf_batch_default: int | No
 def load_backends(names: Sequence[str], args: argparse.Namespace, model: str,
                   hf_batch_size: int) -> tuple[dict[str, Backend], dict[str, float]]:
     """Load every named backend up front (so timed runs can interleave); also their load times."""
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
     backends: dict[str, Backend] = {}
     load_s: dict[str, float] = {}
     try:

@@ -82,8 +82,9 @@ def run_latency(args: argparse.Namespace) -> dict[str, Any]:
     samples = random_dataset(builder, args.batch_size, args.input_len, args.output_len, seed=args.seed)
     prompts = [s.prompt_token_ids or [] for s in samples]
     payload: dict[str, Any] = {"benchmark": "latency", "model": model, "config": config_dict(args),
-                               "environment": environment_info(), "results": {}}
+                               "results": {}}
     payload["results"] = measure_backends(args, model, prompts)
+    payload["environment"] = environment_info()
     for result in payload["results"].values():
         print(latency_table(result))
     names = list(payload["results"])
@@ -94,8 +95,8 @@ def run_latency(args: argparse.Namespace) -> dict[str, Any]:
             payload["speedup"]["decode_per_token"] = (base["decode_s_per_token"]
                                                       / ours["decode_s_per_token"])
             payload["speedup"]["ttft"] = base["ttft_s"] / ours["ttft_s"]
-        print(f"{names[0]} vs {names[1]}: "
-              + ", ".join(f"{k} {v:.2f}x faster" for k, v in payload["speedup"].items()))
+        print(f"speedup of {names[0]} over {names[1]} (>1: {names[0]} is faster): "
+              + ", ".join(f"{k} {v:.2f}x" for k, v in payload["speedup"].items()))
     if args.save_result:
         save_result(args.save_result, payload)
         print(f"saved {args.save_result}")

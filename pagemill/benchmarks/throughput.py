@@ -99,10 +99,11 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     model = resolve_model(args.model)
     samples = get_samples(args, load_hf_tokenizer(model))
     payload: dict[str, Any] = {"benchmark": "throughput", "model": model,
-                               "config": config_dict(args), "environment": environment_info(),
+                               "config": config_dict(args),
                                "results": {}}
     results, outputs = measure_backends(args, model, samples)
     payload["results"] = results
+    payload["environment"] = environment_info()
     for metrics in results.values():
         print(throughput_table(metrics))
     names = list(payload["results"])
