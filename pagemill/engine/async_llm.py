@@ -1,0 +1,319 @@
+"""AsyncLLM: the asyncio engine front end (tokenize, detokenize, stream) over the engine core process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pagemill.config import EngineArgs, EngineConfig
+from pagemill.engine.core_client import CoreOutputBatch, EngineCoreClient, EngineDeadError
+from pagemill.engine.llm_engine import LLMEngine
+from pagemill.engine.output_processor import OutputProcessor, ParentRequest, RequestState
+from pagemill.engine.processor import Processor, PromptType
+from pagemill.loader.tokenizer import load_tokenizer
+from pagemill.metrics.logger import LoggingStatLogger
+from pagemill.metrics.stats import FinishedRequestStats, IterationStats, StatLogger
+from pagemill.outputs import RequestOutput
+from pagemill.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AsyncLLM", "EngineDeadError", "RequestOutputCollector"]
+
+
+def _merge_delta(into: RequestOutput, new: RequestOutput) -> None:
+    """Fold a newer DELTA output into one the consumer has not read yet."""
+    by_index = {c.index: c for c in into.outputs}
+    for c in new.outputs:
+        old = by_index.get(c.index)
+        if old is None:
+            into.outputs.append(c)
+            by_index[c.index] = c
+            continue
+        old.text += c.text
+        old.token_ids.extend(c.token_ids)
+        if c.logprobs is not None:
+            old.logprobs = (old.logprobs or []) + c.logprobs
+        old.cumulative_logprob = c.cumulative_logprob
+        old.finish_reason, old.stop_reason = c.finish_reason, c.stop_reason
+    into.finished = new.finished
+    into.prompt_logprobs = new.prompt_logprobs
+    into.num_cached_tokens = new.num_cached_tokens
+
+
+class RequestOutputCollector:
+    """One request's mailbox: holds at most one output; DELTA outputs that pile up are merged."""
+
+    def __init__(self, output_kind: RequestOutputKind) -> None:
+        self.kind = output_kind
+        self.output: RequestOutput | BaseException | None = None
+        self.ready = asyncio.Event()
+
+    def put_nowait(self, item: RequestOutput | BaseException) -> None:
+        """Deliver an output (merging with an unread one) or an error (which wins)."""
+        if self.output is None or isinstance(item, BaseException):
+            self.output = item
+            self.ready.set()
+        elif isinstance(self.output, RequestOutput):
+            if self.kind == RequestOutputKind.DELTA:
+                _merge_delta(self.output, item)
+            else:
+                self.output = item
+
+    def get_nowait(self) -> RequestOutput | None:
+        """The pending output, if any (raises the pending error)."""
+        out, self.output = self.output, None
+        self.ready.clear()
+        if isinstance(out, BaseException):
+            self.output = out  # every later read fails the same way
+            raise out
+        return out
+
+    async def get(self) -> RequestOutput:
+        """Wait for the next output."""
+        while self.output is None:
+            await self.ready.wait()
+        return self.get_nowait()  # type: ignore[return-value]
+
+
+class AsyncLLM:
+    """Serve requests from asyncio: `async for out in llm.generate(prompt, params, request_id): ...`."""
+
+    def __init__(self, config: EngineConfig, log_stats: bool = True,
+                 stat_loggers: list[StatLogger] | None = None) -> None:
+        self.config = config
+        self.model_config = config.model_config
+        # Spawn the core first so that its model loading overlaps the tokenizer loading here.
+        self.client = EngineCoreClient(config)
+        try:
+            mc = config.model_config
+            self.tokenizer = load_tokenizer(mc.tokenizer, mc.gguf_file)
+            self.processor = Processor(mc, self.tokenizer)
+            self.output_processor = OutputProcessor(self.tokenizer)
+            self.client.wait_ready()
+        except BaseException:
+            self.client.shutdown()
+            raise
+        self.stat_loggers: list[StatLogger] = list(stat_loggers or [])
+        if log_stats:
+            self.stat_loggers.append(LoggingStatLogger(now=time.monotonic()))
+        self._children: dict[str, list[str]] = {}  # n > 1: parent request id -> child sequence ids
+        self._collectors: dict[str, RequestOutputCollector] = {}
+        self._handler: asyncio.Task | None = None
+        self._shut_down = False
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs, stat_loggers: list[StatLogger] | None = None) -> "AsyncLLM":
+        """Build from user-facing arguments (log_stats follows `disable_log_stats`)."""
+        return cls(args.create_engine_config(), log_stats=not args.disable_log_stats, stat_loggers=stat_loggers)
+
+    # ---- state ----
+    @property
+    def errored(self) -> bool:
+        """True once the engine core is dead."""
+        return self.client.is_dead
+
+    @property
+    def is_running(self) -> bool:
+        """True while requests can be served."""
+        return not self.errored and not self._shut_down
+
+    @property
+    def dead_error(self) -> EngineDeadError:
+        """The error pending requests get when the core is dead."""
+        return EngineDeadError(self.client.dead_message or "The engine was shut down.")
+
+    def get_tokenizer(self) -> Any:
+        """The tokenizer the front end uses."""
+        return self.tokenizer
+
+    async def check_health(self) -> None:
+        """Raise EngineDeadError if the engine cannot serve."""
+        if not self.is_running:
+            raise self.dead_error
+
+    # ---- requests ----
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    arrival_time: float | None = None, priority: int = 0,
+                    cache_salt: str | None = None) -> RequestOutputCollector:
+        """Validate and send a request to the core; raises ValueError (naming the field) or EngineDeadError."""
+        if not self.is_running:
+            raise self.dead_error
+        self._ensure_output_handler()
+        if request_id in self._collectors:
+            raise ValueError(f"request_id {request_id!r} is already in use.")
+        text, req = self.processor.process(request_id, prompt, params, arrival_time, priority, cache_salt)
+        collector = RequestOutputCollector(params.output_kind)
+        parent = ParentRequest(request_id, params.n) if params.n > 1 else None
+        children = []
+        for child_id, index, child_req in LLMEngine.fan_out(req):
+            self.output_processor.add_request(child_id, text, req.prompt_token_ids, child_req.sampling_params,
+                                              parent, index, collector, req.arrival_time)
+            children.append(child_id)
+        self._collectors[request_id] = collector
+        if parent is not None:
+            self._children[request_id] = children
+        try:
+            for child_id, _, child_req in LLMEngine.fan_out(req):
+                self.client.add_request(child_req)
+        except EngineDeadError:
+            self._forget(request_id)
+            raise
+        return collector
+
+    async def generate(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str,
+                       priority: int = 0, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; leaving the loop early (or being cancelled) aborts the request."""
+        collector = self.add_request(request_id, prompt, sampling_params, None, priority, cache_salt)
+        async for out in self.iterate(request_id, collector):
+            yield out
+
+    async def iterate(self, request_id: str, collector: RequestOutputCollector) -> AsyncIterator[RequestOutput]:
+        """Yield the outputs of a request added with add_request; aborts it if the consumer stops early."""
+        finished = False
+        try:
+            while not finished:
+                out = collector.get_nowait() or await collector.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self._abort([request_id])
+            self._collectors.pop(request_id, None)
+
+    async def abort(self, request_id: str | list[str]) -> None:
+        """Abort requests (and all their sequences); their blocks return to the pool."""
+        self._abort([request_id] if isinstance(request_id, str) else list(request_id))
+
+    def _abort(self, request_ids: list[str]) -> None:
+        seq_ids = []
+        for rid in request_ids:
+            seq_ids.extend(self._forget(rid))
+        self.output_processor.abort_requests(seq_ids)
+        self.client.abort_requests(seq_ids)
+
+    def _forget(self, request_id: str) -> list[str]:
+        """Drop a request's bookkeeping; returns its sequence ids."""
+        self._collectors.pop(request_id, None)
+        children = self._children.pop(request_id, None)
+        seq_ids = children if children is not None else [request_id]
+        self.output_processor.abort_requests(seq_ids)
+        return seq_ids
+
+    # ---- utility calls ----
+    async def reset_prefix_cache(self) -> bool:
+        """Drop the core's cached prefixes (only possible while idle)."""
+        self._ensure_output_handler()
+        return await self.client.call_utility("reset_prefix_cache")
+
+    async def get_scheduler_stats(self) -> dict[str, Any]:
+        """The core's current SchedulerStats as a dict."""
+        self._ensure_output_handler()
+        return await self.client.call_utility("get_stats")
+
+    # ---- output handling ----
+    def _ensure_output_handler(self) -> None:
+        if self._handler is None:
+            loop = asyncio.get_running_loop()
+            self.client.attach(loop, self._on_engine_dead)
+            self._handler = loop.create_task(self._output_handler(), name="pagemill-output-handler")
+
+    async def _output_handler(self) -> None:
+        try:
+            while True:
+                batch = await self.client.get_output()
+                self._process_batch(batch)
+        except EngineDeadError:
+            self._on_engine_dead()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("Output handler failed; the engine is unusable.")
+            self.client._mark_dead("The output handler failed.")
+            self._on_engine_dead()
+
+    def _process_batch(self, batch: CoreOutputBatch) -> None:
+        now = time.monotonic()
+        op = self.output_processor
+        for rid, message in batch.errors:
+            state = op.states.get(rid)
+            parent_id = state.parent.request_id if state is not None and state.parent is not None else rid
+            collector = self._collectors.get(parent_id)
+            self._abort([parent_id])
+            if collector is not None:
+                collector.put_nowait(ValueError(message))
+        outputs = batch.outputs.outputs
+        iteration = IterationStats() if self.stat_loggers else None
+        touched: list[RequestState] = []
+        if iteration is not None:
+            for rid, t in batch.scheduled:
+                state = op.states.get(rid)
+                if state is not None:
+                    state.metrics.first_scheduled_time = t
+                    iteration.queue_times.append(max(0.0, t - state.metrics.arrival_time))
+            touched = self._token_stats(outputs, iteration, now)
+        _, to_abort = op.process_outputs(outputs)
+        if to_abort:
+            self.client.abort_requests(to_abort)
+        for eco in outputs:  # forget finished n > 1 parents
+            if self._children and eco.request_id not in op.states:
+                parent_id = eco.request_id.split("_", 1)[-1]
+                children = self._children.get(parent_id)
+                if children is not None and not any(c in op.states for c in children):
+                    del self._children[parent_id]
+        if iteration is not None:
+            for state in touched:
+                if state.finish_reason is not None and state.finish_reason != "abort":
+                    iteration.finished.append(FinishedRequestStats(
+                        state.finish_reason, now - state.metrics.arrival_time, len(state.prompt_token_ids),
+                        len(state.token_ids)))
+            for stat_logger in self.stat_loggers:
+                stat_logger.record(batch.outputs.scheduler_stats, iteration, now)
+
+    def _token_stats(self, outputs: list, iteration: IterationStats, now: float) -> list[RequestState]:
+        """TTFT, inter-token latency and token counts of a batch; returns the states it touched."""
+        states = self.output_processor.states
+        touched = []
+        for eco in outputs:
+            state = states.get(eco.request_id)
+            if state is None:
+                continue
+            touched.append(state)
+            if not eco.new_token_ids:
+                continue
+            iteration.num_generation_tokens += len(eco.new_token_ids)
+            m = state.metrics
+            if m.first_token_time is None:
+                iteration.num_prompt_tokens += len(state.prompt_token_ids)
+                iteration.time_to_first_tokens.append(now - m.arrival_time)
+            else:
+                iteration.inter_token_latencies.append(now - (m.last_token_time or m.first_token_time))
+        return touched
+
+    def _on_engine_dead(self) -> None:
+        """Fail every pending request (runs on the event loop)."""
+        err = self.dead_error
+        for collector in self._collectors.values():
+            collector.put_nowait(err)
+        self.output_processor.states.clear()
+        self._children.clear()
+        if self._handler is not None and self._handler is not asyncio.current_task():
+            self._handler.cancel()
+
+    # ---- shutdown ----
+    def shutdown(self) -> None:
+        """Stop the engine core process and fail whatever is still pending."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        if self._handler is not None:
+            self._handler.cancel()
+        self.client.shutdown()
+        err = EngineDeadError("The engine was shut down.")
+        for collector in self._collectors.values():
+            collector.put_nowait(err)
+        self._collectors.clear()
+        self.output_processor.states.clear()

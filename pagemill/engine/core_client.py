@@ -1,0 +1,213 @@
+"""Front-end side of the engine core process: spawn it, talk to it over ZMQ, notice when it dies."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing
+import multiprocessing.connection
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from pagemill.config import EngineConfig
+from pagemill.engine import core_proc
+from pagemill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core process is gone: no request can be served any more."""
+
+
+@dataclass
+class CoreOutputBatch:
+    """What one message from the core carries for the output handler."""
+
+    outputs: EngineCoreOutputs
+    scheduled: list[tuple[str, float]] = field(default_factory=list)  # (request_id, first_scheduled_time)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (request_id, message) of rejected adds
+
+
+class EngineCoreClient:
+    """Spawns the engine core process and exchanges msgpack frames with it (async output side)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self._tmpdir = tempfile.mkdtemp(prefix="pagemill-zmq-")
+        input_address, output_address = f"ipc://{self._tmpdir}/input", f"ipc://{self._tmpdir}/output"
+        self.ctx = zmq.Context(1)
+        self.input = self.ctx.socket(zmq.PUSH)
+        self.input.setsockopt(zmq.SNDHWM, 0)
+        self.input.setsockopt(zmq.LINGER, 0)
+        self.input.bind(input_address)
+        self._output_sync = self.ctx.socket(zmq.PULL)
+        self._output_sync.setsockopt(zmq.RCVHWM, 0)
+        self._output_sync.setsockopt(zmq.LINGER, 0)
+        self._output_sync.bind(output_address)
+        self._output: zmq.asyncio.Socket | None = None
+        self.encoder = msgspec.msgpack.Encoder()
+        self.outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+        self.scheduled_decoder = msgspec.msgpack.Decoder(list[tuple[str, float]])
+        self.info: dict[str, Any] = {}
+        self.dead_message: str | None = None
+        self._shutting_down = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._dead_callbacks: list[Callable[[], None]] = []
+        self._call_ids = itertools.count()
+        self._pending_calls: dict[int, asyncio.Future] = {}
+        spawn = multiprocessing.get_context("spawn")
+        self.proc = spawn.Process(target=core_proc.run_engine_core, name="pagemill-engine-core",
+                                  args=(config, input_address, output_address), daemon=True)
+        self.proc.start()
+
+    # ---- life cycle ----
+    def wait_ready(self, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Block until the core reports READY; raises RuntimeError if it fails to start."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if self._output_sync.poll(200):
+                frames = self._output_sync.recv_multipart()
+                if frames[0] == core_proc.READY:
+                    self.info = msgspec.msgpack.decode(frames[1])
+                    threading.Thread(target=self._monitor, name="pagemill-core-monitor", daemon=True).start()
+                    logger.info("Engine core process ready (pid %d, %d KV blocks of %d tokens).",
+                                self.info["pid"], self.info["num_blocks"], self.info["block_size"])
+                    return self.info
+                if frames[0] == core_proc.DEAD:
+                    self.shutdown()
+                    raise RuntimeError(msgspec.msgpack.decode(frames[1]))
+            elif not self.proc.is_alive():
+                self.shutdown()
+                raise RuntimeError(f"Engine core process exited with code {self.proc.exitcode} while starting.")
+        self.shutdown()
+        raise RuntimeError(f"Engine core process not ready after {timeout_s:.0f} s.")
+
+    def _monitor(self) -> None:
+        multiprocessing.connection.wait([self.proc.sentinel])
+        if not self._shutting_down:
+            self._mark_dead(f"Engine core process died unexpectedly (exit code {self.proc.exitcode}).")
+
+    def _mark_dead(self, message: str) -> None:
+        """Record the death (any thread) and run the callbacks on the event loop."""
+        if self.dead_message is not None:
+            return
+        self.dead_message = message
+        logger.error(message)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._run_dead_callbacks)
+            except RuntimeError:  # loop closed meanwhile
+                pass
+
+    def _run_dead_callbacks(self) -> None:
+        err = EngineDeadError(self.dead_message or "Engine core is dead.")
+        for fut in self._pending_calls.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._pending_calls.clear()
+        for cb in self._dead_callbacks:
+            cb()
+
+    def attach(self, loop: asyncio.AbstractEventLoop, on_dead: Callable[[], None]) -> None:
+        """Bind the async output socket to `loop`; `on_dead` runs on it if the core dies."""
+        self._loop = loop
+        self._dead_callbacks.append(on_dead)
+        if self._output is None:
+            self._output = zmq.asyncio.Socket.from_socket(self._output_sync)
+        if self.dead_message is not None:
+            loop.call_soon(self._run_dead_callbacks)
+
+    @property
+    def is_dead(self) -> bool:
+        """True once the core process has died."""
+        return self.dead_message is not None
+
+    @property
+    def pid(self) -> int | None:
+        """The engine core process id."""
+        return self.proc.pid
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Ask the core to stop, then terminate it if needed; close the sockets."""
+        if self._shutting_down:
+            return
+        self._shutting_down = True
+        if self.proc.is_alive():
+            try:
+                self.input.send_multipart([core_proc.SHUTDOWN], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            self.proc.join(timeout_s)
+            if self.proc.is_alive():
+                self.proc.terminate()
+                self.proc.join(2.0)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(2.0)
+        for sock in (self.input, self._output or self._output_sync):
+            sock.close(linger=0)
+        self.ctx.term()
+        shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+    # ---- requests ----
+    def _check_alive(self) -> None:
+        if self.dead_message is not None:
+            raise EngineDeadError(self.dead_message)
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Send a request to the core (never blocks: the socket queue is unbounded)."""
+        self._check_alive()
+        self.input.send_multipart([core_proc.ADD, self.encoder.encode(request)], copy=False)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Ask the core to abort requests and free their blocks."""
+        if request_ids and self.dead_message is None and not self._shutting_down:
+            self.input.send_multipart([core_proc.ABORT, self.encoder.encode(request_ids)])
+
+    async def call_utility(self, method: str, *args: Any) -> Any:
+        """Call one of core_proc.UTILITY_METHODS in the core and return its result."""
+        self._check_alive()
+        if method not in core_proc.UTILITY_METHODS:
+            raise ValueError(f"unknown engine utility method {method!r}.")
+        call_id = next(self._call_ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending_calls[call_id] = fut
+        self.input.send_multipart([core_proc.UTILITY, self.encoder.encode((call_id, method, list(args)))])
+        return await fut
+
+    async def get_output(self) -> CoreOutputBatch:
+        """The next batch of outputs from the core; raises EngineDeadError if it reported its death."""
+        assert self._output is not None, "attach() the client to an event loop first"
+        while True:
+            frames = await self._output.recv_multipart(copy=False)
+            kind = frames[0].bytes
+            if kind == core_proc.OUTPUTS:
+                return CoreOutputBatch(self.outputs_decoder.decode(frames[1].buffer),
+                                       self.scheduled_decoder.decode(frames[2].buffer))
+            if kind == core_proc.UTILITY:
+                call_id, ok, result = msgspec.msgpack.decode(frames[1].buffer)
+                fut = self._pending_calls.pop(call_id, None)
+                if fut is not None and not fut.done():
+                    if ok:
+                        fut.set_result(result)
+                    else:
+                        fut.set_exception(RuntimeError(result))
+            elif kind == core_proc.REQUEST_ERROR:
+                rid, message = msgspec.msgpack.decode(frames[1].buffer)
+                return CoreOutputBatch(EngineCoreOutputs(), errors=[(rid, message)])
+            elif kind == core_proc.DEAD:
+                self._mark_dead(msgspec.msgpack.decode(frames[1].buffer))
+                raise EngineDeadError(self.dead_message)
+            else:
+                logger.error("Unknown frame type %r from the engine core.", kind)

@@ -1,0 +1,172 @@
+"""The engine core in its own process: a busy loop between two ZMQ sockets (msgpack on the wire).
+
+Frames front end -> core: [ADD, EngineCoreRequest] | [ABORT, list[str]] | [UTILITY, (call_id, method, args)]
+| [SHUTDOWN].  Core -> front end: [READY, info] | [OUTPUTS, EngineCoreOutputs, scheduled]
+| [UTILITY, (call_id, ok, result)] | [REQUEST_ERROR, (request_id, message)] | [DEAD, message].
+`scheduled` lists (request_id, first_scheduled_time) for requests scheduled for the first time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import traceback
+from typing import Any
+
+import msgspec
+import zmq
+
+from pagemill.config import EngineConfig
+from pagemill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+
+logger = logging.getLogger(__name__)
+
+# Frame types (first frame of every multipart message).
+ADD, ABORT, UTILITY, SHUTDOWN = b"A", b"X", b"U", b"S"
+READY, OUTPUTS, REQUEST_ERROR, DEAD = b"R", b"O", b"E", b"D"
+
+# Methods the front end may call with a UTILITY frame.
+UTILITY_METHODS = ("reset_prefix_cache", "get_stats", "ping")
+
+_IDLE_POLL_MS = 1000  # how often an idle core checks that its parent is still alive
+
+
+class EngineCoreProc:
+    """Runs an EngineCore and moves its inputs and outputs over ZMQ."""
+
+    def __init__(self, config: EngineConfig, input_address: str, output_address: str) -> None:
+        self.ctx = zmq.Context(1)
+        self.output = self.ctx.socket(zmq.PUSH)
+        self.output.setsockopt(zmq.SNDHWM, 0)
+        self.output.setsockopt(zmq.LINGER, 2000)
+        self.output.connect(output_address)
+        self.input = self.ctx.socket(zmq.PULL)
+        self.input.setsockopt(zmq.RCVHWM, 0)
+        self.input.setsockopt(zmq.LINGER, 0)
+        self.input.connect(input_address)
+        self.encoder = msgspec.msgpack.Encoder()
+        self.request_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
+        self.parent_pid = os.getppid()
+        self.running = True
+        try:
+            from pagemill.engine.core import EngineCore
+
+            # The front end logs stats; the core must not log them a second time.
+            self.core = EngineCore(dataclasses.replace(config, log_stats=False))
+        except BaseException as e:
+            self._send(DEAD, f"Engine core failed to start: {type(e).__name__}: {e}")
+            self.close()
+            raise
+        self.unscheduled: dict[str, Any] = {}  # request_id -> Request not yet scheduled
+        pool = self.core.scheduler.kv_cache_manager.block_pool
+        self._send(READY, {"pid": os.getpid(), "num_blocks": pool.num_blocks - 1,
+                           "block_size": config.cache_config.block_size})
+
+    def _send(self, kind: bytes, *payloads: Any) -> None:
+        self.output.send_multipart([kind, *(self.encoder.encode(p) for p in payloads)], copy=False)
+
+    def run(self) -> None:
+        """The busy loop: drain inputs, step while there is work, block on the input when idle."""
+        poller = zmq.Poller()
+        poller.register(self.input, zmq.POLLIN)
+        while self.running:
+            if not self.core.has_unfinished_requests():
+                if not poller.poll(_IDLE_POLL_MS):
+                    if os.getppid() != self.parent_pid:
+                        logger.warning("Front end process is gone; engine core exits.")
+                        return
+                    continue
+            self._drain_inputs()
+            if self.running and self.core.has_unfinished_requests():
+                self._step()
+
+    def _drain_inputs(self) -> None:
+        while self.running:
+            try:
+                frames = self.input.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._handle(frames[0].bytes, [f.buffer for f in frames[1:]])
+
+    def _handle(self, kind: bytes, payloads: list[memoryview]) -> None:
+        if kind == ADD:
+            req = self.request_decoder.decode(payloads[0])
+            try:
+                self.core.add_request(req)
+            except ValueError as e:
+                self._send(REQUEST_ERROR, (req.request_id, str(e)))
+                return
+            self.unscheduled[req.request_id] = self.core.scheduler.requests[req.request_id]
+        elif kind == ABORT:
+            ids = msgspec.msgpack.decode(payloads[0], type=list[str])
+            done = self.core.abort_requests(ids)
+            for rid in ids:
+                self.unscheduled.pop(rid, None)
+            stats = self.core.scheduler.make_stats()
+            self._send(OUTPUTS, EngineCoreOutputs(done, stats), [])
+        elif kind == UTILITY:
+            call_id, method, args = msgspec.msgpack.decode(payloads[0])
+            self._send(UTILITY, self._call_utility(call_id, method, args))
+        elif kind == SHUTDOWN:
+            self.running = False
+        else:
+            logger.error("Engine core got an unknown frame type %r.", kind)
+
+    def _call_utility(self, call_id: int, method: str, args: list[Any]) -> tuple[int, bool, Any]:
+        if method not in UTILITY_METHODS:
+            return call_id, False, f"unknown utility method {method!r}"
+        try:
+            if method == "reset_prefix_cache":
+                return call_id, True, self.core.reset_prefix_cache()
+            if method == "get_stats":
+                return call_id, True, msgspec.to_builtins(self.core.scheduler.make_stats())
+            return call_id, True, "pong"
+        except Exception as e:  # a failed utility call is the caller's problem, not the engine's
+            return call_id, False, f"{type(e).__name__}: {e}"
+
+    def _step(self) -> None:
+        outputs = self.core.step()
+        scheduled = []
+        if self.unscheduled:
+            for rid, req in list(self.unscheduled.items()):
+                if req.first_scheduled_time is not None:
+                    scheduled.append((rid, req.first_scheduled_time))
+                    del self.unscheduled[rid]
+        self._send(OUTPUTS, outputs, scheduled)
+
+    def close(self) -> None:
+        """Close the sockets (pending outputs are flushed for up to the linger time)."""
+        self.input.close()
+        self.output.close()
+        self.ctx.term()
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
+
+
+def run_engine_core(config: EngineConfig, input_address: str, output_address: str) -> None:
+    """Process entry point (multiprocessing spawn target)."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [engine core] %(message)s")
+    # SIGINT goes to the whole process group on Ctrl-C: the front end decides when the core stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    proc = None
+    try:
+        proc = EngineCoreProc(config, input_address, output_address)
+        proc.run()
+    except SystemExit:
+        pass
+    except BaseException as e:
+        logger.error("Engine core died:\n%s", traceback.format_exc())
+        if proc is not None:
+            try:
+                proc._send(DEAD, f"Engine core died: {type(e).__name__}: {e}")
+            except Exception:
+                pass
+        raise SystemExit(1)
+    finally:
+        if proc is not None:
+            proc.close()

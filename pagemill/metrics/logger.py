@@ -1,0 +1,49 @@
+"""A periodic log line while the engine is busy: throughput, queue sizes, KV usage, prefix-cache hits."""
+
+from __future__ import annotations
+
+import logging
+
+from pagemill.engine.messages import SchedulerStats
+from pagemill.metrics.stats import IterationStats
+
+logger = logging.getLogger("pagemill.metrics")
+
+
+class LoggingStatLogger:
+    """Logs at most every `interval_s` seconds, and only when something happened since the last line."""
+
+    def __init__(self, interval_s: float = 10.0, now: float = 0.0) -> None:
+        self.interval_s = interval_s
+        self.last_log = now
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.last_stats: SchedulerStats | None = None
+        self._hits_at_log = 0
+        self._queries_at_log = 0
+
+    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats, now: float) -> None:
+        """Account one batch of outputs and log if the interval has passed."""
+        self.prompt_tokens += iteration.num_prompt_tokens
+        self.generation_tokens += iteration.num_generation_tokens
+        if scheduler_stats is not None:
+            self.last_stats = scheduler_stats
+        if now - self.last_log >= self.interval_s:
+            self.log(now)
+
+    def log(self, now: float) -> None:
+        """Emit the line for the interval that ends now (skipped if the interval was idle)."""
+        s = self.last_stats
+        busy = self.prompt_tokens or self.generation_tokens or (s and (s.num_running_reqs or s.num_waiting_reqs))
+        elapsed = max(now - self.last_log, 1e-9)
+        if busy and s is not None:
+            queries = s.prefix_cache_queries - self._queries_at_log
+            hits = s.prefix_cache_hits - self._hits_at_log
+            logger.info(
+                "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, "
+                "Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
+                self.prompt_tokens / elapsed, self.generation_tokens / elapsed, s.num_running_reqs,
+                s.num_waiting_reqs, 100 * s.kv_cache_usage, 100 * hits / queries if queries > 0 else 0.0)
+            self._queries_at_log, self._hits_at_log = s.prefix_cache_queries, s.prefix_cache_hits
+        self.last_log = now
+        self.prompt_tokens = self.generation_tokens = 0

@@ -1,0 +1,93 @@
+"""Prometheus metrics named like vLLM's (`vllm:` -> `pagemill:`), kept in a per-server registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from pagemill.engine.messages import SchedulerStats
+from pagemill.metrics.stats import IterationStats
+
+_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+_ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0]
+_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                    240.0, 480.0, 960.0, 1920.0, 7680.0]
+
+# Counters that SchedulerStats carries as running totals (each feeds the metric of the same name).
+_CUMULATIVE = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions")
+
+
+class PrometheusStatLogger:
+    """Updates the pagemill:* metrics from scheduler and iteration stats."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+        self.registry = registry
+        labels = ["model_name"]
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(f"pagemill:{name}", doc, labels, registry=registry).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(f"pagemill:{name}", doc, labels, registry=registry).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
+            return Histogram(f"pagemill:{name}", doc, labels, buckets=buckets, registry=registry).labels(model_name)
+
+        self.running = gauge("num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent usage.")
+        self.kv_free_blocks = gauge("kv_cache_free_blocks", "KV-cache blocks that can be allocated.")
+        self.kv_total_blocks = gauge("kv_cache_total_blocks", "Usable KV-cache blocks.")
+        self.counters = {
+            "prefix_cache_queries": counter("prefix_cache_queries", "Prefix-cache queries, in tokens."),
+            "prefix_cache_hits": counter("prefix_cache_hits", "Prefix-cache hits, in tokens."),
+            "num_preemptions": counter("num_preemptions", "Cumulative number of preemptions."),
+        }
+        self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
+        self._success = Counter("pagemill:request_success", "Count of successfully processed requests.",
+                                ["model_name", "finished_reason"], registry=registry)
+        self.model_name = model_name
+        self.ttft = histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              _TTFT_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             _ITL_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             _LATENCY_BUCKETS)
+        self.queue_time = histogram("request_queue_time_seconds",
+                                    "Histogram of time spent in the WAITING phase for a request.", _LATENCY_BUCKETS)
+        self._last_totals: dict[str, int] = {}
+
+    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats, now: float) -> None:
+        """Account one batch of outputs."""
+        if scheduler_stats is not None:
+            s = scheduler_stats
+            self.running.set(s.num_running_reqs)
+            self.waiting.set(s.num_waiting_reqs)
+            self.kv_usage.set(s.kv_cache_usage)
+            self.kv_free_blocks.set(s.num_blocks_free)
+            self.kv_total_blocks.set(s.num_blocks_total)
+            for name in _CUMULATIVE:
+                total = getattr(s, name)
+                delta = total - self._last_totals.get(name, 0)
+                if delta > 0:
+                    self.counters[name].inc(delta)
+                self._last_totals[name] = total
+        if iteration.num_prompt_tokens:
+            self.prompt_tokens.inc(iteration.num_prompt_tokens)
+        if iteration.num_generation_tokens:
+            self.generation_tokens.inc(iteration.num_generation_tokens)
+        for v in iteration.time_to_first_tokens:
+            self.ttft.observe(v)
+        for v in iteration.inter_token_latencies:
+            self.itl.observe(v)
+        for v in iteration.queue_times:
+            self.queue_time.observe(v)
+        for f in iteration.finished:
+            self._success.labels(self.model_name, f.finish_reason).inc()
+            self.e2e.observe(f.e2e_latency)
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text format."""
+        return generate_latest(self.registry)

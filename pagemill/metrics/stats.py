@@ -1,0 +1,38 @@
+"""Per-iteration request statistics the front end gathers from engine outputs (for /metrics and logs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pagemill.engine.messages import SchedulerStats
+
+
+@dataclass
+class FinishedRequestStats:
+    """One sequence that finished normally (not aborted)."""
+
+    finish_reason: str
+    e2e_latency: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+
+
+@dataclass
+class IterationStats:
+    """What one batch of engine outputs did, seen from the front end."""
+
+    num_prompt_tokens: int = 0  # prompts of sequences that got their first token in this batch
+    num_generation_tokens: int = 0
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+    queue_times: list[float] = field(default_factory=list)
+    finished: list[FinishedRequestStats] = field(default_factory=list)
+
+
+class StatLogger(Protocol):
+    """Receives the stats of every output batch."""
+
+    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats, now: float) -> None:
+        """Account one batch of outputs."""
+        ...
