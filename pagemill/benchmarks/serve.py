@@ -19,8 +19,8 @@ import numpy as np
 from pagemill.benchmarks.datasets import SampleRequest, add_dataset_args, get_samples
 from pagemill.benchmarks.metrics import (LATENCY_METRICS, RequestResult, compute_metrics,
                                          parse_goodput)
-from pagemill.benchmarks.openai_client import build_payload, send_request
 from pagemill.benchmarks.model_path import default_model_path, load_hf_tokenizer
+from pagemill.benchmarks.openai_client import build_payload, send_request
 from pagemill.benchmarks.report import config_dict, environment_info, format_table, save_result
 
 REQUEST_TIMEOUT_S = 6 * 3600
@@ -145,14 +145,15 @@ def _rates(args: argparse.Namespace) -> list[float]:
     return [float(args.request_rate)]
 
 
-async def _initial_test(url: str, sample: SampleRequest, model: str, chat: bool,
+async def _initial_test(url: str, model: str, chat: bool,
                         extra_body: dict[str, Any] | None) -> None:
     import aiohttp
 
-    short = SampleRequest(sample.prompt, sample.prompt_len, min(4, sample.expected_output_len))
-    payload = build_payload(short, model, chat, True, 0.0, extra_body)
+    # A prompt outside the data set, so that no benchmark prompt is already in a prefix cache.
+    probe = SampleRequest("Say hello.", 0, 4)
+    payload = build_payload(probe, model, chat, True, 0.0, extra_body)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        result = await send_request(session, url, payload, sample.prompt_len, chat)
+        result = await send_request(session, url, payload, 0, chat)
     if not result.success:
         raise RuntimeError(f"initial test request to {url} failed: {result.error}")
 
@@ -170,16 +171,17 @@ def _details(results: Sequence[RequestResult]) -> dict[str, list[Any]]:
 
 
 async def _bench_target(args: argparse.Namespace, base_url: str, label: str,
-                        samples: Sequence[SampleRequest]) -> list[dict[str, Any]]:
+                        rates: Sequence[float],
+                        sample_sets: Sequence[Sequence[SampleRequest]]) -> list[dict[str, Any]]:
     chat = "chat" in args.endpoint
     url = base_url.rstrip("/") + args.endpoint
     model = choose_model_name(args, await served_model_names(base_url))
     extra_body = json.loads(args.extra_body) if args.extra_body else None
     percentiles = [float(p) for p in args.metric_percentiles.split(",")]
     if not args.skip_initial_test:
-        await _initial_test(url, samples[0], model, chat, extra_body)
+        await _initial_test(url, model, chat, extra_body)
     runs = []
-    for rate in _rates(args):
+    for rate, samples in zip(rates, sample_sets):
         results, duration = await run_load(
             samples, url, model, chat, rate, args.burstiness, args.max_concurrency,
             args.ignore_eos, args.temperature, args.seed, extra_body, args.disable_tqdm)
@@ -198,14 +200,21 @@ async def _bench_target(args: argparse.Namespace, base_url: str, label: str,
 
 
 def run_serve(args: argparse.Namespace) -> dict[str, Any]:
-    """Entry point of `bench serve`: build the dataset, run every rate and target, report."""
-    samples = get_samples(args, load_hf_tokenizer(tokenizer_source(args)))
+    """Entry point of `bench serve`: build the dataset, run every rate and target, report.
+
+    Each rate of a sweep gets its own prompts (seed + index) so that a server's prefix cache
+    cannot reuse an earlier run's prompts; every target sees the same prompts per rate.
+    """
+    tokenizer = load_hf_tokenizer(tokenizer_source(args))
+    rates = _rates(args)
+    sample_sets = [get_samples(argparse.Namespace(**{**vars(args), "seed": args.seed + k}),
+                               tokenizer) for k in range(len(rates))]
     targets = [("pagemill" if args.label is None else args.label, args.base_url)]
     if args.baseline_base_url:
         targets.append((args.baseline_label, args.baseline_base_url))
     series: dict[str, list[dict[str, Any]]] = {}
     for label, base_url in targets:
-        series[label] = asyncio.run(_bench_target(args, base_url, label, samples))
+        series[label] = asyncio.run(_bench_target(args, base_url, label, rates, sample_sets))
     payload = {"benchmark": "serve", "config": config_dict(args),
                "environment": environment_info(), "runs": [r for v in series.values() for r in v]}
     if len(targets) == 2:
@@ -220,7 +229,7 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     if args.plot:
         from pagemill.benchmarks.plots import plot_sweep
 
-        plot_sweep(series, args.plot, f"{args.dataset_name} dataset, {len(samples)} requests")
+        plot_sweep(series, args.plot, f"{args.dataset_name} dataset, {args.num_prompts} requests per rate")
         print(f"saved {args.plot}")
     return payload
 
