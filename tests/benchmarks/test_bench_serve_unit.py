@@ -101,3 +101,16 @@ def test_save_result_and_environment(tmp_path):
 def test_format_table():
     text = format_table("T", [("Requests", 3), ("Rate", 1.23456), ("--Section", "")])
     assert "Requests:" in text and "1.23" in text and "Section" in text
+
+
+def test_serve_table_lists_every_metric_family():
+    from pagemill.benchmarks.metrics import RequestResult, compute_metrics
+    from pagemill.benchmarks.serve import serve_table
+
+    results = [RequestResult(0.0, [0.1, 0.2, 0.35], 3, 10, True)]
+    metrics = compute_metrics(results, 1.0, [50, 99], {"ttft": 200})
+    metrics["request_rate"] = math.inf
+    text = serve_table(metrics, ["50", "99"], "Serving Benchmark Result")
+    for needle in ("Successful requests:", "Request goodput", "Mean TTFT (ms):", "P99 TPOT",
+                   "P50 ITL", "Median E2EL", "Normalized latency (s/token):", "inf"):
+        assert needle in text
