@@ -1,0 +1,196 @@
+"""The OpenAI-compatible HTTP server: FastAPI app over an AsyncLLM, run by uvicorn (`pagemill serve`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import pagemill
+from pagemill.engine.async_llm import AsyncLLM
+from pagemill.engine.core_client import EngineDeadError
+from pagemill.entrypoints.openai.chat_utils import ChatRenderer, load_chat_template
+from pagemill.entrypoints.openai.errors import OpenAIError, error_body, from_validation_error
+from pagemill.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                                  TokenizeRequest)
+from pagemill.entrypoints.openai.serving_chat import OpenAIServingChat
+from pagemill.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pagemill.entrypoints.openai.serving_engine import json_response
+from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
+from pagemill.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from pagemill.metrics.prometheus import PrometheusStatLogger
+
+logger = logging.getLogger("pagemill.entrypoints.openai.api_server")
+
+# Paths anyone may call even when --api-key is set (probes and scrapers).
+OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/ping"})
+
+
+class APIKeyMiddleware:
+    """Answers 401 unless `Authorization: Bearer <key>` matches one of the keys (pure ASGI, stream-safe)."""
+
+    def __init__(self, app: ASGIApp, api_keys: list[str]) -> None:
+        self.app = app
+        self.tokens = [f"Bearer {k}".encode() for k in api_keys]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if any(hmac.compare_digest(given, t) for t in self.tokens):
+            await self.app(scope, receive, send)
+            return
+        message = "Missing API key: send 'Authorization: Bearer <key>'." if not given else "Incorrect API key."
+        await JSONResponse(error_body(message, 401, "Authorization"), status_code=401)(scope, receive, send)
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def with_cancellation(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Cancel the handler (which aborts its engine requests) if the client disconnects before the answer."""
+
+    @functools.wraps(handler)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        handler_task = asyncio.ensure_future(handler(*args, **kwargs))
+        disconnect_task = asyncio.ensure_future(_wait_for_disconnect(kwargs["raw_request"]))
+        done, pending = await asyncio.wait([handler_task, disconnect_task], return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        if handler_task in done:
+            return handler_task.result()
+        logger.info("Client disconnected; request cancelled.")
+        return Response(status_code=499)
+
+    return wrapper
+
+
+def _register_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return from_validation_error(exc).response()
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return JSONResponse(error_body(f"The engine is dead: {exc}", 500), status_code=500)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(exc.detail), exc.status_code), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("Unhandled error")
+        return JSONResponse(error_body(f"Internal error: {type(exc).__name__}: {exc}", 500), status_code=500)
+
+
+def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[str] | None = None,
+              chat_template: str | None = None, shutdown_engine: bool = True) -> FastAPI:
+    """The FastAPI app serving `engine` (with its own Prometheus registry, so several apps can coexist)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        if shutdown_engine:
+            logger.info("Shutting down the engine core.")
+            engine.shutdown()
+
+    app = FastAPI(title="pagemill", version=pagemill.__version__, lifespan=lifespan)
+    mc = engine.model_config
+    models = OpenAIServingModels(served_model_names, mc.model, mc.max_model_len)
+    renderer = ChatRenderer(engine.get_tokenizer(), chat_template)
+    chat = OpenAIServingChat(engine, models, renderer)
+    completion = OpenAIServingCompletion(engine, models)
+    tokenization = OpenAIServingTokenization(engine.get_tokenizer(), models, renderer)
+    registry = CollectorRegistry()
+    prometheus = PrometheusStatLogger(registry, models.default_name)
+    engine.stat_loggers.append(prometheus)
+    app.state.engine, app.state.registry = engine, registry
+    _register_error_handlers(app)
+    if api_keys:
+        app.add_middleware(APIKeyMiddleware, api_keys=api_keys)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine.is_running:
+            return JSONResponse(error_body(f"The engine is not running: {engine.dead_error}", 500), status_code=500)
+        return Response(status_code=200)
+
+    @app.get("/ping")
+    async def ping() -> Response:
+        return await health()
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": pagemill.__version__})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(prometheus.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def list_models() -> Response:
+        return json_response(models.list_models())
+
+    @app.post("/v1/completions")
+    @with_cancellation
+    async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+        return await completion.create_completion(request)
+
+    @app.post("/v1/chat/completions")
+    @with_cancellation
+    async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
+        return await chat.create_chat_completion(request)
+
+    @app.post("/tokenize")
+    async def tokenize(request: TokenizeRequest) -> Response:
+        return json_response(tokenization.tokenize(request))
+
+    @app.post("/detokenize")
+    async def detokenize(request: DetokenizeRequest) -> Response:
+        return json_response(tokenization.detokenize(request))
+
+    return app
+
+
+def run_server(args: argparse.Namespace) -> None:
+    """`pagemill serve`: start the engine core process, then serve HTTP until SIGINT/SIGTERM."""
+    import uvicorn
+
+    from pagemill.entrypoints.openai.cli_args import engine_args_from_namespace, served_model_names
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
+    chat_template = load_chat_template(args.chat_template)
+    engine_args = engine_args_from_namespace(args)
+    names = served_model_names(args)
+    engine_args.served_model_name = names[0]
+    engine = AsyncLLM.from_engine_args(engine_args)
+    try:
+        app = build_app(engine, names, args.api_key, chat_template)
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                                access_log=not args.disable_uvicorn_access_log, timeout_graceful_shutdown=5)
+        logger.info("Serving %s on http://%s:%d", ", ".join(names), args.host, args.port)
+        uvicorn.Server(config).run()
+    finally:
+        engine.shutdown()

@@ -1,0 +1,96 @@
+"""Command-line flags: engine flags generated from EngineArgs' fields, plus the server's own (vllm names)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import types
+import typing
+
+from pagemill.config import EngineArgs
+from pagemill.loader.default_model import DEFAULT_MODEL_NAME
+
+_ENGINE_HELP = {
+    "model": "HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct).",
+    "tokenizer": "Tokenizer directory if not the model's.",
+    "dtype": "Weight and activation dtype: auto (float32), float32, bfloat16, float16.",
+    "max_model_len": "Context length (default: the model's).",
+    "max_num_seqs": "Most sequences in one batch.",
+    "max_num_batched_tokens": "Token budget of one engine step.",
+    "block_size": "Tokens per KV-cache block.",
+    "kv_cache_memory": "KV-cache memory, e.g. 2GiB or 512MiB (default: 2 GiB or a quarter of free memory).",
+    "enable_prefix_caching": "Reuse the KV blocks of shared prompt prefixes.",
+    "prefix_caching_hash_algo": "Block hash: builtin or sha256.",
+    "scheduling_policy": "fcfs or priority (lower `priority` values first).",
+    "seed": "Random seed.",
+    "num_gpu_blocks_override": "Exact number of KV blocks (testing).",
+    "num_threads": "Torch threads of the engine core (default: all cores).",
+    "disable_log_stats": "Do not log the periodic stats line.",
+}
+_CUSTOM = {"served_model_name"}  # declared by hand (several names allowed)
+
+
+def _scalar_type(tp: object) -> type:
+    """int/float/str for an annotation such as `int | None`; a union with str parses as str."""
+    args = typing.get_args(tp) if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union \
+        else (tp,)
+    args = tuple(a for a in args if a is not type(None))
+    if str in args or len(args) != 1:
+        return str
+    return args[0] if args[0] in (int, float, str) else str
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """One flag per EngineArgs field (`--max-num-seqs`, `--enable-prefix-caching/--no-...`)."""
+    hints = typing.get_type_hints(EngineArgs)
+    group = parser.add_argument_group("engine")
+    for f in dataclasses.fields(EngineArgs):
+        if f.name == "extra" or f.name in _CUSTOM:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        help_text = _ENGINE_HELP.get(f.name, f"EngineArgs.{f.name}")
+        if hints[f.name] is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        else:
+            group.add_argument(flag, type=_scalar_type(hints[f.name]), default=default, help=help_text)
+
+
+def engine_args_from_namespace(args: argparse.Namespace) -> EngineArgs:
+    """EngineArgs from parsed flags (a positional MODEL wins over --model)."""
+    values = {name: getattr(args, name) for name in EngineArgs.field_names() if hasattr(args, name)}
+    if getattr(args, "model_tag", None):
+        values["model"] = args.model_tag
+    names = getattr(args, "served_model_name", None)
+    values["served_model_name"] = names[0] if isinstance(names, list) else names
+    return EngineArgs(**values)
+
+
+def served_model_names(args: argparse.Namespace) -> list[str]:
+    """--served-model-name, else SmolLM2-135M-Instruct for the default model, else the model path's basename."""
+    if args.served_model_name:
+        return list(args.served_model_name)
+    model = getattr(args, "model_tag", None) or args.model
+    if model is None:
+        return [DEFAULT_MODEL_NAME]
+    return [os.path.basename(os.path.normpath(model))]
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of `pagemill serve` (named like `vllm serve`'s)."""
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct).")
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0 for all interfaces).")
+    server.add_argument("--port", type=int, default=8000, help="Port to listen on.")
+    server.add_argument("--api-key", nargs="+", default=None,
+                        help="Require 'Authorization: Bearer KEY' with one of these keys.")
+    server.add_argument("--served-model-name", nargs="+", default=None,
+                        help="Model name(s) clients use in the `model` field (the first is reported).")
+    server.add_argument("--chat-template", default=None, help="Chat template file (or inline Jinja template).")
+    server.add_argument("--uvicorn-log-level", default="info",
+                        choices=["debug", "info", "warning", "error", "critical", "trace"])
+    server.add_argument("--disable-uvicorn-access-log", action="store_true", help="Do not log every request.")
+    add_engine_args(parser)
+    parser.set_defaults(disable_log_stats=False)  # a server logs its stats line unless told not to

@@ -1,0 +1,309 @@
+"""Pydantic models of the OpenAI API requests and responses (plus vLLM's extra request fields).
+
+Requests forbid unknown fields, so a misspelt parameter is answered with a 400 naming it instead of
+being silently ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class OpenAIBaseModel(BaseModel):
+    """Base of all request models: unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ResponseModel(BaseModel):
+    """Base of all response models."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# ---- errors ----
+class ErrorInfo(ResponseModel):
+    """The body of an OpenAI-style error."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(ResponseModel):
+    """`{"error": {...}}`."""
+
+    error: ErrorInfo
+
+
+# ---- models ----
+class ModelCard(ResponseModel):
+    """One entry of /v1/models."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "pagemill"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(ResponseModel):
+    """The /v1/models response."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# ---- shared pieces ----
+class UsageInfo(ResponseModel):
+    """Token counts of a request."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class StreamOptions(OpenAIBaseModel):
+    """`stream_options` of a streamed request."""
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class SamplingRequest(OpenAIBaseModel):
+    """Fields that completions and chat completions share, OpenAI's and vLLM's extras."""
+
+    model: str | None = None
+    n: int = Field(default=1, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM extra parameters
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stop_token_ids: list[int] | None = None
+    priority: int = 0
+    cache_salt: str | None = None
+
+
+# ---- completions ----
+class CompletionRequest(SamplingRequest):
+    """POST /v1/completions."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    echo: bool = False
+    suffix: str | None = None
+    logprobs: int | None = Field(default=None, ge=0)
+    best_of: int | None = None
+    add_special_tokens: bool = True
+
+
+class CompletionLogProbs(ResponseModel):
+    """Legacy completions logprobs: parallel lists over the generated tokens."""
+
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionResponseChoice(ResponseModel):
+    """One generated text."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(ResponseModel):
+    """The non-streamed /v1/completions response (also each streamed chunk, with a usage of None)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionResponseChoice]
+    usage: UsageInfo | None = None
+
+
+# ---- chat completions ----
+class TextContentPart(OpenAIBaseModel):
+    """A text part of a message's content."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(OpenAIBaseModel):
+    """One message of a conversation."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The content as one string (text parts joined by newlines)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text for p in self.content)
+
+
+class ResponseFormat(OpenAIBaseModel):
+    """`response_format` (only plain text is supported)."""
+
+    type: str
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    # vLLM extra parameters
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class ChatLogProb(ResponseModel):
+    """One candidate token at a position."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatLogProbsContent(ChatLogProb):
+    """The chosen token at a position, with the top candidates."""
+
+    top_logprobs: list[ChatLogProb] = Field(default_factory=list)
+
+
+class ChatCompletionLogProbs(ResponseModel):
+    """Chat logprobs: one entry per generated token."""
+
+    content: list[ChatLogProbsContent] | None = None
+
+
+class AssistantMessage(ResponseModel):
+    """The generated message."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatCompletionResponseChoice(ResponseModel):
+    """One generated reply."""
+
+    index: int
+    message: AssistantMessage
+    logprobs: ChatCompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(ResponseModel):
+    """The non-streamed /v1/chat/completions response."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatCompletionResponseChoice]
+    usage: UsageInfo
+
+
+class DeltaMessage(ResponseModel):
+    """What a streamed chunk adds to a reply."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatCompletionStreamChoice(ResponseModel):
+    """One choice of a streamed chunk."""
+
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatCompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionStreamResponse(ResponseModel):
+    """One streamed chunk of /v1/chat/completions."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatCompletionStreamChoice]
+    usage: UsageInfo | None = None
+
+
+# ---- tokenizer endpoints ----
+class TokenizeRequest(OpenAIBaseModel):
+    """POST /tokenize: a prompt, or messages rendered with the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class TokenizeResponse(ResponseModel):
+    """Token ids of the input."""
+
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    """POST /detokenize."""
+
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(ResponseModel):
+    """The text of the tokens."""
+
+    prompt: str

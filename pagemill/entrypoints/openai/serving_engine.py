@@ -1,0 +1,145 @@
+"""What the completion and chat handlers share: length checks, sampling params, request start, SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+from pagemill.engine.async_llm import AsyncLLM, RequestOutputCollector
+from fastapi.responses import Response
+from pydantic import BaseModel
+
+from pagemill.entrypoints.openai.errors import OpenAIError, error_body, from_value_error
+from pagemill.entrypoints.openai.protocol import SamplingRequest
+from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
+from pagemill.sampling_params import RequestOutputKind, SamplingParams
+
+T = TypeVar("T")
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse(payload: str) -> str:
+    """One server-sent event carrying a JSON payload."""
+    return f"data: {payload}\n\n"
+
+
+def sse_error(message: str, status: int) -> str:
+    """An SSE event carrying an OpenAI error body (sent when a stream fails after it started)."""
+    return sse(json.dumps(error_body(message, status)))
+
+
+def json_response(model: BaseModel) -> Response:
+    """A JSON response serialized by pydantic."""
+    return Response(content=model.model_dump_json(), media_type="application/json")
+
+
+def random_id(prefix: str) -> str:
+    """A fresh request id such as 'chatcmpl-3f2a...'."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def merge_async_iterators(iterators: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Interleave several async iterators, yielding (iterator index, item); closing it closes them all."""
+    if len(iterators) == 1:
+        async for item in iterators[0]:
+            yield 0, item
+        return
+    loop = asyncio.get_running_loop()
+    pending = {loop.create_task(anext(it)): i for i, it in enumerate(iterators)}  # type: ignore[arg-type]
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = pending.pop(task)
+                try:
+                    item = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[loop.create_task(anext(iterators[i]))] = i  # type: ignore[arg-type]
+                yield i, item
+    finally:
+        for task in pending:
+            task.cancel()  # the CancelledError runs each iterator's own clean-up
+        if pending:
+            await asyncio.wait(pending)
+        for it in iterators:
+            await it.aclose()  # type: ignore[attr-defined]
+
+
+class OpenAIServing:
+    """Base of the endpoint handlers that generate text."""
+
+    request_fields: frozenset[str] = frozenset()
+
+    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels) -> None:
+        self.engine = engine
+        self.models = models
+        self.tokenizer = engine.get_tokenizer()
+        self.max_model_len = engine.model_config.max_model_len
+
+    def check_length(self, num_prompt_tokens: int, max_tokens: int | None, prompt_param: str,
+                     max_tokens_param: str = "max_tokens") -> None:
+        """400 if the prompt, or the prompt plus max_tokens, does not fit in the context."""
+        if num_prompt_tokens == 0:
+            raise OpenAIError(f"{prompt_param} must not be empty.", 400, prompt_param)
+        if num_prompt_tokens >= self.max_model_len:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                f"{prompt_param} resulted in {num_prompt_tokens} tokens, leaving no room to generate. "
+                f"Please reduce the length of the {prompt_param}.", 400, prompt_param)
+        if max_tokens is not None and num_prompt_tokens + max_tokens > self.max_model_len:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the {prompt_param}, "
+                f"{max_tokens} in the completion). Please reduce {max_tokens_param} or the length of the "
+                f"{prompt_param}.", 400, max_tokens_param)
+
+    def check_unsupported(self, request: SamplingRequest) -> None:
+        """400 for OpenAI fields this server accepts but cannot honour."""
+        if request.logit_bias:
+            raise OpenAIError("logit_bias is not supported by this server.", 400, "logit_bias")
+
+    def sampling_params(self, request: SamplingRequest, max_tokens: int | None, logprobs: int | None,
+                        stream: bool, field_aliases: dict[str, str] | None = None) -> SamplingParams:
+        """SamplingParams from the request; a ValueError becomes a 400 naming the field."""
+        try:
+            return SamplingParams(
+                n=request.n, temperature=1.0 if request.temperature is None else request.temperature,
+                top_p=1.0 if request.top_p is None else request.top_p, top_k=request.top_k or 0,
+                min_p=request.min_p or 0.0, presence_penalty=request.presence_penalty,
+                frequency_penalty=request.frequency_penalty,
+                repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+                seed=request.seed, stop=request.stop, stop_token_ids=request.stop_token_ids,
+                ignore_eos=request.ignore_eos, max_tokens=max_tokens, min_tokens=request.min_tokens,
+                logprobs=logprobs, skip_special_tokens=request.skip_special_tokens,
+                spaces_between_special_tokens=request.spaces_between_special_tokens,
+                include_stop_str_in_output=request.include_stop_str_in_output,
+                output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
+        except (ValueError, TypeError) as e:
+            err = from_value_error(ValueError(str(e)), type(request).model_fields)
+            if err.param and field_aliases and err.param in field_aliases:
+                err.param = field_aliases[err.param]
+            raise err from e
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                    request: SamplingRequest, prompt_text: str | None = None) -> RequestOutputCollector:
+        """Start a request in the engine; a validation ValueError becomes a 400."""
+        prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
+        if prompt_text is not None:
+            prompt["prompt"] = prompt_text
+        try:
+            return self.engine.add_request(request_id, prompt, params, priority=request.priority,
+                                           cache_salt=request.cache_salt)
+        except ValueError as e:
+            raise from_value_error(e, type(request).model_fields) from e
+
+    def release_when_dropped(self, stream: AsyncIterator[str], request_ids: list[str]) -> AsyncIterator[str]:
+        """Abort the requests if the response stream is dropped before it ever started."""
+        for rid in request_ids:
+            weakref.finalize(stream, self.engine.release, rid)
+        return stream

@@ -1,0 +1,43 @@
+"""POST /tokenize and /detokenize (vLLM's extra endpoints)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagemill.entrypoints.openai.chat_utils import ChatRenderer
+from pagemill.entrypoints.openai.errors import OpenAIError
+from pagemill.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest,
+                                                  TokenizeResponse)
+from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
+
+
+class OpenAIServingTokenization:
+    """Tokenizes prompts or chat conversations, and decodes token ids."""
+
+    def __init__(self, tokenizer: Any, models: OpenAIServingModels, renderer: ChatRenderer) -> None:
+        self.tokenizer = tokenizer
+        self.models = models
+        self.renderer = renderer
+        self.vocab_size = len(tokenizer)
+
+    def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+        """Token ids of `prompt`, or of `messages` rendered with the chat template."""
+        self.models.resolve(request.model)
+        if (request.prompt is None) == (request.messages is None):
+            raise OpenAIError("Give exactly one of prompt and messages.", 400, "prompt")
+        if request.messages is not None:
+            if not request.messages:
+                raise OpenAIError("messages must not be empty.", 400, "messages")
+            ids = self.renderer.render(request.messages, request.chat_template, request.add_generation_prompt,
+                                       request.continue_final_message, request.chat_template_kwargs)
+        else:
+            ids = self.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+        return TokenizeResponse(count=len(ids), max_model_len=self.models.max_model_len, tokens=ids)
+
+    def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+        """The text of the token ids."""
+        self.models.resolve(request.model)
+        bad = [t for t in request.tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise OpenAIError(f"tokens must be in [0, {self.vocab_size}), got {bad[0]}.", 400, "tokens")
+        return DetokenizeResponse(prompt=self.tokenizer.decode(request.tokens))
