@@ -1,0 +1,1 @@
+"""`pagemill bench`: throughput, latency and serving benchmarks modelled on `vllm bench`."""

@@ -15,9 +15,13 @@ class Backend(Protocol):
     name: str
 
     def generate(self, prompts: Sequence[Sequence[int]], output_lens: Sequence[int],
-                 use_tqdm: bool = False) -> list[list[int]]: ...
+                 use_tqdm: bool = False) -> list[list[int]]:
+        """Greedy output token ids (exactly `output_lens[i]` each), in input order."""
+        ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the model and its memory."""
+        ...
 
 
 def make_backend(name: str, args: argparse.Namespace, model: str,

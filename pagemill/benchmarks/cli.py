@@ -7,6 +7,8 @@ from typing import Any, Sequence
 
 
 def _run(module: str, func: str) -> Any:
+    """A `func` default that imports the command's module only when the command runs."""
+
     def runner(args: argparse.Namespace) -> Any:
         import importlib
 

@@ -7,11 +7,13 @@ from pagemill.benchmarks.model_path import default_model_path, load_hf_tokenizer
 
 @pytest.fixture(scope="session")
 def default_model() -> str:
+    """Path of the embedded SmolLM2-135M-Instruct GGUF."""
     return default_model_path()
 
 
 @pytest.fixture(scope="session")
 def tokenizer(default_model):
+    """The default model's real Hugging Face tokenizer (loaded once)."""
     return load_hf_tokenizer(default_model)
 
 
