@@ -131,6 +131,7 @@ class EngineConfig:
     scheduler_config: SchedulerConfig
     num_threads: int | None = None
     log_stats: bool = False
+    attention_backend: str = "auto"
 
 
 @dataclass
@@ -152,6 +153,7 @@ class EngineArgs:
     served_model_name: str | None = None
     num_gpu_blocks_override: int | None = None
     num_threads: int | None = None
+    attention_backend: str = "auto"
     disable_log_stats: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -198,7 +200,8 @@ class EngineArgs:
             policy=self.scheduling_policy,
         )
         return EngineConfig(model_config, cache_config, scheduler_config,
-                            num_threads=self.num_threads, log_stats=not self.disable_log_stats)
+                            num_threads=self.num_threads, log_stats=not self.disable_log_stats,
+                            attention_backend=self.attention_backend)
 
 
 def _default_kv_bytes() -> int:

@@ -8,8 +8,8 @@ import os
 import numpy as np
 import torch
 
-from pagemill.attention.backends.torch_paged import TorchPagedAttention
 from pagemill.attention.metadata import CommonAttentionMetadata
+from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.engine.messages import LogprobsLists
@@ -31,7 +31,7 @@ class ModelRunner:
         self.model = load_model(mc)
         self.vocab_size = mc.hf_config.vocab_size
         self.block_size = cc.block_size
-        self.backend = TorchPagedAttention()
+        self.backend = get_attn_backend(config.attention_backend)
         self.num_blocks = self._num_blocks()
         cc.num_blocks = self.num_blocks
         shape = self.backend.kv_cache_shape(self.num_blocks, cc.block_size, mc.num_kv_heads, mc.head_dim)
@@ -77,10 +77,12 @@ class ModelRunner:
         ib = self.input_batch
         req_ids = list(so.num_scheduled_tokens)
         counts = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids))
-        order = np.argsort(counts != 1, kind="stable")  # one-token requests (decodes) first
-        counts = counts[order]
-        req_ids = [req_ids[i] for i in order]
         rows = np.fromiter((ib.req_id_to_row[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
+        # Order: decodes (one token), then chunks with cached context, then fresh prefills.
+        kind = np.where(counts == 1, 0, np.where(ib.num_computed_tokens[rows] > 0, 1, 2))
+        order = np.argsort(kind, kind="stable")
+        counts, rows = counts[order], rows[order]
+        req_ids = [req_ids[i] for i in order]
         num_reqs = len(req_ids)
         cu = np.cumsum(counts)
         starts = cu - counts

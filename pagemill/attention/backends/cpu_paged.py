@@ -1,0 +1,67 @@
+"""Compiled CPU paged attention: decodes and chunks with cached context read K/V in place from the blocks.
+
+Fresh prefills (nothing cached yet) use torch SDPA on the new K/V directly, which is exact and GEMM-fast.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pagemill.attention.backends.cpu_kernel import load_kernel
+from pagemill.attention.backends.torch_paged import TorchPagedAttention
+from pagemill.attention.metadata import CommonAttentionMetadata
+
+
+class CpuPagedAttention(TorchPagedAttention):
+    """Paged attention with the C++ kernel; requests must be ordered decodes, context chunks, fresh prefills."""
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self.kernel = load_kernel()
+        if self.kernel is None:
+            raise RuntimeError("the CPU paged-attention kernel is not available")
+
+    @staticmethod
+    def _kernel_inputs(md: CommonAttentionMetadata):
+        if "kernel" not in md.extra:
+            num = int(np.count_nonzero((md.num_computed_tokens > 0) | (np.diff(md.query_start_loc) == 1)))
+            md.extra["kernel"] = (
+                num,
+                int(md.query_start_loc[num]),
+                torch.from_numpy(np.ascontiguousarray(md.block_table[:num])),
+                torch.from_numpy(md.query_start_loc[: num + 1].astype(np.int64)),
+                torch.from_numpy(md.num_computed_tokens[:num].astype(np.int64)),
+            )
+        return md.extra["kernel"]
+
+    def forward(self, layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor, md: CommonAttentionMetadata) -> torch.Tensor:
+        """q: [T, Hq, D]; k, v: [T, Hk, D] -> [T, Hq, D]."""
+        if q.dtype != torch.float32:
+            return super().forward(layer, q, k, v, kv_cache, md)
+        n = md.num_actual_tokens
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        k_cache.view(-1, layer.num_kv_heads, layer.head_dim).index_copy_(0, md.slot_mapping, k[:n])
+        v_cache.view(-1, layer.num_kv_heads, layer.head_dim).index_copy_(0, md.slot_mapping, v[:n])
+        out = torch.empty_like(q)
+        num, num_tokens, block_table, qsl, ctx = self._kernel_inputs(md)
+        if num:
+            self.kernel.paged_attention(out[:num_tokens], q[:num_tokens].contiguous(), k_cache, v_cache, block_table,
+                                        qsl, ctx, layer.scale, layer.sliding_window or 0)
+        starts = md.query_start_loc
+        for i in range(num, md.num_reqs):
+            s, e = int(starts[i]), int(starts[i + 1])
+            qi = q[s:e].transpose(0, 1).unsqueeze(0)
+            ki = k[s:e].transpose(0, 1).unsqueeze(0)
+            vi = v[s:e].transpose(0, 1).unsqueeze(0)
+            if layer.sliding_window is None:
+                o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scale, enable_gqa=True)
+            else:
+                idx = torch.arange(e - s)
+                mask = (idx[None, :] <= idx[:, None]) & (idx[None, :] > idx[:, None] - layer.sliding_window)
+                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=layer.scale, enable_gqa=True)
+            out[s:e] = o[0].transpose(0, 1)
+        return out

@@ -1,0 +1,98 @@
+// Paged attention for CPUs: reads K/V straight from the cache blocks (no gather copy),
+// threaded over (query token x KV head), vectorised over head_dim by the compiler.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// One query token, one KV head: its G query heads attend to keys [lo, hi) of the request.
+inline void attend_one(const float* __restrict q, float* __restrict out, const float* __restrict k_cache,
+                       const float* __restrict v_cache, const int64_t* __restrict block_row, int64_t lo, int64_t hi,
+                       int64_t G, int64_t D, int64_t Hk, int64_t h, int64_t BS, float scale,
+                       std::vector<float>& scores, std::vector<float>& acc) {
+  const int64_t n = hi - lo;
+  scores.resize(G * n);
+  acc.assign(G * D, 0.0f);
+  const int64_t token_stride = Hk * D;
+  for (int64_t j = lo; j < hi; ++j) {
+    const int64_t blk = block_row[j / BS];
+    const float* kp = k_cache + (blk * BS + j % BS) * token_stride + h * D;
+    for (int64_t g = 0; g < G; ++g) {
+      const float* qg = q + g * D;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t d = 0; d < D; ++d) dot += qg[d] * kp[d];
+      scores[g * n + (j - lo)] = dot * scale;
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* s = scores.data() + g * n;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, s[i]);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      s[i] = std::exp(s[i] - m);
+      sum += s[i];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < n; ++i) s[i] *= inv;
+  }
+  for (int64_t j = lo; j < hi; ++j) {
+    const int64_t blk = block_row[j / BS];
+    const float* vp = v_cache + (blk * BS + j % BS) * token_stride + h * D;
+    for (int64_t g = 0; g < G; ++g) {
+      const float p = scores[g * n + (j - lo)];
+      float* a = acc.data() + g * D;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) a[d] += p * vp[d];
+    }
+  }
+  std::copy(acc.begin(), acc.end(), out);
+}
+
+}  // namespace
+
+// out, q: [T, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hk, D] (float32, contiguous);
+// block_tables: [B, max_blocks] int64; query_start_loc: [B + 1]; context_lens: [B] tokens cached before
+// this step. Token i of request r sits at position context_lens[r] + i - query_start_loc[r] and attends
+// causally (and within `window` keys when window > 0).
+void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                     torch::Tensor block_tables, torch::Tensor query_start_loc, torch::Tensor context_lens,
+                     double scale, int64_t window) {
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32, "float32 only");
+  TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous());
+  TORCH_CHECK(block_tables.is_contiguous() && block_tables.scalar_type() == torch::kInt64);
+  const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t BS = k_cache.size(1), Hk = k_cache.size(2);
+  const int64_t G = Hq / Hk, MB = block_tables.size(1), B = context_lens.size(0);
+  const int64_t* qsl = query_start_loc.data_ptr<int64_t>();
+  const int64_t* ctx = context_lens.data_ptr<int64_t>();
+  std::vector<int64_t> tok_req(T);
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t t = qsl[r]; t < qsl[r + 1]; ++t) tok_req[t] = r;
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float* kc = k_cache.data_ptr<float>();
+  const float* vc = v_cache.data_ptr<float>();
+  const int64_t* bt = block_tables.data_ptr<int64_t>();
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, T * Hk, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, acc;
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t t = w / Hk, h = w % Hk, r = tok_req[t];
+      const int64_t pos = ctx[r] + t - qsl[r];
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+      attend_one(qp + (t * Hq + h * G) * D, op + (t * Hq + h * G) * D, kc, vc, bt + r * MB, lo, pos + 1, G, D,
+                 Hk, h, BS, sc, scores, acc);
+    }
+  });
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_attention", &paged_attention, "Paged attention over the KV cache blocks (CPU, float32)");
+}

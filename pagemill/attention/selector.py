@@ -1,0 +1,28 @@
+"""Choose the attention backend: the compiled CPU kernel when it builds, else the torch reference."""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "cpu", "torch")
+
+
+def get_attn_backend(name: str = "auto"):
+    """An attention backend instance for `name` (auto = cpu kernel if available)."""
+    from pagemill.attention.backends.torch_paged import TorchPagedAttention
+
+    if name not in BACKENDS:
+        raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}, got {name!r}.")
+    if name == "torch":
+        return TorchPagedAttention()
+    try:
+        from pagemill.attention.backends.cpu_paged import CpuPagedAttention
+
+        return CpuPagedAttention()
+    except RuntimeError:
+        if name == "cpu":
+            raise
+        logger.warning("Falling back to the torch attention backend.")
+        return TorchPagedAttention()
