@@ -16,7 +16,7 @@ from pagemill.engine.processor import Processor, PromptType
 from pagemill.loader.tokenizer import load_tokenizer
 from pagemill.metrics.logger import LoggingStatLogger
 from pagemill.metrics.stats import FinishedRequestStats, IterationStats, StatLogger
-from pagemill.outputs import RequestOutput
+from pagemill.outputs import CompletionOutput, RequestOutput
 from pagemill.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -185,8 +185,23 @@ class AsyncLLM:
             self._collectors.pop(request_id, None)
 
     async def abort(self, request_id: str | list[str]) -> None:
-        """Abort requests (and all their sequences); their blocks return to the pool."""
-        self._abort([request_id] if isinstance(request_id, str) else list(request_id))
+        """Abort requests (and all their sequences); their blocks return to the pool.
+
+        A consumer still iterating gets a last output with finish_reason "abort" and finished=True.
+        """
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rid in ids:
+            collector = self._collectors.get(rid)
+            seqs = [s for sid in self._children.get(rid, [rid]) if (s := self.output_processor.states.get(sid))]
+            if collector is not None and seqs:
+                outs = [CompletionOutput(s.index, "", [], finish_reason="abort") for s in seqs]
+                collector.put_nowait(RequestOutput(rid, seqs[0].prompt, seqs[0].prompt_token_ids, None, outs, True))
+        self._abort(ids)
+
+    def release(self, request_id: str) -> None:
+        """Abort a request if it is still in flight (no-op once it finished or was aborted)."""
+        if request_id in self._collectors:
+            self._abort([request_id])
 
     def _abort(self, request_ids: list[str]) -> None:
         seq_ids = []

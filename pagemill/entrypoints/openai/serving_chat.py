@@ -55,7 +55,7 @@ class OpenAIServingChat(OpenAIServing):
             raise OpenAIError("top_logprobs needs logprobs to be true.", 400, "top_logprobs")
         params = self.sampling_params(request, max_tokens, top_n, request.stream, {"logprobs": "top_logprobs"})
         request_id = random_id("chatcmpl")
-        collector = self.add_request(request_id, prompt_ids, params, request)
+        collector = self.add_request(request_id, prompt_ids, params, request, "messages")
         created = int(time.time())
         if request.stream:
             stream = self.release_when_dropped(

@@ -63,7 +63,7 @@ class OpenAIServingCompletion(OpenAIServing):
         collectors = []
         try:
             for rid, (text, tokens) in zip(ids, prompts):
-                collectors.append(self.add_request(rid, tokens, params.clone(), request, text))
+                collectors.append(self.add_request(rid, tokens, params.clone(), request, "prompt", text))
         except BaseException:
             for rid in ids[:len(collectors)]:
                 self.engine.release(rid)

@@ -127,8 +127,9 @@ class OpenAIServing:
             raise err from e
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                    request: SamplingRequest, prompt_text: str | None = None) -> RequestOutputCollector:
-        """Start a request in the engine; a validation ValueError becomes a 400."""
+                    request: SamplingRequest, prompt_param: str,
+                    prompt_text: str | None = None) -> RequestOutputCollector:
+        """Start a request in the engine; a validation ValueError becomes a 400 (about `prompt_param` if unnamed)."""
         prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
         if prompt_text is not None:
             prompt["prompt"] = prompt_text
@@ -136,7 +137,7 @@ class OpenAIServing:
             return self.engine.add_request(request_id, prompt, params, priority=request.priority,
                                            cache_salt=request.cache_salt)
         except ValueError as e:
-            raise from_value_error(e, type(request).model_fields) from e
+            raise from_value_error(e, type(request).model_fields, prompt_param) from e
 
     def release_when_dropped(self, stream: AsyncIterator[str], request_ids: list[str]) -> AsyncIterator[str]:
         """Abort the requests if the response stream is dropped before it ever started."""
