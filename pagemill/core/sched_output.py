@@ -28,6 +28,7 @@ class CachedRequestData:
     req_id: str
     new_block_ids: list[int]
     num_computed_tokens: int
+    replaced_block_ids: list[tuple[int, int]] | None = None  # (table index, block id) after copy-on-write
 
 
 @dataclass
@@ -40,6 +41,7 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str] = field(default_factory=set)  # the runner drops their state
     preempted_req_ids: set[str] = field(default_factory=set)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write, before the forward
 
 
 @dataclass

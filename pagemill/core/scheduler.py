@@ -69,6 +69,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting = _WaitingQueue(scheduler_config.policy)
         self.running: list[Request] = []
+        self.pending_forks: dict[str, list[Request]] = {}  # parent id -> siblings waiting for its prefill
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self.num_prompt_tokens = 0  # computed prompt tokens (counter)
@@ -78,7 +79,11 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queue a new request."""
         self.requests[request.request_id] = request
-        self.waiting.add(request)
+        parent = self.requests.get(request.fork_of) if request.fork_of else None
+        if parent is not None and parent.num_output_tokens == 0:
+            self.pending_forks.setdefault(parent.request_id, []).append(request)
+        else:
+            self.waiting.add(request)
 
     def finish_requests(self, request_ids: list[str], status: RequestStatus) -> list[Request]:
         """Finish (usually abort) requests wherever they are; returns the ones that existed."""
@@ -89,6 +94,8 @@ class Scheduler:
                 continue
             if req.status == RequestStatus.RUNNING:
                 self.running.remove(req)
+            elif req.fork_of in self.pending_forks and req in self.pending_forks[req.fork_of]:
+                self.pending_forks[req.fork_of].remove(req)
             else:
                 self.waiting.remove(req)
             req.status = status
@@ -149,6 +156,9 @@ class Scheduler:
             num_scheduled[req.request_id] = num_new
             cached_reqs.append(CachedRequestData(req.request_id, [b.block_id for b in new_blocks],
                                                  req.num_computed_tokens))
+            replaced = self.kv_cache_manager.replaced_blocks.pop(req.request_id, None)
+            if replaced:
+                cached_reqs[-1].replaced_block_ids = replaced
             budget -= num_new
             i += 1
 
@@ -158,7 +168,7 @@ class Scheduler:
             hit_blocks, num_hit = [], 0
             if req.num_computed_tokens == 0:
                 hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(req)
-            num_new = min(req.num_tokens - num_hit, budget)
+            num_new = min(req.num_tokens - req.num_computed_tokens - num_hit, budget)
             new_blocks = self.kv_cache_manager.allocate_slots(req, num_new, num_hit, hit_blocks)
             if new_blocks is None:
                 break
@@ -169,12 +179,13 @@ class Scheduler:
                 req.num_cached_tokens = num_hit
                 req.first_scheduled_time = now
             req.status = RequestStatus.RUNNING
-            req.num_computed_tokens = num_hit
+            req.num_computed_tokens += num_hit
             self.running.append(req)
             num_scheduled[req.request_id] = num_new
             new_reqs.append(NewRequestData(req.request_id, list(req.all_token_ids), req.num_prompt_tokens,
                                            req.sampling_params,
-                                           self.kv_cache_manager.get_block_ids(req.request_id), num_hit,
+                                           self.kv_cache_manager.get_block_ids(req.request_id),
+                                           req.num_computed_tokens,
                                            req.eos_token_id))
             budget -= num_new
 
@@ -184,10 +195,20 @@ class Scheduler:
             prompt_left = max(0, req.num_prompt_tokens - req.num_computed_tokens)
             self.num_prompt_tokens += min(n, prompt_left)
             req.num_computed_tokens += n
+        copies, _ = self.kv_cache_manager.take_step_changes()
         out = SchedulerOutput(new_reqs, cached_reqs, num_scheduled, total,
-                              finished_req_ids=self.finished_req_ids, preempted_req_ids=preempted)
+                              finished_req_ids=self.finished_req_ids, preempted_req_ids=preempted,
+                              blocks_to_copy=copies)
         self.finished_req_ids = set()
         return out
+
+    def _fork(self, parent: Request, children: list[Request]) -> None:
+        """Parallel sampling: siblings share the parent's prompt blocks and recompute only the last prompt token."""
+        for child in children:
+            self.kv_cache_manager.fork(parent, child, parent.num_prompt_tokens)
+            child.num_computed_tokens = parent.num_prompt_tokens - 1
+            child.num_cached_tokens = 0
+            self.waiting.add_front(child)
 
     def _preempt(self, req: Request) -> None:
         """Preemption by recompute: drop the request's blocks and queue it again."""
@@ -213,6 +234,8 @@ class Scheduler:
                 continue
             req.append_output_token(token)
             self.num_generation_tokens += 1
+            if rid in self.pending_forks:
+                self._fork(req, self.pending_forks.pop(rid))
             status = self._check_stop(req, token)
             eco = EngineCoreOutput(rid, [token], new_logprobs=out.logprobs.get(rid), new_prompt_logprobs=prompt_lp,
                                    num_cached_tokens=max(req.num_cached_tokens, 0))

@@ -59,10 +59,12 @@ class LLMEngine:
             return
         import msgspec
 
+        first = f"0_{req.request_id}"
         for i in range(sp.n):
             child_sp = sp.clone(n=1, seed=None if sp.seed is None else sp.seed + i)
+            # Siblings wait for the first sequence's prefill and then share its prompt blocks.
             yield f"{i}_{req.request_id}", i, msgspec.structs.replace(
-                req, request_id=f"{i}_{req.request_id}", sampling_params=child_sp)
+                req, request_id=f"{i}_{req.request_id}", sampling_params=child_sp, fork_of=first if i else None)
 
     def abort_request(self, request_ids: list[str]) -> None:
         """Abort requests (and all their child sequences)."""

@@ -17,6 +17,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     arrival_time: float
     priority: int = 0
     cache_salt: str | None = None
+    fork_of: str | None = None  # a sibling (n > 1) whose prompt blocks this sequence shares after its prefill
 
 
 class LogprobsLists(msgspec.Struct, array_like=True):

@@ -35,7 +35,9 @@ class ModelRunner:
         self.num_blocks = self._num_blocks()
         cc.num_blocks = self.num_blocks
         shape = self.backend.kv_cache_shape(self.num_blocks, cc.block_size, mc.num_kv_heads, mc.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=mc.dtype) for _ in range(mc.num_layers)]
+        # One allocation for all layers, so a copy-on-write of blocks is one indexed copy for every layer.
+        self.kv_cache = torch.zeros((mc.num_layers, *shape), dtype=mc.dtype)
+        self.kv_caches = list(self.kv_cache.unbind(0))
         for layer, cache in zip(self.model.attention_layers(), self.kv_caches):
             layer.kv_cache, layer.backend = cache, self.backend
         from pagemill.worker.input_batch import InputBatch
@@ -65,8 +67,14 @@ class ModelRunner:
             ib.add_request(new)
         for c in so.scheduled_cached_reqs:
             row = ib.req_id_to_row[c.req_id]
+            if c.replaced_block_ids:
+                for idx, block_id in c.replaced_block_ids:
+                    ib.block_table[row, idx] = block_id
             ib.append_blocks(row, c.new_block_ids)
             ib.num_computed_tokens[row] = c.num_computed_tokens
+        if so.blocks_to_copy:
+            src, dst = (torch.tensor(x) for x in zip(*so.blocks_to_copy))
+            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:

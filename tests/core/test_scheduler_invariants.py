@@ -22,7 +22,13 @@ def make_scheduler(num_blocks: int, block_size: int = 4, budget: int = 32, max_s
 
 
 def check_invariants(s: Scheduler) -> None:
-    mgr = s.kv_cache_manager
+    check_invariants_of_manager(s.kv_cache_manager)
+    for req in s.running:
+        assert len(s.kv_cache_manager.req_to_blocks[req.request_id]) * s.block_size >= req.num_computed_tokens
+
+
+def check_invariants_of_manager(mgr) -> None:
+    """Ref counts equal table references; free + used = total; the free queue is exactly the free blocks."""
     pool = mgr.block_pool
     refs = Counter(b.block_id for blocks in mgr.req_to_blocks.values() for b in blocks)
     for b in pool.blocks[1:]:
@@ -32,8 +38,6 @@ def check_invariants(s: Scheduler) -> None:
     assert set(free_ids) == {b.block_id for b in pool.blocks[1:] if b.ref_cnt == 0}
     used = sum(1 for b in pool.blocks[1:] if b.ref_cnt > 0)
     assert used + pool.get_num_free_blocks() == pool.num_blocks - 1
-    for req in s.running:
-        assert len(mgr.req_to_blocks[req.request_id]) * s.block_size >= req.num_computed_tokens
     for h, b in pool.cached_block_hash_to_block.items():
         assert b.block_hash == h
 

@@ -147,3 +147,24 @@ def test_incremental_detokenizer_handles_multibyte(smol_hf):
     ids = tok.encode(text)
     detok = IncrementalDetokenizer(tok, [], skip_special_tokens=True)
     assert "".join(detok.step(t) for t in ids) == tok.decode(ids)
+
+
+def test_parallel_sampling_shares_prompt_blocks_with_copy_on_write(smol_path):
+    from pagemill import LLM
+
+    llm = LLM(smol_path, block_size=8, kv_cache_memory="128MiB", max_model_len=1024, enable_prefix_caching=False)
+    prompt = "The quick brown fox jumps over the lazy dog. The"  # not a multiple of 8 tokens
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    single = llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].token_ids
+    mgr = llm.llm_engine.engine_core.scheduler.kv_cache_manager
+    before = mgr.num_cow_copies
+    multi = llm.generate(prompt, greedy.clone(n=3), use_tqdm=False)[0]
+    assert [c.token_ids for c in multi.outputs] == [single] * 3  # shared blocks were copied before writes
+    assert mgr.num_cow_copies > before
+    seeded = llm.generate(prompt, SamplingParams(n=3, temperature=1.0, seed=10, max_tokens=16, ignore_eos=True),
+                          use_tqdm=False)[0]
+    for i in range(3):
+        one = llm.generate(prompt, SamplingParams(temperature=1.0, seed=10 + i, max_tokens=16, ignore_eos=True),
+                           use_tqdm=False)[0]
+        assert seeded.outputs[i].token_ids == one.outputs[0].token_ids
+    assert mgr.block_pool.get_num_free_blocks() == mgr.block_pool.num_blocks - 1
