@@ -1,11 +1,12 @@
 """pagemill: a vLLM-class LLM inference and serving engine for CPUs."""
 
+from pagemill.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from pagemill.outputs import CompletionOutput, Logprob, RequestOutput
 from pagemill.sampling_params import RequestOutputKind, SamplingParams
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "RequestOutputKind",
-           "EngineArgs", "LLMEngine", "__version__"]
+           "EngineArgs", "LLMEngine", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence", "__version__"]
 
 
 def __getattr__(name: str):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
@@ -14,6 +14,9 @@ from pagemill.outputs import RequestOutput
 from pagemill.sampling_params import SamplingParams
 
 ChatMessages = list[dict[str, Any]]
+
+if TYPE_CHECKING:
+    from pagemill.beam_search import BeamSearchOutput, BeamSearchParams
 
 
 class LLM:
@@ -55,6 +58,48 @@ class LLM:
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts.")
         return self._run(prompts, params, use_tqdm, priority)
+
+    def beam_search(self, prompts: list[PromptType], params: "BeamSearchParams") -> list["BeamSearchOutput"]:
+        """Beam search for each prompt; returns the beam_width best sequences of each, best first."""
+        from pagemill.beam_search import BeamSearchInstance, BeamSearchOutput, BeamSearchSequence, beam_score
+
+        tok = self.get_tokenizer()
+        eos = tok.eos_token_id
+        width = params.beam_width
+        step_params = SamplingParams(logprobs=2 * width, max_tokens=1, temperature=params.temperature)
+        instances = [BeamSearchInstance([BeamSearchSequence(self.llm_engine.processor.tokenize_prompt(p)[1], [])])
+                     for p in prompts]
+
+        def key(b: BeamSearchSequence) -> float:
+            return beam_score(b.tokens, b.cum_logprob, eos, params.length_penalty)
+
+        for _ in range(params.max_tokens):
+            live = [(inst, beam) for inst in instances for beam in inst.beams]
+            if not live:
+                break
+            outs = self.generate([{"prompt_token_ids": b.tokens} for _, b in live], step_params, use_tqdm=False)
+            candidates: dict[int, list[BeamSearchSequence]] = {id(inst): [] for inst in instances}
+            for (inst, beam), out in zip(live, outs):
+                lps = out.outputs[0].logprobs[0]
+                for token_id, lp in lps.items():
+                    new = BeamSearchSequence(beam.tokens + [token_id], beam.logprobs + [lps],
+                                             beam.cum_logprob + lp.logprob)
+                    if token_id == eos and not params.ignore_eos:
+                        new.finish_reason = "stop"
+                        inst.completed.append(new)
+                    else:
+                        candidates[id(inst)].append(new)
+            for inst in instances:
+                inst.beams = sorted(candidates[id(inst)], key=key, reverse=True)[:width]
+        results = []
+        for inst in instances:
+            for b in inst.beams:
+                b.finish_reason = b.finish_reason or "length"
+            best = sorted(inst.completed + inst.beams, key=key, reverse=True)[:width]
+            for b in best:
+                b.text = tok.decode(b.tokens, skip_special_tokens=True)
+            results.append(BeamSearchOutput(best))
+        return results
 
     def chat(self, messages: ChatMessages | list[ChatMessages],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
