@@ -74,8 +74,8 @@ async def _wait_free(engine: AsyncLLM, timeout_s: float = 30.0) -> dict:
 
 
 def test_delta_and_final_outputs_agree(live):
-    final = live.run(_collect(live.engine, "final", SamplingParams(temperature=0, max_tokens=10)))
-    delta = live.run(_collect(live.engine, "delta", SamplingParams(temperature=0, max_tokens=10,
+    final = live.run(_collect(live.engine, "final", SamplingParams(temperature=0, max_tokens=6)))
+    delta = live.run(_collect(live.engine, "delta", SamplingParams(temperature=0, max_tokens=6,
                                                                    output_kind=RequestOutputKind.DELTA)))
     assert len(final) == 1 and final[0].finished
     assert [o.finished for o in delta] == [False] * (len(delta) - 1) + [True]
@@ -83,7 +83,8 @@ def test_delta_and_final_outputs_agree(live):
     assert sum(len(o.outputs[0].token_ids) for o in delta) == len(final[0].outputs[0].token_ids)
     assert final[0].metrics.first_scheduled_time is not None
     # the same greedy text over HTTP
-    r = httpx.post(live.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 10, "temperature": 0})
+    r = httpx.post(live.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0},
+                   timeout=120)
     assert r.json()["choices"][0]["text"] == final[0].outputs[0].text
 
 
@@ -138,17 +139,19 @@ def test_consumer_leaving_early_aborts(live):
 
 def test_stop_string_aborts_in_core(live):
     async def run():
-        full = await _collect(live.engine, "full", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+        full = await _collect(live.engine, "full", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
         text = full[0].outputs[0].text
         stop = text.split()[1]
+        before = await _wait_free(live.engine)
         cut = await _collect(live.engine, "cut", SamplingParams(temperature=0, max_tokens=300, ignore_eos=True,
                                                                 stop=[stop]))
-        return text, stop, cut, await _wait_free(live.engine, 5)
+        return text, stop, cut, before, await _wait_free(live.engine, 5)
 
-    text, stop, cut, stats = live.run(run())
+    text, stop, cut, before, after = live.run(run())
     assert cut[-1].outputs[0].text == text[:text.index(stop)]
     assert cut[-1].outputs[0].finish_reason == "stop" and cut[-1].outputs[0].stop_reason == stop
-    assert stats["num_generation_tokens"] < 12 + 12 + 50  # the core stopped soon after the match
+    # the core stopped right after the match instead of generating 300 tokens
+    assert after["num_generation_tokens"] - before["num_generation_tokens"] <= len(cut[-1].outputs[0].token_ids) + 3
 
 
 def test_reset_prefix_cache_when_idle(live):

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
+
 import pagemill
 from tests.entrypoints.conftest import MAX_MODEL_LEN, MODEL
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def greedy(client):
+    """The non-streamed greedy reply to QUESTION (12 tokens at most)."""
+    return client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0)
 
 
 def test_models_list(client, server):
@@ -21,27 +29,26 @@ def test_version_and_health(http):
 
 
 def test_completion_prompt_forms(client, http):
-    """String, list of strings, token ids and lists of token ids give the same greedy texts."""
-    kw = dict(model=MODEL, max_tokens=8, temperature=0)
-    a = client.completions.create(prompt="The capital of France is", **kw)
-    b = client.completions.create(prompt="Water boils at", **kw)
-    assert a.object == "text_completion" and a.choices[0].finish_reason in ("length", "stop")
-    assert a.choices[0].text.strip()
+    """A list of strings, one string, token ids and a list of token-id lists give the same greedy texts."""
+    kw = dict(model=MODEL, max_tokens=4, temperature=0)
     both = client.completions.create(prompt=["The capital of France is", "Water boils at"], **kw)
-    assert [c.index for c in both.choices] == [0, 1]
-    assert [c.text for c in both.choices] == [a.choices[0].text, b.choices[0].text]
+    assert both.object == "text_completion" and [c.index for c in both.choices] == [0, 1]
+    texts = [c.text for c in both.choices]
+    assert all(t.strip() for t in texts) and all(c.finish_reason in ("length", "stop") for c in both.choices)
+    a = client.completions.create(prompt="The capital of France is", **kw)
+    assert a.choices[0].text == texts[0]
     ids_a = http.post("/tokenize", json={"prompt": "The capital of France is"}).json()["tokens"]
     ids_b = http.post("/tokenize", json={"prompt": "Water boils at"}).json()["tokens"]
-    assert client.completions.create(prompt=ids_a, **kw).choices[0].text == a.choices[0].text
-    by_ids = client.completions.create(prompt=[ids_a, ids_b], **kw)
-    assert [c.text for c in by_ids.choices] == [a.choices[0].text, b.choices[0].text]
-    assert by_ids.usage.prompt_tokens == len(ids_a) + len(ids_b)
     assert a.usage.prompt_tokens == len(ids_a)
     assert a.usage.total_tokens == a.usage.prompt_tokens + a.usage.completion_tokens
+    assert client.completions.create(prompt=ids_a, **kw).choices[0].text == texts[0]
+    by_ids = client.completions.create(prompt=[ids_a, ids_b], **kw)
+    assert [c.text for c in by_ids.choices] == texts
+    assert by_ids.usage.prompt_tokens == both.usage.prompt_tokens == len(ids_a) + len(ids_b)
 
 
-def test_chat_greedy_and_usage(client, http):
-    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0)
+def test_chat_greedy_and_usage(client, http, greedy):
+    r = greedy
     (choice,) = r.choices
     assert r.object == "chat.completion" and choice.message.role == "assistant"
     assert "Paris" in choice.message.content
@@ -56,9 +63,9 @@ def test_chat_greedy_and_usage(client, http):
     assert choice.message.content.startswith(r2.choices[0].message.content)
 
 
-def test_streaming_chat_reassembles_to_greedy_text(client):
-    full = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0)
-    stream = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0,
+def test_streaming_chat_reassembles_to_greedy_text(client, greedy):
+    full = greedy
+    stream = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0,
                                             stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -73,7 +80,7 @@ def test_streaming_chat_reassembles_to_greedy_text(client):
 
 
 def test_streaming_completion_matches(client):
-    kw = dict(model=MODEL, prompt="Once upon a time, in a small village,", max_tokens=12, temperature=0)
+    kw = dict(model=MODEL, prompt="Once upon a time, in a small village,", max_tokens=8, temperature=0)
     full = client.completions.create(**kw)
     chunks = list(client.completions.create(stream=True, **kw))
     assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
@@ -114,32 +121,29 @@ def test_completion_logprobs(client):
 
 
 def test_n3_seeded_sampling(client):
-    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a short story."}], max_tokens=8, n=3,
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a short story."}], max_tokens=5, n=3,
               temperature=1.0, seed=42, extra_body={"ignore_eos": True})
     r = client.chat.completions.create(**kw)
     assert sorted(c.index for c in r.choices) == [0, 1, 2]
-    assert r.usage.completion_tokens == 24
+    assert r.usage.completion_tokens == 15
     texts = [c.message.content for c in sorted(r.choices, key=lambda c: c.index)]
     assert len(set(texts)) > 1
-    again = client.chat.completions.create(**kw)
-    assert [c.message.content for c in sorted(again.choices, key=lambda c: c.index)] == texts
-    chunks = list(client.chat.completions.create(stream=True, **kw))
+    chunks = list(client.chat.completions.create(stream=True, **kw))  # same seeds: same texts
     streamed = {i: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
                 for i in range(3)}
     assert [streamed[i] for i in range(3)] == texts
 
 
-def test_stop_strings(client):
-    full = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0)
-    text = full.choices[0].message.content
+def test_stop_strings(client, greedy):
+    text = greedy.choices[0].message.content
     assert "Paris" in text
-    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0, stop=["Paris"])
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0, stop=["Paris"])
     assert r.choices[0].message.content == text[:text.index("Paris")]
     assert r.choices[0].finish_reason == "stop" and r.choices[0].model_extra["stop_reason"] == "Paris"
-    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0,
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0,
                                                  stop="Paris", stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text[:text.index("Paris")]
-    kept = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0,
+    kept = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0,
                                           stop=["Paris"], extra_body={"include_stop_str_in_output": True})
     assert kept.choices[0].message.content == text[:text.index("Paris") + len("Paris")]
 

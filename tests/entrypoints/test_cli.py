@@ -1,0 +1,67 @@
+"""The `pagemill` command line: flags generated from EngineArgs, served names, and real generate/chat runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pagemill.config import EngineArgs
+from pagemill.entrypoints.cli import build_parser
+from pagemill.entrypoints.openai.cli_args import engine_args_from_namespace, served_model_names
+
+
+@pytest.mark.parametrize("command", ["serve", "generate", "chat"])
+def test_every_engine_arg_has_a_flag_with_its_default(command):
+    base = {"serve": ["serve"], "generate": ["generate", "hi"], "chat": ["chat", "hi"]}[command]
+    args = build_parser().parse_args(base)
+    parsed = engine_args_from_namespace(args)
+    for f in dataclasses.fields(EngineArgs):
+        if f.name in ("extra", "disable_log_stats"):
+            continue
+        assert getattr(parsed, f.name) == getattr(EngineArgs(), f.name), f.name
+    assert parsed.disable_log_stats is (command != "serve")  # a server logs its stats line by default
+
+
+def test_serve_flags_named_like_vllm():
+    args = build_parser().parse_args([
+        "serve", "/models/my-model", "--port", "9001", "--api-key", "k1", "--max-model-len", "512",
+        "--max-num-seqs", "8", "--max-num-batched-tokens", "256", "--block-size", "32", "--kv-cache-memory", "1GiB",
+        "--no-enable-prefix-caching", "--dtype", "bfloat16", "--seed", "7", "--chat-template", "t.jinja"])
+    e = engine_args_from_namespace(args)
+    assert (e.model, e.max_model_len, e.max_num_seqs, e.max_num_batched_tokens, e.block_size) == \
+        ("/models/my-model", 512, 8, 256, 32)
+    assert (e.kv_cache_memory, e.enable_prefix_caching, e.dtype, e.seed) == ("1GiB", False, "bfloat16", 7)
+    assert (args.host, args.port, args.api_key, args.chat_template) == ("127.0.0.1", 9001, ["k1"], "t.jinja")
+    assert served_model_names(args) == ["my-model"]
+
+
+def test_served_model_name_defaults():
+    parse = build_parser().parse_args
+    assert served_model_names(parse(["serve"])) == ["SmolLM2-135M-Instruct"]
+    assert served_model_names(parse(["serve", "--model", "/x/y/model.gguf"])) == ["model.gguf"]
+    args = parse(["serve", "--served-model-name", "a", "b"])
+    assert served_model_names(args) == ["a", "b"] and engine_args_from_namespace(args).served_model_name == "a"
+
+
+def test_generate_command(tmp_path):
+    """`pagemill generate` loads the default model and prints one block per prompt (arguments and file)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Water boils at\n\n")
+    r = subprocess.run([sys.executable, "-m", "pagemill.entrypoints.cli", "generate", "The capital of France is",
+                        "--prompts-file", str(prompts), "--max-tokens", "4", "--max-model-len", "512",
+                        "--kv-cache-memory", "64MiB"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("=== prompt") == 2 and "=== prompt 1, output 0 ===" in r.stdout
+    assert "Paris" in r.stdout.split("=== prompt 1")[0]
+
+
+def test_bad_arguments_exit_with_one_line():
+    r = subprocess.run([sys.executable, "-m", "pagemill.entrypoints.cli", "generate", "hi", "--model",
+                        "/no/such/model.gguf"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "does not exist" in r.stderr and "Traceback" not in r.stderr
