@@ -30,6 +30,10 @@ class EngineDeadError(RuntimeError):
     """The engine core process is gone: no request can be served any more."""
 
 
+class EngineStartupError(RuntimeError):
+    """The engine core process could not start (its message says why)."""
+
+
 @dataclass
 class CoreOutputBatch:
     """What one message from the core carries for the output handler."""
@@ -72,7 +76,7 @@ class EngineCoreClient:
 
     # ---- life cycle ----
     def wait_ready(self, timeout_s: float = 600.0) -> dict[str, Any]:
-        """Block until the core reports READY; raises RuntimeError if it fails to start."""
+        """Block until the core reports READY; raises EngineStartupError if it fails to start."""
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             if self._output_sync.poll(200):
@@ -85,12 +89,13 @@ class EngineCoreClient:
                     return self.info
                 if frames[0] == core_proc.DEAD:
                     self.shutdown()
-                    raise RuntimeError(msgspec.msgpack.decode(frames[1]))
+                    raise EngineStartupError(msgspec.msgpack.decode(frames[1]))
             elif not self.proc.is_alive():
                 self.shutdown()
-                raise RuntimeError(f"Engine core process exited with code {self.proc.exitcode} while starting.")
+                raise EngineStartupError(
+                    f"Engine core process exited with code {self.proc.exitcode} while starting.")
         self.shutdown()
-        raise RuntimeError(f"Engine core process not ready after {timeout_s:.0f} s.")
+        raise EngineStartupError(f"Engine core process not ready after {timeout_s:.0f} s.")
 
     def _monitor(self) -> None:
         multiprocessing.connection.wait([self.proc.sentinel])

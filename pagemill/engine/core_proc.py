@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import signal
+import time
 import traceback
 from typing import Any
 
@@ -30,7 +31,7 @@ READY, OUTPUTS, REQUEST_ERROR, DEAD = b"R", b"O", b"E", b"D"
 # Methods the front end may call with a UTILITY frame.
 UTILITY_METHODS = ("reset_prefix_cache", "get_stats", "ping")
 
-_IDLE_POLL_MS = 1000  # how often an idle core checks that its parent is still alive
+_IDLE_POLL_MS = 1000  # how often the core checks that its parent (the front end) is still alive
 
 
 class EngineCoreProc:
@@ -71,13 +72,15 @@ class EngineCoreProc:
         """The busy loop: drain inputs, step while there is work, block on the input when idle."""
         poller = zmq.Poller()
         poller.register(self.input, zmq.POLLIN)
+        last_check = time.monotonic()
         while self.running:
-            if not self.core.has_unfinished_requests():
-                if not poller.poll(_IDLE_POLL_MS):
-                    if os.getppid() != self.parent_pid:
-                        logger.warning("Front end process is gone; engine core exits.")
-                        return
-                    continue
+            if not self.core.has_unfinished_requests() and not poller.poll(_IDLE_POLL_MS):
+                last_check = 0.0  # idle: check the parent now
+            if time.monotonic() - last_check >= _IDLE_POLL_MS / 1000:
+                if os.getppid() != self.parent_pid:
+                    logger.warning("Front end process is gone; engine core exits.")
+                    return
+                last_check = time.monotonic()
             self._drain_inputs()
             if self.running and self.core.has_unfinished_requests():
                 self._step()
@@ -153,20 +156,22 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
     # SIGINT goes to the whole process group on Ctrl-C: the front end decides when the core stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    proc = None
     try:
         proc = EngineCoreProc(config, input_address, output_address)
+    except ValueError:  # a configuration error: already reported to the front end, which prints it
+        raise SystemExit(1) from None
+    except SystemExit:
+        return
+    try:
         proc.run()
     except SystemExit:
         pass
     except BaseException as e:
         logger.error("Engine core died:\n%s", traceback.format_exc())
-        if proc is not None:
-            try:
-                proc._send(DEAD, f"Engine core died: {type(e).__name__}: {e}")
-            except Exception:
-                pass
-        raise SystemExit(1)
+        try:
+            proc._send(DEAD, f"Engine core died: {type(e).__name__}: {e}")
+        except Exception:
+            pass
+        raise SystemExit(1) from None
     finally:
-        if proc is not None:
-            proc.close()
+        proc.close()

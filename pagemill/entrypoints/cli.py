@@ -116,9 +116,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command in ("generate", "chat"):
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    from pagemill.engine.core_client import EngineStartupError
+
     try:
         args.func(args)
-    except ValueError as e:  # bad arguments: one clear line instead of a traceback
+    except (ValueError, EngineStartupError) as e:  # bad arguments: one clear line instead of a traceback
         raise SystemExit(f"pagemill {args.command}: {e}") from None
 
 

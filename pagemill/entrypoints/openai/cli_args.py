@@ -12,20 +12,20 @@ from pagemill.config import EngineArgs
 from pagemill.loader.default_model import DEFAULT_MODEL_NAME
 
 _ENGINE_HELP = {
-    "model": "HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct).",
+    "model": "HF model directory or .gguf file (None: the embedded SmolLM2-135M-Instruct).",
     "tokenizer": "Tokenizer directory if not the model's.",
     "dtype": "Weight and activation dtype: auto (float32), float32, bfloat16, float16.",
-    "max_model_len": "Context length (default: the model's).",
+    "max_model_len": "Context length (None: the model's).",
     "max_num_seqs": "Most sequences in one batch.",
     "max_num_batched_tokens": "Token budget of one engine step.",
     "block_size": "Tokens per KV-cache block.",
-    "kv_cache_memory": "KV-cache memory, e.g. 2GiB or 512MiB (default: 2 GiB or a quarter of free memory).",
+    "kv_cache_memory": "KV-cache memory, e.g. 2GiB or 512MiB (None: 2 GiB or a quarter of free memory).",
     "enable_prefix_caching": "Reuse the KV blocks of shared prompt prefixes.",
     "prefix_caching_hash_algo": "Block hash: builtin or sha256.",
     "scheduling_policy": "fcfs or priority (lower `priority` values first).",
     "seed": "Random seed.",
     "num_gpu_blocks_override": "Exact number of KV blocks (testing).",
-    "num_threads": "Torch threads of the engine core (default: all cores).",
+    "num_threads": "Torch threads of the engine core (None: all cores).",
     "disable_log_stats": "Do not log the periodic stats line.",
 }
 _CUSTOM = {"served_model_name"}  # declared by hand (several names allowed)
@@ -80,7 +80,7 @@ def served_model_names(args: argparse.Namespace) -> list[str]:
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
     """The flags of `pagemill serve` (named like `vllm serve`'s)."""
     parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                        help="HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct).")
+                        help="HF model directory or .gguf file (None: the embedded SmolLM2-135M-Instruct).")
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0 for all interfaces).")
     server.add_argument("--port", type=int, default=8000, help="Port to listen on.")

@@ -100,9 +100,14 @@ class OpenAIServing:
                 f"{prompt_param}.", 400, max_tokens_param)
 
     def check_unsupported(self, request: SamplingRequest) -> None:
-        """400 for OpenAI fields this server accepts but cannot honour."""
+        """400 for fields this server accepts but cannot honour, or that contradict each other."""
         if request.logit_bias:
             raise OpenAIError("logit_bias is not supported by this server.", 400, "logit_bias")
+        if request.stream_options is not None and not request.stream:
+            raise OpenAIError("stream_options can only be given when stream is true.", 400, "stream_options")
+        if request.priority != 0 and self.engine.config.scheduler_config.policy != "priority":
+            raise OpenAIError("priority needs the server to run with --scheduling-policy priority.", 400,
+                              "priority")
 
     def sampling_params(self, request: SamplingRequest, max_tokens: int | None, logprobs: int | None,
                         stream: bool, field_aliases: dict[str, str] | None = None) -> SamplingParams:
