@@ -11,7 +11,7 @@ from typing import Any
 from pagemill.config import EngineArgs, EngineConfig
 from pagemill.engine.core_client import CoreOutputBatch, EngineCoreClient, EngineDeadError
 from pagemill.engine.llm_engine import LLMEngine
-from pagemill.engine.output_processor import OutputProcessor, ParentRequest, RequestState
+from pagemill.engine.output_processor import OutputProcessor, ParentRequest
 from pagemill.engine.processor import Processor, PromptType
 from pagemill.loader.tokenizer import load_tokenizer
 from pagemill.metrics.logger import LoggingStatLogger
@@ -251,53 +251,52 @@ class AsyncLLM:
             self._on_engine_dead()
 
     def _process_batch(self, batch: CoreOutputBatch) -> None:
+        """Deliver one batch of core outputs to the collectors, abort stop-string matches, record stats."""
         now = time.monotonic()
         op = self.output_processor
         for rid, message in batch.errors:
-            state = op.states.get(rid)
-            parent_id = state.parent.request_id if state is not None and state.parent is not None else rid
-            collector = self._collectors.get(parent_id)
-            self._abort([parent_id])
-            if collector is not None:
-                collector.put_nowait(ValueError(message))
+            self._fail_request(rid, ValueError(message))
         outputs = batch.outputs.outputs
-        iteration = IterationStats() if self.stat_loggers else None
-        touched: list[RequestState] = []
-        if iteration is not None:
-            for rid, t in batch.scheduled:
-                state = op.states.get(rid)
-                if state is not None:
-                    state.metrics.first_scheduled_time = t
-                    iteration.queue_times.append(max(0.0, t - state.metrics.arrival_time))
-            touched = self._token_stats(outputs, iteration, now)
+        touched = [s for eco in outputs if (s := op.states.get(eco.request_id)) is not None]
+        iteration = self._iteration_stats(batch, outputs, now) if self.stat_loggers else None
         _, to_abort = op.process_outputs(outputs)
         if to_abort:
             self.client.abort_requests(to_abort)
-        for eco in outputs:  # forget finished n > 1 parents
-            if self._children and eco.request_id not in op.states:
-                parent_id = eco.request_id.split("_", 1)[-1]
-                children = self._children.get(parent_id)
-                if children is not None and not any(c in op.states for c in children):
-                    del self._children[parent_id]
+        for state in touched:
+            if state.finish_reason is None:
+                continue
+            parent = state.parent
+            if parent is not None and parent.num_finished == parent.n:
+                self._children.pop(parent.request_id, None)
+            if iteration is not None and state.finish_reason != "abort":
+                iteration.finished.append(FinishedRequestStats(
+                    state.finish_reason, now - state.metrics.arrival_time, len(state.prompt_token_ids),
+                    len(state.token_ids)))
         if iteration is not None:
-            for state in touched:
-                if state.finish_reason is not None and state.finish_reason != "abort":
-                    iteration.finished.append(FinishedRequestStats(
-                        state.finish_reason, now - state.metrics.arrival_time, len(state.prompt_token_ids),
-                        len(state.token_ids)))
             for stat_logger in self.stat_loggers:
                 stat_logger.record(batch.outputs.scheduler_stats, iteration, now)
 
-    def _token_stats(self, outputs: list, iteration: IterationStats, now: float) -> list[RequestState]:
-        """TTFT, inter-token latency and token counts of a batch; returns the states it touched."""
+    def _fail_request(self, seq_id: str, error: BaseException) -> None:
+        """Abort the request a sequence belongs to and hand `error` to its consumer."""
+        state = self.output_processor.states.get(seq_id)
+        request_id = state.parent.request_id if state is not None and state.parent is not None else seq_id
+        collector = self._collectors.get(request_id)
+        self._abort([request_id])
+        if collector is not None:
+            collector.put_nowait(error)
+
+    def _iteration_stats(self, batch: CoreOutputBatch, outputs: list, now: float) -> IterationStats:
+        """Queue times, TTFT, inter-token latencies and token counts of a batch (before it is applied)."""
         states = self.output_processor.states
-        touched = []
+        iteration = IterationStats()
+        for rid, t in batch.scheduled:
+            state = states.get(rid)
+            if state is not None:
+                state.metrics.first_scheduled_time = t
+                iteration.queue_times.append(max(0.0, t - state.metrics.arrival_time))
         for eco in outputs:
             state = states.get(eco.request_id)
-            if state is None:
-                continue
-            touched.append(state)
-            if not eco.new_token_ids:
+            if state is None or not eco.new_token_ids:
                 continue
             iteration.num_generation_tokens += len(eco.new_token_ids)
             m = state.metrics
@@ -306,7 +305,7 @@ class AsyncLLM:
                 iteration.time_to_first_tokens.append(now - m.arrival_time)
             else:
                 iteration.inter_token_latencies.append(now - (m.last_token_time or m.first_token_time))
-        return touched
+        return iteration
 
     def _on_engine_dead(self) -> None:
         """Fail every pending request (runs on the event loop)."""
