@@ -95,6 +95,8 @@ class CacheConfig:
     prefix_caching_hash_algo: str = "builtin"
     num_gpu_blocks_override: int | None = None  # exact number of blocks (tests)
     num_blocks: int = 0  # set once the KV cache is sized
+    swap_space: int = 4 * 2**30  # bytes of host memory for swapped-out blocks (preemption_mode="swap")
+    num_swap_blocks: int = 0  # set once the KV cache is sized
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
@@ -112,8 +114,11 @@ class SchedulerConfig:
     max_model_len: int = 8192
     policy: str = "fcfs"
     enable_chunked_prefill: bool = True
+    preemption_mode: str = "recompute"
 
     def __post_init__(self) -> None:
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}.")
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.policy!r}.")
         if self.max_num_seqs < 1:
@@ -149,6 +154,8 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "builtin"
     scheduling_policy: str = "fcfs"
+    preemption_mode: str = "recompute"
+    swap_space: float = 4.0  # GiB
     seed: int = 0
     served_model_name: str | None = None
     num_gpu_blocks_override: int | None = None
@@ -192,12 +199,14 @@ class EngineArgs:
             enable_prefix_caching=self.enable_prefix_caching,
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
+            swap_space=int(self.swap_space * 2**30),
         )
         scheduler_config = SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=max_batched,
             max_model_len=max_model_len,
             policy=self.scheduling_policy,
+            preemption_mode=self.preemption_mode,
         )
         return EngineConfig(model_config, cache_config, scheduler_config,
                             num_threads=self.num_threads, log_stats=not self.disable_log_stats,

@@ -99,6 +99,14 @@ class KVCacheManager:
                 self.num_cached_blocks[request.request_id] = num_full
         return new_blocks
 
+    def allocate_for_swap_in(self, request: Request, num_blocks: int) -> list[KVCacheBlock]:
+        """Fresh blocks for a swapped-out request's contents (the caller checked there is room)."""
+        blocks = self.block_pool.get_new_blocks(num_blocks)
+        self.req_to_blocks[request.request_id] = list(blocks)
+        self.num_cached_blocks[request.request_id] = 0
+        self._num_stored[request.request_id] = request.num_computed_tokens
+        return blocks
+
     def fork(self, parent: Request, child: Request, num_tokens: int) -> None:
         """Share the parent's blocks holding its first `num_tokens` tokens with `child` (by reference count)."""
         blocks = self.req_to_blocks[parent.request_id][: cdiv(num_tokens, self.block_size)]

@@ -42,6 +42,8 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)  # the runner drops their state
     preempted_req_ids: set[str] = field(default_factory=set)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write, before the forward
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (KV block, swap block), first
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (swap block, KV block), second
 
 
 @dataclass

@@ -12,7 +12,8 @@ import time
 from collections import deque
 
 from pagemill.config import CacheConfig, SchedulerConfig
-from pagemill.core.kv_cache_manager import KVCacheManager
+from pagemill.core.kv_cache_manager import KVCacheManager, cdiv
+from pagemill.core.swap_space import SwapSpace
 from pagemill.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                         SchedulerOutput)
 from pagemill.engine.messages import EngineCoreOutput, SchedulerStats
@@ -72,6 +73,9 @@ class Scheduler:
         self.pending_forks: dict[str, list[Request]] = {}  # parent id -> siblings waiting for its prefill
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        self.num_swapped_out = 0  # preemptions by swapping (counter)
+        self.swap_space = SwapSpace(cache_config.num_swap_blocks)
+        self._swap_out: list[tuple[int, int]] = []
         self.num_prompt_tokens = 0  # computed prompt tokens (counter)
         self.num_generation_tokens = 0
 
@@ -98,6 +102,9 @@ class Scheduler:
                 self.pending_forks[req.fork_of].remove(req)
             else:
                 self.waiting.remove(req)
+                if req.swapped_blocks is not None:
+                    self.swap_space.free(req.swapped_blocks)
+                    req.swapped_blocks = None
             req.status = status
             self._free(req)
             done.append(req)
@@ -129,6 +136,7 @@ class Scheduler:
         cached_reqs: list[CachedRequestData] = []
         preempted: set[str] = set()
         resumed: set[str] = set()
+        swap_in: list[tuple[int, int]] = []
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -166,7 +174,11 @@ class Scheduler:
         while not preempted and len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
             hit_blocks, num_hit = [], 0
-            if req.num_computed_tokens == 0:
+            if req.swapped_blocks is not None:
+                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+                if not self._swap_in(req, num_new, swap_in):
+                    break
+            elif req.num_computed_tokens == 0:
                 hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(req)
             num_new = min(req.num_tokens - req.num_computed_tokens - num_hit, budget)
             new_blocks = self.kv_cache_manager.allocate_slots(req, num_new, num_hit, hit_blocks)
@@ -198,8 +210,9 @@ class Scheduler:
         copies, _ = self.kv_cache_manager.take_step_changes()
         out = SchedulerOutput(new_reqs, cached_reqs, num_scheduled, total,
                               finished_req_ids=self.finished_req_ids, preempted_req_ids=preempted,
-                              blocks_to_copy=copies)
+                              blocks_to_copy=copies, blocks_to_swap_out=self._swap_out, blocks_to_swap_in=swap_in)
         self.finished_req_ids = set()
+        self._swap_out = []
         return out
 
     def _fork(self, parent: Request, children: list[Request]) -> None:
@@ -211,13 +224,31 @@ class Scheduler:
             self.waiting.add_front(child)
 
     def _preempt(self, req: Request) -> None:
-        """Preemption by recompute: drop the request's blocks and queue it again."""
-        self.kv_cache_manager.free(req)
+        """Preempt by swapping the request's blocks out (if configured and there is room) or by recompute."""
         req.status = RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
+        block_ids = self.kv_cache_manager.get_block_ids(req.request_id)
+        swap_ids = self.swap_space.allocate(len(block_ids)) if self.config.preemption_mode == "swap" else None
+        if swap_ids is not None:
+            self._swap_out.extend(zip(block_ids, swap_ids))
+            req.swapped_blocks = swap_ids
+            self.num_swapped_out += 1
+        else:
+            req.num_computed_tokens = 0
+        self.kv_cache_manager.free(req)
         self.waiting.add_front(req)
+
+    def _swap_in(self, req: Request, num_new: int, swap_in: list[tuple[int, int]]) -> bool:
+        """Bring a swapped-out request back into fresh KV blocks, if the pool has room for it and its new tokens."""
+        needed = cdiv(req.num_computed_tokens + num_new, self.block_size)
+        if needed > self.kv_cache_manager.block_pool.get_num_free_blocks():
+            return False
+        blocks = self.kv_cache_manager.allocate_for_swap_in(req, len(req.swapped_blocks))
+        swap_in.extend(zip(req.swapped_blocks, (b.block_id for b in blocks)))
+        self.swap_space.free(req.swapped_blocks)
+        req.swapped_blocks = None
+        return True
 
     def update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Append sampled tokens, check stop conditions, free finished requests; one output per request."""
@@ -262,10 +293,12 @@ class Scheduler:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    def make_stats(self) -> SchedulerStats:
-        """Counters and gauges for logging and /metrics."""
+    def make_stats(self, include_memory: bool = False) -> SchedulerStats:
+        """Counters and gauges for logging and /metrics (memory accounting walks every block: on request)."""
         pool = self.kv_cache_manager.block_pool
         return SchedulerStats(
+            memory=self.kv_cache_manager.memory_stats() if include_memory else None,
+            num_swapped_reqs=self.swap_space.num_blocks and sum(1 for r in self.waiting if r.swapped_blocks),
             num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
             kv_cache_usage=pool.get_usage(), num_blocks_total=pool.num_blocks - 1,
             num_blocks_free=pool.get_num_free_blocks(),

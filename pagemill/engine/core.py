@@ -7,7 +7,7 @@ import time
 
 from pagemill.config import EngineConfig
 from pagemill.core.scheduler import Scheduler
-from pagemill.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from pagemill.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagemill.engine.request import Request, RequestStatus
 from pagemill.worker.executor import UniProcExecutor
 
@@ -50,13 +50,22 @@ class EngineCore:
         so = self.scheduler.schedule()
         out = self.executor.execute_model(so)
         outputs = self.scheduler.update_from_output(so, out)
-        stats = self.scheduler.make_stats()
-        if self.config.log_stats and time.monotonic() - self._last_log > 5.0:
+        log_now = self.config.log_stats and time.monotonic() - self._last_log > 5.0
+        stats = self.scheduler.make_stats(include_memory=log_now)
+        if log_now:
             self._last_log = time.monotonic()
-            logger.info("Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
-                        stats.num_running_reqs, stats.num_waiting_reqs, 100 * stats.kv_cache_usage,
-                        100 * stats.prefix_cache_hits / max(1, stats.prefix_cache_queries))
+            mem = stats.memory
+            logger.info("Running: %d reqs, Waiting: %d reqs, Swapped: %d reqs, KV cache usage: %.1f%%, "
+                        "Prefix cache hit rate: %.1f%%, KV blocks shared: %d, saved by sharing: %.1f%%, "
+                        "reserved but unused slots: %d", stats.num_running_reqs, stats.num_waiting_reqs,
+                        stats.num_swapped_reqs, 100 * stats.kv_cache_usage,
+                        100 * stats.prefix_cache_hits / max(1, stats.prefix_cache_queries), mem["blocks_shared"],
+                        100 * mem["sharing_saving"], mem["slots_reserved_unused"])
         return EngineCoreOutputs(outputs, stats, time.monotonic())
+
+    def get_stats(self) -> SchedulerStats:
+        """Scheduler and KV memory statistics now, including the memory accounting."""
+        return self.scheduler.make_stats(include_memory=True)
 
     def reset_prefix_cache(self) -> bool:
         """Drop cached prefixes (only when idle)."""

@@ -54,6 +54,7 @@ class Request:
         self.block_hashes: list[int] = []
         self.max_tokens = sampling_params.max_tokens
         self.first_scheduled_time: float | None = None
+        self.swapped_blocks: list[int] | None = None  # swap block ids while swapped out
 
     @classmethod
     def from_engine_core_request(cls, r: EngineCoreRequest) -> "Request":

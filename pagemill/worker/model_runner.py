@@ -38,6 +38,11 @@ class ModelRunner:
         # One allocation for all layers, so a copy-on-write of blocks is one indexed copy for every layer.
         self.kv_cache = torch.zeros((mc.num_layers, *shape), dtype=mc.dtype)
         self.kv_caches = list(self.kv_cache.unbind(0))
+        per_block = self.kv_cache[:, :, 0].numel() * self.kv_cache.element_size()
+        cc.num_swap_blocks = int(cc.swap_space // per_block) if config.scheduler_config.preemption_mode == "swap" else 0
+        # Host swap space for preempted requests' blocks (pages are only touched when used).
+        swap_shape = (mc.num_layers, 2, cc.num_swap_blocks, *shape[2:])
+        self.swap_cache = torch.empty(swap_shape, dtype=mc.dtype) if cc.num_swap_blocks else None
         for layer, cache in zip(self.model.attention_layers(), self.kv_caches):
             layer.kv_cache, layer.backend = cache, self.backend
         from pagemill.worker.input_batch import InputBatch
@@ -72,6 +77,12 @@ class ModelRunner:
                     ib.block_table[row, idx] = block_id
             ib.append_blocks(row, c.new_block_ids)
             ib.num_computed_tokens[row] = c.num_computed_tokens
+        if so.blocks_to_swap_out:  # before anything can overwrite the freed blocks
+            kv_ids, swap_ids = (torch.tensor(x) for x in zip(*so.blocks_to_swap_out))
+            self.swap_cache[:, :, swap_ids] = self.kv_cache[:, :, kv_ids]
+        if so.blocks_to_swap_in:
+            swap_ids, kv_ids = (torch.tensor(x) for x in zip(*so.blocks_to_swap_in))
+            self.kv_cache[:, :, kv_ids] = self.swap_cache[:, :, swap_ids]
         if so.blocks_to_copy:
             src, dst = (torch.tensor(x) for x in zip(*so.blocks_to_copy))
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]

@@ -63,3 +63,12 @@ def test_preemption_and_recompute(smol_path, batch_prompts, reference):
     llm = LLM(smol_path, num_gpu_blocks_override=40, max_model_len=512, enable_prefix_caching=False)
     _check(llm, batch_prompts, reference)
     assert llm.llm_engine.engine_core.scheduler.num_preemptions > 0
+
+
+def test_preemption_by_swapping(smol_path, batch_prompts, reference):
+    llm = LLM(smol_path, num_gpu_blocks_override=40, max_model_len=512, enable_prefix_caching=False,
+              preemption_mode="swap", swap_space=0.05)
+    _check(llm, batch_prompts, reference)
+    sched = llm.llm_engine.engine_core.scheduler
+    assert sched.num_swapped_out > 0
+    assert sched.swap_space.num_free == sched.swap_space.num_blocks  # every swapped block came back
