@@ -13,7 +13,8 @@ from pagemill.benchmarks.datasets import random_dataset
 from pagemill.benchmarks.model_path import load_hf_tokenizer, resolve_model
 from pagemill.benchmarks.pagemill_backend import add_engine_args
 from pagemill.benchmarks.prompts import PromptBuilder
-from pagemill.benchmarks.report import config_dict, environment_info, format_table, save_result
+from pagemill.benchmarks.report import (check_machine_idle, config_dict, environment_info,
+                                        format_table, save_result)
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 
@@ -77,6 +78,7 @@ def latency_table(result: dict[str, Any]) -> str:
 
 def run_latency(args: argparse.Namespace) -> dict[str, Any]:
     """Entry point of `bench latency`."""
+    load_at_start = check_machine_idle()
     model = resolve_model(args.model)
     builder = PromptBuilder(load_hf_tokenizer(model))
     samples = random_dataset(builder, args.batch_size, args.input_len, args.output_len, seed=args.seed)
@@ -84,7 +86,7 @@ def run_latency(args: argparse.Namespace) -> dict[str, Any]:
     payload: dict[str, Any] = {"benchmark": "latency", "model": model, "config": config_dict(args),
                                "results": {}}
     payload["results"] = measure_backends(args, model, prompts)
-    payload["environment"] = environment_info()
+    payload["environment"] = {**environment_info(), "load_avg_1m_at_start": load_at_start}
     for result in payload["results"].values():
         print(latency_table(result))
     names = list(payload["results"])

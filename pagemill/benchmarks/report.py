@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 from typing import Any, Iterable
 
 import numpy as np
@@ -106,3 +107,15 @@ def format_table(title: str, rows: Iterable[tuple[str, Any]], width: int = 56) -
         lines.append(f"{label + ':':<{width - 16}}{text:>16}")
     lines.append("=" * width)
     return "\n".join(lines)
+
+
+def check_machine_idle() -> float | None:
+    """The 1-minute load average before a run; warn on stderr when it exceeds half the cores."""
+    if not hasattr(os, "getloadavg"):
+        return None
+    load = os.getloadavg()[0]
+    cores = os.cpu_count() or 1
+    if load > 0.5 * cores:
+        print(f"WARNING: load average {load:.1f} on {cores} cores before the run; other jobs "
+              f"compete for the CPU and the numbers will be noisy", file=sys.stderr)
+    return load

@@ -21,7 +21,8 @@ from pagemill.benchmarks.metrics import (LATENCY_METRICS, RequestResult, compute
                                          parse_goodput)
 from pagemill.benchmarks.model_path import default_model_path, load_hf_tokenizer
 from pagemill.benchmarks.openai_client import build_payload, send_request
-from pagemill.benchmarks.report import config_dict, environment_info, format_table, save_result
+from pagemill.benchmarks.report import (check_machine_idle, config_dict, environment_info,
+                                        format_table, save_result)
 
 REQUEST_TIMEOUT_S = 6 * 3600
 
@@ -205,6 +206,7 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     Each rate of a sweep gets its own prompts (seed + index) so that a server's prefix cache
     cannot reuse an earlier run's prompts; every target sees the same prompts per rate.
     """
+    load_at_start = check_machine_idle()
     tokenizer = load_hf_tokenizer(tokenizer_source(args))
     rates = _rates(args)
     sample_sets = [get_samples(argparse.Namespace(**{**vars(args), "seed": args.seed + k}),
@@ -216,7 +218,8 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     for label, base_url in targets:
         series[label] = asyncio.run(_bench_target(args, base_url, label, rates, sample_sets))
     payload = {"benchmark": "serve", "config": config_dict(args),
-               "environment": environment_info(), "runs": [r for v in series.values() for r in v]}
+               "environment": {**environment_info(), "load_avg_1m_at_start": load_at_start},
+               "runs": [r for v in series.values() for r in v]}
     if len(targets) == 2:
         payload["ratios"] = _ratios(series[targets[0][0]], series[targets[1][0]])
         for row in payload["ratios"]:

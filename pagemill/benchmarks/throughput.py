@@ -11,7 +11,8 @@ from pagemill.benchmarks.backends import (add_backend_args, backend_label, backe
 from pagemill.benchmarks.datasets import SampleRequest, add_dataset_args, get_samples
 from pagemill.benchmarks.model_path import load_hf_tokenizer, resolve_model
 from pagemill.benchmarks.pagemill_backend import add_engine_args
-from pagemill.benchmarks.report import config_dict, environment_info, format_table, save_result
+from pagemill.benchmarks.report import (check_machine_idle, config_dict, environment_info,
+                                        format_table, save_result)
 
 
 def throughput_metrics(samples: Sequence[SampleRequest], outputs: Sequence[Sequence[int]],
@@ -96,6 +97,7 @@ def throughput_table(metrics: dict[str, Any]) -> str:
 
 def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     """Entry point of `bench throughput`."""
+    load_at_start = check_machine_idle()
     model = resolve_model(args.model)
     samples = get_samples(args, load_hf_tokenizer(model))
     payload: dict[str, Any] = {"benchmark": "throughput", "model": model,
@@ -103,7 +105,7 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
                                "results": {}}
     results, outputs = measure_backends(args, model, samples)
     payload["results"] = results
-    payload["environment"] = environment_info()
+    payload["environment"] = {**environment_info(), "load_avg_1m_at_start": load_at_start}
     for metrics in results.values():
         print(throughput_table(metrics))
     names = list(payload["results"])

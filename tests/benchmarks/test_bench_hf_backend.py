@@ -46,6 +46,7 @@ def test_bench_throughput_hf_end_to_end(tiny_model, tmp_path, capsys):
     assert res["total_output_tokens"] == res["requested_output_tokens"]
     assert res["output_tokens_per_s"] == pytest.approx(res["total_output_tokens"] / res["elapsed_s"])
     assert data["config"]["num_prompts"] == 6 and data["environment"]["cpu_cores"]
+    assert data["environment"]["load_avg_1m_at_start"] is not None
     assert "Throughput: hf" in capsys.readouterr().out
 
 
