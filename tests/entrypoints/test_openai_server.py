@@ -180,3 +180,8 @@ def test_metrics_exposition(server, client):
         assert f"pagemill:{name}" in m, name
     assert m['pagemill:request_success_total{finished_reason="length"}'] >= 1
     assert m["pagemill:kv_cache_usage_perc"] == 0.0
+
+
+def test_reset_prefix_cache_when_idle(server, http):
+    server.wait_idle()
+    assert http.post("/reset_prefix_cache").json() == {"success": True}

@@ -163,6 +163,10 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
     async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
         return await chat.create_chat_completion(request)
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> JSONResponse:
+        return JSONResponse({"success": await engine.reset_prefix_cache()})
+
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> Response:
         return json_response(tokenization.tokenize(request))
