@@ -36,7 +36,10 @@ def _merge_delta(into: RequestOutput, new: RequestOutput) -> None:
         old.text += c.text
         old.token_ids.extend(c.token_ids)
         if c.logprobs is not None:
-            old.logprobs = (old.logprobs or []) + c.logprobs
+            if old.logprobs is None:
+                old.logprobs = list(c.logprobs)
+            else:
+                old.logprobs.extend(c.logprobs)  # DELTA lists are fresh slices: ours to extend
         old.cumulative_logprob = c.cumulative_logprob
         old.finish_reason, old.stop_reason = c.finish_reason, c.stop_reason
     into.finished = new.finished
