@@ -133,46 +133,56 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
 
     @app.get("/health")
     async def health() -> Response:
+        """200 while the engine core is alive, 500 once it died."""
         if not engine.is_running:
             return JSONResponse(error_body(f"The engine is not running: {engine.dead_error}", 500), status_code=500)
         return Response(status_code=200)
 
     @app.get("/ping")
     async def ping() -> Response:
+        """Same as /health."""
         return await health()
 
     @app.get("/version")
     async def version() -> JSONResponse:
+        """The pagemill version."""
         return JSONResponse({"version": pagemill.__version__})
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        """Prometheus metrics of this server."""
         return Response(prometheus.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def list_models() -> Response:
+        """The served model names."""
         return json_response(models.list_models())
 
     @app.post("/v1/completions")
     @with_cancellation
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+        """OpenAI legacy completions."""
         return await completion.create_completion(request)
 
     @app.post("/v1/chat/completions")
     @with_cancellation
     async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
+        """OpenAI chat completions."""
         return await chat.create_chat_completion(request)
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> JSONResponse:
+        """Drop the cached prefixes (only possible while idle)."""
         return JSONResponse({"success": await engine.reset_prefix_cache()})
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> Response:
+        """Token ids of a prompt or of chat messages."""
         return json_response(tokenization.tokenize(request))
 
     @app.post("/detokenize")
     async def detokenize(request: DetokenizeRequest) -> Response:
+        """Text of token ids."""
         return json_response(tokenization.detokenize(request))
 
     return app
