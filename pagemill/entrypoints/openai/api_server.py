@@ -205,6 +205,9 @@ def run_server(args: argparse.Namespace) -> None:
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                                 access_log=not args.disable_uvicorn_access_log, timeout_graceful_shutdown=5)
         logger.info("Serving %s on http://%s:%d", ", ".join(names), args.host, args.port)
-        uvicorn.Server(config).run()
+        server = uvicorn.Server(config)
+        server.run()
     finally:
         engine.shutdown()
+    if not server.started:
+        raise SystemExit(f"pagemill serve: the HTTP server could not start on {args.host}:{args.port}.")
