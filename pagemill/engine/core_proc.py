@@ -124,7 +124,7 @@ class EngineCoreProc:
             if method == "reset_prefix_cache":
                 return call_id, True, self.core.reset_prefix_cache()
             if method == "get_stats":
-                return call_id, True, msgspec.to_builtins(self.core.scheduler.make_stats())
+                return call_id, True, msgspec.to_builtins(self.core.get_stats())
             return call_id, True, "pong"
         except Exception as e:  # a failed utility call is the caller's problem, not the engine's
             return call_id, False, f"{type(e).__name__}: {e}"

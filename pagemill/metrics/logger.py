@@ -34,16 +34,18 @@ class LoggingStatLogger:
     def log(self, now: float) -> None:
         """Emit the line for the interval that ends now (skipped if the interval was idle)."""
         s = self.last_stats
-        busy = self.prompt_tokens or self.generation_tokens or (s and (s.num_running_reqs or s.num_waiting_reqs))
+        busy = self.prompt_tokens or self.generation_tokens or \
+            (s and (s.num_running_reqs or s.num_waiting_reqs or s.num_swapped_reqs))
         elapsed = max(now - self.last_log, 1e-9)
         if busy and s is not None:
             queries = s.prefix_cache_queries - self._queries_at_log
             hits = s.prefix_cache_hits - self._hits_at_log
             logger.info(
                 "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, "
-                "Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
+                "Swapped: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
                 self.prompt_tokens / elapsed, self.generation_tokens / elapsed, s.num_running_reqs,
-                s.num_waiting_reqs, 100 * s.kv_cache_usage, 100 * hits / queries if queries > 0 else 0.0)
+                s.num_swapped_reqs, s.num_waiting_reqs, 100 * s.kv_cache_usage,
+                100 * hits / queries if queries > 0 else 0.0)
             self._queries_at_log, self._hits_at_log = s.prefix_cache_queries, s.prefix_cache_hits
         self.last_log = now
         self.prompt_tokens = self.generation_tokens = 0

@@ -36,6 +36,7 @@ class PrometheusStatLogger:
 
         self.running = gauge("num_requests_running", "Number of requests in model execution batches.")
         self.waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
+        self.swapped = gauge("num_requests_swapped", "Number of requests swapped out to host memory.")
         self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent usage.")
         self.kv_free_blocks = gauge("kv_cache_free_blocks", "KV-cache blocks that can be allocated.")
         self.kv_total_blocks = gauge("kv_cache_total_blocks", "Usable KV-cache blocks.")
@@ -65,6 +66,7 @@ class PrometheusStatLogger:
             s = scheduler_stats
             self.running.set(s.num_running_reqs)
             self.waiting.set(s.num_waiting_reqs)
+            self.swapped.set(s.num_swapped_reqs)
             self.kv_usage.set(s.kv_cache_usage)
             self.kv_free_blocks.set(s.num_blocks_free)
             self.kv_total_blocks.set(s.num_blocks_total)

@@ -101,6 +101,7 @@ class RemoteServer:
         while time.monotonic() < end:
             m = self.metrics()
             if (m["pagemill:num_requests_running"] == 0 and m["pagemill:num_requests_waiting"] == 0
+                    and m["pagemill:num_requests_swapped"] == 0
                     and m["pagemill:kv_cache_free_blocks"] == m["pagemill:kv_cache_total_blocks"]):
                 return m
             time.sleep(0.1)

@@ -37,6 +37,7 @@ def test_counters_follow_running_totals_and_histograms_count():
     assert m["pagemill:num_preemptions_total"] == 1
     assert m["pagemill:prompt_tokens_total"] == 100 and m["pagemill:generation_tokens_total"] == 5
     assert m["pagemill:num_requests_running"] == 1 and m["pagemill:num_requests_waiting"] == 2
+    assert m["pagemill:num_requests_swapped"] == 0
     assert m["pagemill:kv_cache_usage_perc"] == 0.25 and m["pagemill:kv_cache_free_blocks"] == 75
     assert m["pagemill:time_to_first_token_seconds_count"] == 2
     assert m["pagemill:inter_token_latency_seconds_count"] == 2
