@@ -137,6 +137,7 @@ class EngineConfig:
     num_threads: int | None = None
     log_stats: bool = False
     attention_backend: str = "auto"
+    profile: bool = False
 
 
 @dataclass
@@ -161,6 +162,7 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = None
     num_threads: int | None = None
     attention_backend: str = "auto"
+    profile: bool = False  # time each part of the engine step (StepProfiler)
     disable_log_stats: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -210,7 +212,7 @@ class EngineArgs:
         )
         return EngineConfig(model_config, cache_config, scheduler_config,
                             num_threads=self.num_threads, log_stats=not self.disable_log_stats,
-                            attention_backend=self.attention_backend)
+                            attention_backend=self.attention_backend, profile=self.profile)
 
 
 def _default_kv_bytes() -> int:

@@ -9,6 +9,7 @@ from pagemill.config import EngineConfig
 from pagemill.core.scheduler import Scheduler
 from pagemill.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagemill.engine.request import Request, RequestStatus
+from pagemill.engine.step_profiler import StepProfiler
 from pagemill.worker.executor import UniProcExecutor
 
 logger = logging.getLogger(__name__)
@@ -27,6 +28,8 @@ class EngineCore:
                 f"({config.scheduler_config.max_model_len}): raise kv_cache_memory or lower max_model_len.")
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.executor.num_blocks)
         self._last_log = time.monotonic()
+        self.profiler = StepProfiler(config.profile)
+        self.executor.model_runner.profiler = self.profiler
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request for scheduling."""
@@ -47,9 +50,13 @@ class EngineCore:
         """One engine step."""
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs([], self.scheduler.make_stats(), time.monotonic())
-        so = self.scheduler.schedule()
+        prof = self.profiler
+        prof.steps += 1
+        with prof.section("schedule"):
+            so = self.scheduler.schedule()
         out = self.executor.execute_model(so)
-        outputs = self.scheduler.update_from_output(so, out)
+        with prof.section("update"):
+            outputs = self.scheduler.update_from_output(so, out)
         log_now = self.config.log_stats and time.monotonic() - self._last_log > 5.0
         stats = self.scheduler.make_stats(include_memory=log_now)
         if log_now:

@@ -81,7 +81,8 @@ class LLMEngine:
         """Run one engine step and return the request outputs it produced."""
         core_out = self.engine_core.step()
         self.last_stats = core_out.scheduler_stats
-        outputs, to_abort = self.output_processor.process_outputs(core_out.outputs)
+        with self.engine_core.profiler.section("output"):
+            outputs, to_abort = self.output_processor.process_outputs(core_out.outputs)
         if to_abort:
             self.engine_core.abort_requests(to_abort)
         if self._parents:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -13,12 +14,29 @@ from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.engine.messages import LogprobsLists
+from pagemill.engine.step_profiler import StepProfiler
 from pagemill.forward_context import set_forward_context
 from pagemill.loader.model_loader import load_model
 from pagemill.sample.metadata import SamplingMetadata
 from pagemill.sample.sampler import Sampler, gather_logprobs
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepInputs:
+    """One step's flattened batch: model inputs plus the per-request arrays sampling needs."""
+
+    attn_metadata: CommonAttentionMetadata
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    req_ids: list[str]  # in batch order
+    rows: np.ndarray  # input-batch row of each request
+    counts: np.ndarray  # tokens scheduled per request
+    computed: np.ndarray  # tokens cached before the step
+    starts: np.ndarray  # first token index of each request
+    cu: np.ndarray  # cumulative token counts
+    seq_lens: np.ndarray  # tokens cached after the step
 
 
 class ModelRunner:
@@ -49,6 +67,7 @@ class ModelRunner:
 
         self.input_batch = InputBatch(config.scheduler_config.max_num_seqs, mc.max_model_len, cc.block_size)
         self.sampler = Sampler()
+        self.profiler = StepProfiler(False)  # the engine core may replace it with an enabled one
 
     def _num_blocks(self) -> int:
         mc, cc = self.config.model_config, self.config.cache_config
@@ -90,9 +109,20 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step: build inputs from the persistent batch, forward, sample."""
-        self._update_states(so)
+        prof = self.profiler
+        with prof.section("prepare"):
+            self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput({})
+        with prof.section("prepare"):
+            step = self._prepare(so)
+        with prof.section("forward"), set_forward_context(step.attn_metadata):
+            hidden = self.model(step.input_ids, step.positions)
+        with prof.section("sample"):
+            return self._sample(hidden, step)
+
+    def _prepare(self, so: SchedulerOutput) -> StepInputs:
+        """Flattened input ids, positions and attention metadata for the step (vectorised numpy)."""
         ib = self.input_batch
         req_ids = list(so.num_scheduled_tokens)
         counts = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids))
@@ -120,10 +150,15 @@ class ModelRunner:
             query_start_loc=np.concatenate([[0], cu]), seq_lens=seq_lens, num_computed_tokens=computed,
             block_table=ib.block_table[rows, :max_blocks], block_size=bs,
             slot_mapping=torch.from_numpy(slot_mapping))
-        with set_forward_context(md):
-            hidden = self.model(torch.from_numpy(input_ids), torch.from_numpy(positions))
         ib.num_computed_tokens[rows] = seq_lens
+        return StepInputs(md, torch.from_numpy(input_ids), torch.from_numpy(positions), req_ids, rows, counts,
+                          computed, starts, cu, seq_lens)
 
+    def _sample(self, hidden: torch.Tensor, step: StepInputs) -> ModelRunnerOutput:
+        """Logits for the requests that reached the end of their tokens, sampling, logprobs."""
+        ib = self.input_batch
+        req_ids, rows, counts, computed, starts, cu, seq_lens = (step.req_ids, step.rows, step.counts, step.computed,
+                                                                 step.starts, step.cu, step.seq_lens)
         out = ModelRunnerOutput({})
         self._prompt_logprobs(out, req_ids, rows, computed, counts, starts, hidden)
         sample_idx = np.nonzero(seq_lens >= ib.num_tokens[rows])[0]
