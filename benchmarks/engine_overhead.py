@@ -6,10 +6,9 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 
+from pagemill.benchmarks.report import environment_info, save_result
 from pagemill import LLM, SamplingParams
 
 
@@ -40,9 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"batch {b:3d}: step {r['step_ms']:.2f} ms ({parts}); outside the forward: "
               f"{100 * r['overhead_fraction']:.1f}%", flush=True)
     if args.save_result:
-        os.makedirs(os.path.dirname(os.path.abspath(args.save_result)), exist_ok=True)
-        with open(args.save_result, "w") as f:
-            json.dump({"args": vars(args), "results": rows}, f, indent=2)
+        save_result(args.save_result, {"args": vars(args), "results": rows, "environment": environment_info()})
     return 0
 
 

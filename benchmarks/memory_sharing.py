@@ -9,12 +9,11 @@ steps, on synthetic Alpaca-like and ShareGPT-like length distributions (SmolLM2,
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 
 import numpy as np
 
+from pagemill.benchmarks.report import environment_info, save_result
 from pagemill import LLM, BeamSearchParams, SamplingParams
 from pagemill.benchmarks.datasets import alpaca_dataset, sharegpt_dataset
 from pagemill.benchmarks.prompts import PromptBuilder
@@ -78,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:9s} k={k}: parallel sampling {100 * parallel:5.1f}% (paper {PAPER[name]['parallel']}), "
                   f"beam search {100 * beam:5.1f}% (paper {PAPER[name]['beam']})", flush=True)
     if args.save_result:
-        os.makedirs(os.path.dirname(os.path.abspath(args.save_result)), exist_ok=True)
-        with open(args.save_result, "w") as f:
-            json.dump({"args": vars(args), "rows": rows, "paper": PAPER}, f, indent=2)
+        save_result(args.save_result, {"args": vars(args), "rows": rows, "paper": PAPER, "environment": environment_info()})
     return 0
 
 

@@ -8,13 +8,12 @@ Prompts share a 1-shot (80-token) or 5-shot (341-token) prefix followed by a sho
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 
 import numpy as np
 
+from pagemill.benchmarks.report import environment_info, save_result
 from pagemill import LLM, SamplingParams
 from pagemill.benchmarks.datasets import prefix_dataset
 from pagemill.benchmarks.prompts import PromptBuilder
@@ -57,9 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prefix {prefix_len:4d} tokens: caching on {on:7.1f} tok/s, off {off:7.1f} tok/s, "
               f"ratio {on / off:.2f}x", flush=True)
     if args.save_result:
-        os.makedirs(os.path.dirname(os.path.abspath(args.save_result)), exist_ok=True)
-        with open(args.save_result, "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=2)
+        save_result(args.save_result, {"args": vars(args), "rows": rows, "environment": environment_info()})
     return 0
 
 
