@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from pagemill.config import ModelConfig
+from pagemill.layers.linear import convert_linears
 from pagemill.models.registry import get_model_class
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ def load_model(model_config: ModelConfig) -> nn.Module:
         weights = iter_hf_weights(model_config.model)
     model.load_weights((n, t.to(model_config.dtype)) for n, t in weights)
     model.eval().requires_grad_(False)
+    convert_linears(model, model_config.linear_dtype, model_config.dtype)
     logger.info("Loaded %s (%s) in %.1fs", cls.__name__, model_config.dtype, time.perf_counter() - start)
     return model
 
