@@ -40,11 +40,13 @@ def _sample(builder: PromptBuilder, input_len: int, output_len: int, rng: np.ran
 
 
 def random_dataset(builder: PromptBuilder, num_prompts: int, input_len: int, output_len: int,
-                   range_ratio: float = 0.0, prefix_len: int = 0, seed: int = 0) -> list[SampleRequest]:
+                   range_ratio: float = 0.0, prefix_len: int = 0, seed: int = 0,
+                   output_range_ratio: float | None = None) -> list[SampleRequest]:
     """`vllm bench`'s random dataset: prompt = shared prefix (`prefix_len`) + input_len tokens."""
     rng = np.random.default_rng(seed)
     input_lens = sample_uniform_lengths(input_len, range_ratio, num_prompts, rng)
-    output_lens = sample_uniform_lengths(output_len, range_ratio, num_prompts, rng)
+    out_ratio = range_ratio if output_range_ratio is None else output_range_ratio
+    output_lens = sample_uniform_lengths(output_len, out_ratio, num_prompts, rng)
     prefix = builder.build(prefix_len, rng)[1] if prefix_len > 0 else []
     return [_sample(builder, prefix_len + max(1, i), max(1, o), rng, prefix)
             for i, o in zip(input_lens, output_lens)]
@@ -120,6 +122,8 @@ def add_dataset_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--random-output-len", type=int, default=128)
     g.add_argument("--random-range-ratio", type=float, default=0.0,
                    help="lengths drawn uniformly from [len*(1-r), len*(1+r)]")
+    g.add_argument("--random-output-range-ratio", type=float, default=None,
+                   help="range ratio of output lengths only (default: --random-range-ratio)")
     g.add_argument("--random-prefix-len", type=int, default=0,
                    help="tokens of a prefix shared by all random requests (added to the input len)")
     g.add_argument("--sharegpt-output-len", type=int, default=None,
@@ -139,7 +143,7 @@ def get_samples(args: argparse.Namespace, tokenizer: Any) -> list[SampleRequest]
     if name == "random":
         return random_dataset(builder, args.num_prompts, args.random_input_len,
                               args.random_output_len, args.random_range_ratio,
-                              args.random_prefix_len, args.seed)
+                              args.random_prefix_len, args.seed, args.random_output_range_ratio)
     if name == "sharegpt":
         return sharegpt_dataset(builder, args.num_prompts, args.sharegpt_output_len, args.seed)
     if name == "alpaca":
