@@ -150,7 +150,7 @@ class AsyncLLM:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         text, req = self.processor.process(request_id, prompt, params, arrival_time, priority, cache_salt)
         collector = RequestOutputCollector(params.output_kind)
-        parent = ParentRequest(request_id, params.n) if params.n > 1 else None
+        parent = LLMEngine.make_parent(request_id, params)
         children = []
         for child_id, index, child_req in LLMEngine.fan_out(req):
             self.output_processor.add_request(child_id, text, req.prompt_token_ids, child_req.sampling_params,

@@ -11,7 +11,7 @@ from pagemill.engine.output_processor import OutputProcessor, ParentRequest
 from pagemill.engine.processor import Processor, PromptType
 from pagemill.loader.tokenizer import load_tokenizer
 from pagemill.outputs import RequestOutput
-from pagemill.sampling_params import SamplingParams
+from pagemill.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLMEngine:
@@ -42,26 +42,40 @@ class LLMEngine:
                     queue: Any = None) -> None:
         """Validate and queue a request; n > 1 fans out into child sequences sharing the prompt."""
         text, req = self.processor.process(request_id, prompt, params, arrival_time, priority, cache_salt)
-        parent = None
-        if params.n > 1:
-            parent = self._parents[request_id] = ParentRequest(request_id, params.n)
+        parent = self.make_parent(request_id, params)
+        if parent is not None:
+            self._parents[request_id] = parent
         for child_id, index, child_req in self.fan_out(req):
             self.output_processor.add_request(child_id, text, req.prompt_token_ids, child_req.sampling_params,
                                               parent, index, queue, req.arrival_time)
             self.engine_core.add_request(child_req)
 
     @staticmethod
+    def make_parent(request_id: str, params: SamplingParams) -> ParentRequest | None:
+        """The aggregation state of a request with several sequences (n > 1 or best_of > n), else None."""
+        num_seqs = max(params.n, params.best_of or 0)
+        if num_seqs == 1:
+            return None
+        if num_seqs > params.n and params.output_kind != RequestOutputKind.FINAL_ONLY:
+            raise ValueError("best_of > n cannot be streamed: the best sequences are known only at the end.")
+        return ParentRequest(request_id, num_seqs, num_return=params.n, keep_logprobs=params.logprobs is not None)
+
+    @staticmethod
     def fan_out(req):
-        """(child id, index, child request) for each of the n sequences of a request."""
+        """(child id, index, child request) for each sequence of a request (n, or best_of when larger)."""
         sp = req.sampling_params
-        if sp.n == 1:
+        num_seqs = max(sp.n, sp.best_of or 0)
+        if num_seqs == 1:
             yield req.request_id, 0, req
             return
         import msgspec
 
         first = f"0_{req.request_id}"
-        for i in range(sp.n):
-            child_sp = sp.clone(n=1, seed=None if sp.seed is None else sp.seed + i)
+        # best_of ranks sequences by cumulative logprob, so the children must compute it.
+        logprobs = sp.logprobs if num_seqs == sp.n or sp.logprobs is not None else 0
+        for i in range(num_seqs):
+            child_sp = sp.clone(n=1, best_of=None, logprobs=logprobs,
+                                seed=None if sp.seed is None else sp.seed + i)
             # Siblings wait for the first sequence's prefill and then share its prompt blocks.
             yield f"{i}_{req.request_id}", i, msgspec.structs.replace(
                 req, request_id=f"{i}_{req.request_id}", sampling_params=child_sp, fork_of=first if i else None)

@@ -17,9 +17,23 @@ class ParentRequest:
     """A user request with n > 1: its child sequences' latest outputs, by index."""
 
     request_id: str
-    n: int
+    n: int  # sequences generated
     completions: dict[int, CompletionOutput] = field(default_factory=dict)
     num_finished: int = 0
+    num_return: int | None = None  # best_of: keep only the num_return most likely sequences
+    keep_logprobs: bool = True  # False when logprobs were turned on only to rank best_of sequences
+
+    def best(self) -> list[CompletionOutput]:
+        """The finished completions in index order, or the best num_return of them by cumulative logprob."""
+        outs = [self.completions[i] for i in sorted(self.completions)]
+        if self.num_return is None or self.num_return >= self.n:
+            return outs
+        outs = sorted(outs, key=lambda c: c.cumulative_logprob, reverse=True)[: self.num_return]
+        for i, c in enumerate(outs):
+            c.index = i
+            if not self.keep_logprobs:
+                c.logprobs = c.cumulative_logprob = None
+        return outs
 
 
 class RequestState:
@@ -184,7 +198,7 @@ class OutputProcessor:
             parent.completions[state.index] = state.completion(kind)
             if not all_done:
                 return None
-            outs = [parent.completions[i] for i in sorted(parent.completions)]
+            outs = parent.best()
         else:
             outs = [state.completion(kind)]
         return RequestOutput(parent.request_id, state.prompt, state.prompt_token_ids, state.prompt_logprobs,

@@ -168,3 +168,13 @@ def test_parallel_sampling_shares_prompt_blocks_with_copy_on_write(smol_path):
                            use_tqdm=False)[0]
         assert seeded.outputs[i].token_ids == one.outputs[0].token_ids
     assert mgr.block_pool.get_num_free_blocks() == mgr.block_pool.num_blocks - 1
+
+
+def test_best_of_returns_the_most_likely_of_more_samples(smol_llm):
+    sp = SamplingParams(n=2, best_of=5, temperature=1.0, seed=3, max_tokens=12, ignore_eos=True)
+    out = smol_llm.generate("Once upon a time", sp, use_tqdm=False)[0]
+    assert [c.index for c in out.outputs] == [0, 1] and out.outputs[0].logprobs is None
+    scored = smol_llm.generate("Once upon a time", SamplingParams(n=5, temperature=1.0, seed=3, max_tokens=12,
+                                                                  ignore_eos=True, logprobs=0), use_tqdm=False)[0]
+    best = sorted(scored.outputs, key=lambda c: c.cumulative_logprob, reverse=True)[:2]
+    assert [c.token_ids for c in out.outputs] == [c.token_ids for c in best]
