@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     for b in (int(x) for x in args.batch_sizes.split(",")):
         r = rows[b] = measure(llm, b, args.input_len, args.output_len)
         parts = ", ".join(f"{k[:-3]} {v:.2f}" for k, v in r.items() if k.endswith("_ms") and k != "step_ms")
-        print(f"batch {b:3d}: step {r['step_ms']:.2f} ms ({parts}); outside the forward: "
+        print(f"batch {b:3d}: step {r['step_ms']:.2f} ms ({parts}); outside the model (forward + LM head): "
               f"{100 * r['overhead_fraction']:.1f}%", flush=True)
     if args.save_result:
         save_result(args.save_result, {"args": vars(args), "results": rows, "environment": environment_info()})

@@ -34,11 +34,12 @@ class StepProfiler:
         self.steps = 0
 
     def report(self) -> dict[str, float]:
-        """Milliseconds per step for each section, the total, and the share spent outside the forward."""
+        """Milliseconds per step for each section, the total, and the share outside the model (forward + logits)."""
         steps = max(1, self.steps)
         out = {f"{k}_ms": 1e3 * v / steps for k, v in self.totals.items()}
         total = sum(self.totals.values())
         out["step_ms"] = 1e3 * total / steps
-        out["overhead_fraction"] = (total - self.totals.get("forward", 0.0)) / total if total else 0.0
+        model = self.totals.get("forward", 0.0) + self.totals.get("logits", 0.0)
+        out["overhead_fraction"] = (total - model) / total if total else 0.0
         out["steps"] = self.steps
         return out

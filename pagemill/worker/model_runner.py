@@ -118,8 +118,7 @@ class ModelRunner:
             step = self._prepare(so)
         with prof.section("forward"), set_forward_context(step.attn_metadata):
             hidden = self.model(step.input_ids, step.positions)
-        with prof.section("sample"):
-            return self._sample(hidden, step)
+        return self._sample(hidden, step)
 
     def _prepare(self, so: SchedulerOutput) -> StepInputs:
         """Flattened input ids, positions and attention metadata for the step (vectorised numpy)."""
@@ -160,20 +159,23 @@ class ModelRunner:
         req_ids, rows, counts, computed, starts, cu, seq_lens = (step.req_ids, step.rows, step.counts, step.computed,
                                                                  step.starts, step.cu, step.seq_lens)
         out = ModelRunnerOutput({})
-        self._prompt_logprobs(out, req_ids, rows, computed, counts, starts, hidden)
-        sample_idx = np.nonzero(seq_lens >= ib.num_tokens[rows])[0]
-        if len(sample_idx) == 0:
-            return out
-        sample_rows = rows[sample_idx]
-        logits = self.model.compute_logits(hidden[torch.from_numpy(cu[sample_idx] - 1)])
-        smd = self._sampling_metadata(sample_rows)
-        tokens, raw_lp = self.sampler(logits, smd)
-        token_list = tokens.tolist()
-        for j, i in enumerate(sample_idx):
-            out.sampled[req_ids[i]] = token_list[j]
-            ib.append_token(int(rows[i]), token_list[j])
-        if raw_lp is not None:
-            self._sample_logprobs(out, raw_lp, tokens, sample_idx, sample_rows, req_ids)
+        prof = self.profiler
+        with prof.section("logits"):  # model compute (LM head), not engine overhead
+            self._prompt_logprobs(out, req_ids, rows, computed, counts, starts, hidden)
+            sample_idx = np.nonzero(seq_lens >= ib.num_tokens[rows])[0]
+            if len(sample_idx) == 0:
+                return out
+            sample_rows = rows[sample_idx]
+            logits = self.model.compute_logits(hidden[torch.from_numpy(cu[sample_idx] - 1)])
+        with prof.section("sample"):
+            smd = self._sampling_metadata(sample_rows)
+            tokens, raw_lp = self.sampler(logits, smd)
+            token_list = tokens.tolist()
+            for j, i in enumerate(sample_idx):
+                out.sampled[req_ids[i]] = token_list[j]
+                ib.append_token(int(rows[i]), token_list[j])
+            if raw_lp is not None:
+                self._sample_logprobs(out, raw_lp, tokens, sample_idx, sample_rows, req_ids)
         return out
 
     def _sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
