@@ -114,7 +114,6 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 8192
     policy: str = "fcfs"
-    enable_chunked_prefill: bool = True
     preemption_mode: str = "recompute"
 
     def __post_init__(self) -> None:
