@@ -34,7 +34,7 @@ def load_kernel(verbose: bool = False) -> ModuleType | None:
         from torch.utils.cpp_extension import load
 
         _module = load(name="pagemill_paged_attention", sources=[_SOURCE], build_directory=_build_dir(),
-                       extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only"],
+                       extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
                        extra_ldflags=["-fopenmp"], verbose=verbose)
     except Exception as e:  # no compiler, no headers: the torch backend still works
         logger.warning("Could not build the CPU paged-attention kernel (%s); using the torch backend.", e)

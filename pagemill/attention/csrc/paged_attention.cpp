@@ -30,16 +30,20 @@ inline void attend_one(const float* __restrict q, float* __restrict out, const f
       scores[g * n + (j - lo)] = dot * scale;
     }
   }
+  // Softmax per query head; the exp loop is vectorised (glibc's libmvec) — scalar expf dominated before.
   for (int64_t g = 0; g < G; ++g) {
     float* s = scores.data() + g * n;
-    float m = -std::numeric_limits<float>::infinity();
+    float m = std::numeric_limits<float>::lowest();
+#pragma omp simd reduction(max : m)
     for (int64_t i = 0; i < n; ++i) m = std::max(m, s[i]);
     float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
     for (int64_t i = 0; i < n; ++i) {
       s[i] = std::exp(s[i] - m);
       sum += s[i];
     }
     const float inv = 1.0f / sum;
+#pragma omp simd
     for (int64_t i = 0; i < n; ++i) s[i] *= inv;
   }
   for (int64_t j = lo; j < hi; ++j) {
