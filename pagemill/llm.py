@@ -125,14 +125,12 @@ class LLM:
     def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool,
              priority: list[int] | None) -> list[RequestOutput]:
         engine = self.llm_engine
-        processed = []
-        for i, (p, sp) in enumerate(zip(prompts, params)):  # validate everything before scheduling anything
-            rid = engine.next_request_id()
-            engine.processor.process(rid, p, sp)
-            processed.append(rid)
-        for i, (rid, p, sp) in enumerate(zip(processed, prompts, params)):
-            engine.add_request(rid, p, sp, priority=priority[i] if priority else 0)
-        order = {rid: i for i, rid in enumerate(processed)}
+        # Validate (and tokenize) everything before anything is scheduled.
+        processed = [engine.processor.process(engine.next_request_id(), p, sp, priority=priority[i] if priority else 0)
+                     for i, (p, sp) in enumerate(zip(prompts, params))]
+        for text, req in processed:
+            engine.add_processed_request(text, req)
+        order = {req.request_id: i for i, (_, req) in enumerate(processed)}
         results: list[RequestOutput | None] = [None] * len(prompts)
         bar = tqdm(total=len(prompts), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True)
         try:
@@ -144,5 +142,5 @@ class LLM:
         finally:
             bar.close()
             if engine.has_unfinished_requests():  # interrupted: leave the engine clean
-                engine.abort_request(processed)
+                engine.abort_request(list(order))
         return results  # type: ignore[return-value]

@@ -135,7 +135,6 @@ class Scheduler:
         new_reqs: list[NewRequestData] = []
         cached_reqs: list[CachedRequestData] = []
         preempted: set[str] = set()
-        resumed: set[str] = set()
         swap_in: list[tuple[int, int]] = []
 
         i = 0
@@ -175,8 +174,7 @@ class Scheduler:
             req = self.waiting.peek()
             hit_blocks, num_hit = [], 0
             if req.swapped_blocks is not None:
-                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-                if not self._swap_in(req, num_new, swap_in):
+                if not self._swap_in(req, min(req.num_tokens - req.num_computed_tokens, budget), swap_in):
                     break
             elif req.num_computed_tokens == 0:
                 hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(req)
@@ -185,8 +183,6 @@ class Scheduler:
             if new_blocks is None:
                 break
             self.waiting.pop()
-            if req.status == RequestStatus.PREEMPTED:
-                resumed.add(req.request_id)
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_hit
                 req.first_scheduled_time = now

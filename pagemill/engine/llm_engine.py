@@ -7,11 +7,12 @@ from typing import Any
 
 from pagemill.config import EngineArgs, EngineConfig
 from pagemill.engine.core import EngineCore
+from pagemill.engine.messages import EngineCoreRequest
 from pagemill.engine.output_processor import OutputProcessor, ParentRequest
 from pagemill.engine.processor import Processor, PromptType
 from pagemill.loader.tokenizer import load_tokenizer
 from pagemill.outputs import RequestOutput
-from pagemill.sampling_params import RequestOutputKind, SamplingParams
+from pagemill.sampling_params import SamplingParams
 
 
 class LLMEngine:
@@ -42,7 +43,12 @@ class LLMEngine:
                     queue: Any = None) -> None:
         """Validate and queue a request; n > 1 fans out into child sequences sharing the prompt."""
         text, req = self.processor.process(request_id, prompt, params, arrival_time, priority, cache_salt)
-        parent = self.make_parent(request_id, params)
+        self.add_processed_request(text, req, queue)
+
+    def add_processed_request(self, text: str | None, req: EngineCoreRequest, queue: Any = None) -> None:
+        """Queue a request the processor already validated (see `Processor.process`)."""
+        request_id = req.request_id
+        parent = self.make_parent(request_id, req.sampling_params)
         if parent is not None:
             self._parents[request_id] = parent
         for child_id, index, child_req in self.fan_out(req):
@@ -56,8 +62,6 @@ class LLMEngine:
         num_seqs = max(params.n, params.best_of or 0)
         if num_seqs == 1:
             return None
-        if num_seqs > params.n and params.output_kind != RequestOutputKind.FINAL_ONLY:
-            raise ValueError("best_of > n cannot be streamed: the best sequences are known only at the end.")
         return ParentRequest(request_id, num_seqs, num_return=params.n, keep_logprobs=params.logprobs is not None)
 
     @staticmethod

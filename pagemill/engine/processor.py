@@ -7,7 +7,7 @@ from typing import Any
 
 from pagemill.config import ModelConfig
 from pagemill.engine.messages import EngineCoreRequest
-from pagemill.sampling_params import SamplingParams
+from pagemill.sampling_params import RequestOutputKind, SamplingParams
 
 PromptType = str | dict | list[int]
 
@@ -59,8 +59,10 @@ class Processor:
             n = getattr(params, field_name)
             if n is not None and n > self.vocab_size:
                 raise ValueError(f"{field_name} must be at most the vocabulary size ({self.vocab_size}).")
-        if params.max_tokens is None:
-            params.max_tokens = max_len - len(ids)
+        if max(params.n, params.best_of or 0) > params.n and params.output_kind != RequestOutputKind.FINAL_ONLY:
+            raise ValueError("best_of > n cannot be streamed: the best sequences are known only at the end.")
+        if params.max_tokens is None:  # a copy: the same SamplingParams may serve prompts of other lengths
+            params = params.clone(max_tokens=max_len - len(ids))
         req = EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,
                                 eos_token_id=self.eos_token_id, arrival_time=arrival_time or time.monotonic(),
                                 priority=priority, cache_salt=cache_salt)

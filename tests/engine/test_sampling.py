@@ -178,3 +178,14 @@ def test_best_of_returns_the_most_likely_of_more_samples(smol_llm):
                                                                   ignore_eos=True, logprobs=0), use_tqdm=False)[0]
     best = sorted(scored.outputs, key=lambda c: c.cumulative_logprob, reverse=True)[:2]
     assert [c.token_ids for c in out.outputs] == [c.token_ids for c in best]
+
+
+def test_default_max_tokens_is_per_prompt_and_leaves_params_untouched(smol_llm):
+    processor = smol_llm.llm_engine.processor
+    shared = SamplingParams(max_tokens=None)
+    _, short = processor.process("s", "Hi", shared)
+    _, long = processor.process("l", "Hi there, a somewhat longer prompt", shared)
+    max_len = processor.model_config.max_model_len
+    assert short.sampling_params.max_tokens == max_len - len(short.prompt_token_ids)
+    assert long.sampling_params.max_tokens == max_len - len(long.prompt_token_ids)
+    assert shared.max_tokens is None
