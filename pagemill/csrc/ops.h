@@ -6,3 +6,11 @@
 void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                      torch::Tensor block_tables, torch::Tensor query_start_loc, torch::Tensor context_lens,
                      double scale, int64_t window);
+
+// layer_ops.cpp
+void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor weight, double eps);
+void fused_add_rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
+void silu_and_mul(torch::Tensor out, torch::Tensor x);
+void rope_and_cache(torch::Tensor q_out, torch::Tensor k_out, torch::Tensor v_out, torch::Tensor qkv,
+                    torch::Tensor positions, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
+                    torch::Tensor v_cache, torch::Tensor slot_mapping);

@@ -1,6 +1,7 @@
 // Paged attention for CPUs: reads K/V straight from the cache blocks (no gather copy),
 // threaded over (query token x KV head), vectorised over head_dim by the compiler.
 #include "ops.h"
+#include "vec.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -11,7 +12,8 @@
 namespace {
 
 // One query token, one KV head: its G query heads attend to keys [lo, hi) of the request.
-inline void attend_one(const float* __restrict q, float* __restrict out, const float* __restrict k_cache,
+template <typename O>
+inline void attend_one(const float* __restrict q, O* __restrict out, const float* __restrict k_cache,
                        const float* __restrict v_cache, const int64_t* __restrict block_row, int64_t lo, int64_t hi,
                        int64_t G, int64_t D, int64_t Hk, int64_t h, int64_t BS, float scale,
                        std::vector<float>& scores, std::vector<float>& acc) {
@@ -56,12 +58,15 @@ inline void attend_one(const float* __restrict q, float* __restrict out, const f
       for (int64_t d = 0; d < D; ++d) a[d] += p * vp[d];
     }
   }
-  std::copy(acc.begin(), acc.end(), out);
+  for (int64_t i = 0; i < G * D; i += 16) {
+    const __mmask16 m = pagemill::tail_mask(G * D - i);
+    pagemill::store16(out + i, pagemill::load16(acc.data() + i, m), m);
+  }
 }
 
 }  // namespace
 
-// out, q: [T, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hk, D] (float32, contiguous);
+// out, q: [T, Hq, D] (out fp32, fp16 or bf16: the dtype o_proj wants); k_cache, v_cache: [num_blocks, block_size, Hk, D] (float32, contiguous);
 // block_tables: [B, max_blocks] int64; query_start_loc: [B + 1]; context_lens: [B] tokens cached before
 // this step. Token i of request r sits at position context_lens[r] + i - query_start_loc[r] and attends
 // causally (and within `window` keys when window > 0).
@@ -80,19 +85,21 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, 
   for (int64_t r = 0; r < B; ++r)
     for (int64_t t = qsl[r]; t < qsl[r + 1]; ++t) tok_req[t] = r;
   const float* qp = q.data_ptr<float>();
-  float* op = out.data_ptr<float>();
   const float* kc = k_cache.data_ptr<float>();
   const float* vc = v_cache.data_ptr<float>();
   const int64_t* bt = block_tables.data_ptr<int64_t>();
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, T * Hk, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc;
-    for (int64_t w = begin; w < end; ++w) {
-      const int64_t t = w / Hk, h = w % Hk, r = tok_req[t];
-      const int64_t pos = ctx[r] + t - qsl[r];
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-      attend_one(qp + (t * Hq + h * G) * D, op + (t * Hq + h * G) * D, kc, vc, bt + r * MB, lo, pos + 1, G, D,
-                 Hk, h, BS, sc, scores, acc);
-    }
+  PAGEMILL_DISPATCH_FLOAT(out.scalar_type(), O, [&] {
+    O* op = out.data_ptr<O>();
+    at::parallel_for(0, T * Hk, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores, acc;
+      for (int64_t w = begin; w < end; ++w) {
+        const int64_t t = w / Hk, h = w % Hk, r = tok_req[t];
+        const int64_t pos = ctx[r] + t - qsl[r];
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+        attend_one(qp + (t * Hq + h * G) * D, op + (t * Hq + h * G) * D, kc, vc, bt + r * MB, lo, pos + 1, G, D,
+                   Hk, h, BS, sc, scores, acc);
+      }
+    });
   });
 }

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagemill.kernels import ops
 from pagemill.layers.attention import Attention
 from pagemill.layers.norm import RMSNorm
 from pagemill.layers.rotary import RotaryEmbedding
@@ -31,13 +32,8 @@ class LlamaAttention(nn.Module):
                               sliding_window=sliding_window, layer_idx=layer_idx)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        t = h.shape[0]
-        q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        qkv = self.qkv_proj(h)
+        return self.o_proj(self.attn.forward_qkv(qkv, positions, self.rotary, self.o_proj.weight.dtype))
 
 
 class LlamaMLP(nn.Module):
@@ -51,8 +47,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=bias)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(h).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(h), self.down_proj.weight.dtype))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -66,9 +61,18 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        h = h + self.self_attn(positions, self.input_layernorm(h))
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, positions: torch.Tensor, h: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this block's MLP output, the residual stream before it); the next norm adds the two."""
+        qkv_dtype = self.self_attn.qkv_proj.weight.dtype
+        if residual is None:
+            residual = h
+            h = self.input_layernorm(h, out_dtype=qkv_dtype)
+        else:
+            h, residual = self.input_layernorm(h, residual, qkv_dtype)
+        h = self.self_attn(positions, h)
+        h, residual = self.post_attention_layernorm(h, residual, self.mlp.gate_up_proj.weight.dtype)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -99,15 +103,16 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states [T, hidden] of the final norm, for T flattened tokens."""
         h = self.embed_tokens(input_ids)
+        residual = None
         for layer in self.layers:
-            h = layer(positions, h)
-        return self.norm(h)
+            h, residual = layer(positions, h, residual)
+        return self.norm(h, residual, self.embed_tokens.weight.dtype)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits for selected hidden states."""
         if self.lm_head is None:
             return F.linear(hidden, self.embed_tokens.weight)
-        return self.lm_head(hidden)
+        return self.lm_head(hidden).to(hidden.dtype)
 
     def attention_layers(self) -> list[Attention]:
         """The Attention layers, in order (the runner binds KV caches to them)."""

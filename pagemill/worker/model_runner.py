@@ -16,6 +16,7 @@ from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.engine.messages import LogprobsLists
 from pagemill.engine.step_profiler import StepProfiler
 from pagemill.forward_context import set_forward_context
+from pagemill.kernels import ops
 from pagemill.loader.model_loader import load_model
 from pagemill.sample.metadata import SamplingMetadata
 from pagemill.sample.sampler import Sampler, gather_logprobs
@@ -50,6 +51,8 @@ class ModelRunner:
         self.vocab_size = mc.hf_config.vocab_size
         self.block_size = cc.block_size
         self.backend = get_attn_backend(config.attention_backend)
+        # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.
+        self.use_kernels = config.attention_backend != "torch"
         self.num_blocks = self._num_blocks()
         cc.num_blocks = self.num_blocks
         shape = self.backend.kv_cache_shape(self.num_blocks, cc.block_size, mc.num_kv_heads, mc.head_dim)
@@ -116,7 +119,7 @@ class ModelRunner:
             return ModelRunnerOutput({})
         with prof.section("prepare"):
             step = self._prepare(so)
-        with prof.section("forward"), set_forward_context(step.attn_metadata):
+        with prof.section("forward"), set_forward_context(step.attn_metadata), ops.use_kernels(self.use_kernels):
             hidden = self.model(step.input_ids, step.positions)
         return self._sample(hidden, step)
 
@@ -137,7 +140,7 @@ class ModelRunner:
         total = int(cu[-1])
         req_idx = np.repeat(np.arange(num_reqs), counts)
         computed = ib.num_computed_tokens[rows]
-        positions = computed[req_idx] + (np.arange(total) - starts[req_idx])
+        positions = (computed[req_idx] + (np.arange(total) - starts[req_idx])).astype(np.int64, copy=False)
         token_rows = rows[req_idx]
         input_ids = ib.token_ids[token_rows, positions]
         bs = self.block_size

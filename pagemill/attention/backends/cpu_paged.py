@@ -47,9 +47,34 @@ class CpuPagedAttention(TorchPagedAttention):
         k_cache.view(-1, layer.num_kv_heads, layer.head_dim).index_copy_(0, md.slot_mapping, k[:n])
         v_cache.view(-1, layer.num_kv_heads, layer.head_dim).index_copy_(0, md.slot_mapping, v[:n])
         out = torch.empty_like(q)
+        self._attend(layer, q.contiguous(), k, v, k_cache, v_cache, md, out)
+        return out
+
+    def forward_fused(self, layer, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                      sin: torch.Tensor, kv_cache: torch.Tensor, md: CommonAttentionMetadata,
+                      out_dtype: torch.dtype) -> torch.Tensor | None:
+        """RoPE + cache write in one kernel from the QKV projection output, then attention into `out_dtype`.
+
+        None when this layer's dtypes are not the kernel's (the caller then takes the unfused path).
+        """
+        if kv_cache.dtype != torch.float32 or cos.dtype != torch.float32:
+            return None
+        t = qkv.shape[0]
+        q = torch.empty(t, layer.num_heads, layer.head_dim)
+        k = torch.empty(t, layer.num_kv_heads, layer.head_dim)
+        v = torch.empty(t, layer.num_kv_heads, layer.head_dim)
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        self.kernel.rope_and_cache(q, k, v, qkv.contiguous(), positions, cos, sin, k_cache, v_cache, md.slot_mapping)
+        out = torch.empty(t, layer.num_heads, layer.head_dim, dtype=out_dtype)
+        self._attend(layer, q, k, v, k_cache, v_cache, md, out)
+        return out
+
+    def _attend(self, layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, md: CommonAttentionMetadata, out: torch.Tensor) -> None:
+        """Attention for K/V already in the cache: the kernel for decodes and chunks, SDPA for fresh prefills."""
         num, num_tokens, block_table, qsl, ctx = self._kernel_inputs(md)
         if num:
-            self.kernel.paged_attention(out[:num_tokens], q[:num_tokens].contiguous(), k_cache, v_cache, block_table,
+            self.kernel.paged_attention(out[:num_tokens], q[:num_tokens], k_cache, v_cache, block_table,
                                         qsl, ctx, layer.scale, layer.sliding_window or 0)
         starts = md.query_start_loc
         for i in range(num, md.num_reqs):
@@ -64,4 +89,3 @@ class CpuPagedAttention(TorchPagedAttention):
                 mask = (idx[None, :] <= idx[:, None]) & (idx[None, :] > idx[:, None] - layer.sliding_window)
                 o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=layer.scale, enable_gqa=True)
             out[s:e] = o[0].transpose(0, 1)
-        return out

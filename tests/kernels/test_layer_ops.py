@@ -1,0 +1,87 @@
+"""The fused layer-op kernels (norms, SiLU-and-mul, RoPE + cache write) against the pure-torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from pagemill.kernels import load_kernels, ops
+from pagemill.layers.rotary import RotaryEmbedding
+
+pytestmark = pytest.mark.skipif(load_kernels() is None, reason="CPU kernels not built")
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    assert a.dtype == b.dtype
+    torch.testing.assert_close(a.float(), b.float(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def _both(fn):
+    """fn's result with the kernels and with the torch reference."""
+    with ops.use_kernels(True) as on:
+        assert on
+        fast = fn()
+    with ops.use_kernels(False):
+        ref = fn()
+    return fast, ref
+
+
+@pytest.mark.parametrize("hidden", [576, 100])
+@pytest.mark.parametrize("in_dtype", DTYPES)
+@pytest.mark.parametrize("out_dtype", DTYPES)
+def test_rms_norm_matches_reference(hidden: int, in_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
+    x = torch.randn(7, hidden).to(in_dtype)
+    w = torch.rand(hidden) + 0.5
+    fast, ref = _both(lambda: ops.rms_norm(x, w, 1e-5, out_dtype))
+    # the reference rounds to the input dtype before scaling (HF does); tolerate the coarser of the two
+    _close(fast, ref, max(in_dtype, out_dtype, key=lambda dt: TOL[dt]))
+
+
+@pytest.mark.parametrize("in_dtype", DTYPES)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+def test_fused_add_rms_norm_updates_residual(in_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
+    x = torch.randn(5, 576).to(in_dtype)
+    residual = torch.randn(5, 576)
+    w = torch.rand(576) + 0.5
+    fast, ref = _both(lambda: ops.fused_add_rms_norm(x, residual.clone(), w, 1e-6, out_dtype))
+    torch.testing.assert_close(fast[1], ref[1], rtol=1e-6, atol=1e-6)  # residual + x, exact in fp32
+    torch.testing.assert_close(fast[1], residual + x.float(), rtol=1e-6, atol=1e-6)
+    _close(fast[0], ref[0], out_dtype)
+
+
+@pytest.mark.parametrize("inter", [1536, 40])
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+def test_silu_and_mul_matches_reference(inter: int, in_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
+    x = (torch.randn(6, 2 * inter) * 3).to(in_dtype)
+    fast, ref = _both(lambda: ops.silu_and_mul(x, out_dtype))
+    _close(fast, ref.to(out_dtype), torch.float16 if torch.float16 in (in_dtype, out_dtype) else torch.float32)
+
+
+@pytest.mark.parametrize("qkv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("hq,hk,d", [(9, 3, 64), (4, 2, 40)])
+def test_rope_and_cache_matches_rotary_and_index_copy(qkv_dtype: torch.dtype, hq: int, hk: int, d: int) -> None:
+    cfg = LlamaConfig(hidden_size=hq * d, num_attention_heads=hq, num_key_value_heads=hk, rope_theta=10000.0)
+    rotary = RotaryEmbedding(cfg, 256, torch.float32)
+    t, num_slots = 11, 64
+    qkv = torch.randn(t, (hq + 2 * hk) * d).to(qkv_dtype)
+    positions = torch.randint(0, 256, (t,))
+    slots = torch.randperm(num_slots)[: t - 2]  # the last two tokens are padding: no cache write
+    k_cache, v_cache = torch.zeros(num_slots, hk, d), torch.zeros(num_slots, hk, d)
+    q, k, v = torch.empty(t, hq, d), torch.empty(t, hk, d), torch.empty(t, hk, d)
+    load_kernels().rope_and_cache(q, k, v, qkv, positions, rotary.cos, rotary.sin, k_cache.view(num_slots, 1, hk, d),
+                                  v_cache.view(num_slots, 1, hk, d), slots)
+    q_ref, k_ref, v_ref = qkv.float().split([hq * d, hk * d, hk * d], dim=-1)
+    q_ref, k_ref = rotary(positions, q_ref.reshape(t, hq, d), k_ref.reshape(t, hk, d))
+    torch.testing.assert_close(q, q_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k, k_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(v, v_ref.reshape(t, hk, d))
+    torch.testing.assert_close(k_cache[slots], k[: t - 2])
+    torch.testing.assert_close(v_cache[slots], v[: t - 2])
+    untouched = torch.ones(num_slots, dtype=torch.bool)
+    untouched[slots] = False
+    assert k_cache[untouched].abs().sum() == 0 and v_cache[untouched].abs().sum() == 0
