@@ -86,6 +86,9 @@ class ModelConfig:
         return self.served_model_name or self.model
 
 
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
 @dataclass
 class CacheConfig:
     """Paged KV cache: block size, memory budget, prefix caching."""
@@ -98,12 +101,15 @@ class CacheConfig:
     num_blocks: int = 0  # set once the KV cache is sized
     swap_space: int = 4 * 2**30  # bytes of host memory for swapped-out blocks (preemption_mode="swap")
     num_swap_blocks: int = 0  # set once the KV cache is sized
+    kv_cache_dtype: str = "auto"  # auto = the model dtype; float16/bfloat16 halve attention's memory traffic
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
             raise ValueError(f"block_size must be a power of two in [1, 256], got {self.block_size}.")
         if self.prefix_caching_hash_algo not in ("builtin", "sha256"):
             raise ValueError("prefix_caching_hash_algo must be 'builtin' or 'sha256'.")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}.")
 
 
 @dataclass
@@ -163,6 +169,7 @@ class EngineArgs:
     num_threads: int | None = None
     attention_backend: str = "auto"
     linear_dtype: str = "auto"  # float16/bfloat16: 3-4x faster GEMMs, top-1 within 99% of float32
+    kv_cache_dtype: str = "auto"  # float16/bfloat16: half the KV bytes (attention reads, cache capacity)
     profile: bool = False  # time each part of the engine step (StepProfiler)
     disable_log_stats: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
@@ -204,6 +211,7 @@ class EngineArgs:
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             swap_space=int(self.swap_space * 2**30),
+            kv_cache_dtype=self.kv_cache_dtype,
         )
         scheduler_config = SchedulerConfig(
             max_num_seqs=self.max_num_seqs,

@@ -7,4 +7,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_add_rms_norm", &fused_add_rms_norm, "residual += x; out = RMSNorm(residual) * weight");
   m.def("silu_and_mul", &silu_and_mul, "out = silu(x[:, :I]) * x[:, I:]");
   m.def("rope_and_cache", &rope_and_cache, "RoPE on q/k from a fused qkv row, K/V written to the cache slots");
+  m.def("pack_gemv_weight_f16", &pack_gemv_weight_f16, "Pack a [N, K] weight for gemv_f16: [ceil(N/64), K, 64] fp16");
+  m.def("gemv_f16", &gemv_f16, "out = x @ W^T + bias for M <= 16 rows, W packed by pack_gemv_weight_f16",
+        py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
+  m.def("pack_gemv_weight_int8", &pack_gemv_weight_int8,
+        "Quantize + pack a [N, K] weight for gemv_int8: [q int8 [T, Kp, 64], scales fp32 [T, Kp/G, 64]]",
+        py::arg("w"), py::arg("group_size"));
+  m.def("gemv_int8", &gemv_int8, "out = x @ W^T + bias for M <= 16 rows, W from pack_gemv_weight_int8",
+        py::arg("out"), py::arg("x"), py::arg("packed_q"), py::arg("scales"), py::arg("bias") = py::none());
 }

@@ -21,40 +21,30 @@ constexpr int NV = NT / 16;     // zmm vectors per row of a tile
 constexpr int MR_MAX = 6;       // rows per register block: 6 x 4 accumulators + 4 weights + 1 broadcast
 constexpr int64_t KB = 256;     // k block when x has several row blocks: one tile block (32 KiB fp16) stays in L1
 
+// Software prefetch across 4 KiB pages, which the hardware streamers do not cross: per core, it gives ~20% more
+// DRAM bandwidth at M = 1. Distances are in bytes ahead of row k; measured on the per-token weight set.
 struct F16W {
   const at::Half* w;
-  static constexpr int64_t kPrefetch = 8;  // k rows ahead (8 x 128 B)
   inline __m512 load(int64_t k, int v) const {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k * NT + v * 16)));
   }
-  inline void prefetch(int64_t k) const {
-    const char* p = reinterpret_cast<const char*>(w + k * NT);
-#if PF1 > 0
-    _mm_prefetch(p + PF1, _MM_HINT_T0);
-    _mm_prefetch(p + PF1 + 64, _MM_HINT_T0);
-#endif
-#if PF2 > 0
-    _mm_prefetch(p + PF2, _MM_HINT_T1);
-    _mm_prefetch(p + PF2 + 64, _MM_HINT_T1);
-#endif
+  inline void prefetch(int64_t k) const {  // a row is 2 lines; an L1 prefetch as well measured slower
+    const char* p = reinterpret_cast<const char*>(w + k * NT) + 8192;
+    _mm_prefetch(p, _MM_HINT_T1);
+    _mm_prefetch(p + 64, _MM_HINT_T1);
   }
 };
 
 struct I8W {
   const int8_t* w;
-  static constexpr int64_t kPrefetch = 16;  // k rows ahead (16 x 64 B)
   inline __m512 load(int64_t k, int v) const {
     __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k * NT + v * 16));
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
   }
-  inline void prefetch(int64_t k) const {
+  inline void prefetch(int64_t k) const {  // a row is 1 line
     const char* p = reinterpret_cast<const char*>(w + k * NT);
-#if PF1 > 0
-    _mm_prefetch(p + PF1, _MM_HINT_T0);
-#endif
-#if PF2 > 0
-    _mm_prefetch(p + PF2, _MM_HINT_T1);
-#endif
+    _mm_prefetch(p + 2048, _MM_HINT_T0);
+    _mm_prefetch(p + 16384, _MM_HINT_T1);
   }
 };
 

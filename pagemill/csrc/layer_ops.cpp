@@ -131,6 +131,11 @@ inline void copy_head(float* out, const X* x, int64_t D) {
   for (int64_t i = 0; i < D; i += 16) store16(out + i, load16(x + i, tail_mask(D - i)), tail_mask(D - i));
 }
 
+template <typename C>
+inline void copy_row(C* out, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) store16(out + i, load16(x + i, tail_mask(n - i)), tail_mask(n - i));
+}
+
 }  // namespace
 
 void rope_and_cache(torch::Tensor q_out, torch::Tensor k_out, torch::Tensor v_out, torch::Tensor qkv,
@@ -138,8 +143,9 @@ void rope_and_cache(torch::Tensor q_out, torch::Tensor k_out, torch::Tensor v_ou
                     torch::Tensor v_cache, torch::Tensor slot_mapping) {
   TORCH_CHECK(qkv.is_contiguous() && q_out.is_contiguous() && k_out.is_contiguous() && v_out.is_contiguous());
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && cos.is_contiguous() && sin.is_contiguous());
-  TORCH_CHECK(q_out.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat,
-              "rope_and_cache: q_out, caches and cos/sin must be float32");
+  TORCH_CHECK(q_out.scalar_type() == at::kFloat && k_out.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat,
+              "rope_and_cache: q_out, k_out, v_out and cos/sin must be float32");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "rope_and_cache: K and V caches differ in dtype");
   TORCH_CHECK(positions.scalar_type() == at::kLong && slot_mapping.scalar_type() == at::kLong);
   const int64_t T = q_out.size(0), Hq = q_out.size(1), D = q_out.size(2), Hk = k_out.size(1);
   TORCH_CHECK(cos.size(1) == D && qkv.size(1) == (Hq + 2 * Hk) * D, "rope_and_cache: shape mismatch");
@@ -151,10 +157,11 @@ void rope_and_cache(torch::Tensor q_out, torch::Tensor k_out, torch::Tensor v_ou
   float* qo = q_out.data_ptr<float>();
   float* ko = k_out.data_ptr<float>();
   float* vo = v_out.data_ptr<float>();
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
+  PAGEMILL_DISPATCH_FLOAT(k_cache.scalar_type(), C, [&] {
   PAGEMILL_DISPATCH_FLOAT(qkv.scalar_type(), X, [&] {
     const X* xp = qkv.data_ptr<X>();
+    C* kc = k_cache.data_ptr<C>();
+    C* vc = v_cache.data_ptr<C>();
     at::parallel_for(0, T, row_grain(W), [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         const X* row = xp + t * W;
@@ -166,10 +173,11 @@ void rope_and_cache(torch::Tensor q_out, torch::Tensor k_out, torch::Tensor v_ou
           copy_head(vo + (t * Hk + h) * D, row + (Hq + Hk + h) * D, D);
         }
         if (t < n_cached) {
-          std::copy(ko + t * Hk * D, ko + (t + 1) * Hk * D, kc + slots[t] * Hk * D);
-          std::copy(vo + t * Hk * D, vo + (t + 1) * Hk * D, vc + slots[t] * Hk * D);
+          copy_row(kc + slots[t] * Hk * D, ko + t * Hk * D, Hk * D);
+          copy_row(vc + slots[t] * Hk * D, vo + t * Hk * D, Hk * D);
         }
       }
     });
+  });
   });
 }

@@ -14,3 +14,10 @@ void silu_and_mul(torch::Tensor out, torch::Tensor x);
 void rope_and_cache(torch::Tensor q_out, torch::Tensor k_out, torch::Tensor v_out, torch::Tensor qkv,
                     torch::Tensor positions, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                     torch::Tensor v_cache, torch::Tensor slot_mapping);
+
+// gemv.cpp: small-M (<= 16 rows) linear layers y = x W^T + b over packed fp16 / int8 weights
+torch::Tensor pack_gemv_weight_f16(torch::Tensor w);
+void gemv_f16(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias);
+std::vector<torch::Tensor> pack_gemv_weight_int8(torch::Tensor w, int64_t group_size);
+void gemv_int8(torch::Tensor out, torch::Tensor x, torch::Tensor packed_q, torch::Tensor scales,
+               c10::optional<torch::Tensor> bias);

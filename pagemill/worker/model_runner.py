@@ -53,17 +53,18 @@ class ModelRunner:
         self.backend = get_attn_backend(config.attention_backend)
         # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.
         self.use_kernels = config.attention_backend != "torch"
+        self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)
         self.num_blocks = self._num_blocks()
         cc.num_blocks = self.num_blocks
         shape = self.backend.kv_cache_shape(self.num_blocks, cc.block_size, mc.num_kv_heads, mc.head_dim)
         # One allocation for all layers, so a copy-on-write of blocks is one indexed copy for every layer.
-        self.kv_cache = torch.zeros((mc.num_layers, *shape), dtype=mc.dtype)
+        self.kv_cache = torch.zeros((mc.num_layers, *shape), dtype=self.kv_dtype)
         self.kv_caches = list(self.kv_cache.unbind(0))
         per_block = self.kv_cache[:, :, 0].numel() * self.kv_cache.element_size()
         cc.num_swap_blocks = int(cc.swap_space // per_block) if config.scheduler_config.preemption_mode == "swap" else 0
         # Host swap space for preempted requests' blocks (pages are only touched when used).
         swap_shape = (mc.num_layers, 2, cc.num_swap_blocks, *shape[2:])
-        self.swap_cache = torch.empty(swap_shape, dtype=mc.dtype) if cc.num_swap_blocks else None
+        self.swap_cache = torch.empty(swap_shape, dtype=self.kv_dtype) if cc.num_swap_blocks else None
         for layer, cache in zip(self.model.attention_layers(), self.kv_caches):
             layer.kv_cache, layer.backend = cache, self.backend
         from pagemill.worker.input_batch import InputBatch
@@ -76,7 +77,7 @@ class ModelRunner:
         mc, cc = self.config.model_config, self.config.cache_config
         if cc.num_gpu_blocks_override:
             return cc.num_gpu_blocks_override
-        elem = torch.tensor([], dtype=mc.dtype).element_size()
+        elem = torch.tensor([], dtype=self.kv_dtype).element_size()
         per_block = mc.num_layers * 2 * cc.block_size * mc.num_kv_heads * mc.head_dim * elem
         num_blocks = max(2, cc.kv_cache_memory // per_block)
         logger.info("KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB)", num_blocks - 1, cc.block_size,

@@ -55,3 +55,34 @@ def test_cpu_kernel_matches_torch_reference(window, block_size, hq, hk):
     cache2 = cache.clone()
     out = CpuPagedAttention().forward(layer, q, k, v, cache2, md)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+def test_cpu_kernel_reduced_precision_cache_and_output(cache_dtype, out_dtype):
+    """A fp16/bf16 KV cache: the kernel path equals the torch reference on the same stored values."""
+    from pagemill.attention.backends.cpu_paged import CpuPagedAttention
+    from transformers import LlamaConfig
+
+    from pagemill.layers.rotary import RotaryEmbedding
+
+    rng = np.random.default_rng(1)
+    specs = [(5, 1), (40, 1), (17, 6), (0, 9)]
+    hq, hk, d = 9, 3, 64
+    md, cache, q, k, v = _batch(rng, specs, 16, 32, hk, d, hq)
+    cache = cache.to(cache_dtype)
+    layer = _Layer(hq, hk, d, None)
+    rotary = RotaryEmbedding(LlamaConfig(hidden_size=hq * d, num_attention_heads=hq), 128, torch.float32)
+    positions = torch.from_numpy(np.concatenate([np.arange(c, c + n) for c, n in specs]))
+    qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
+    q_rot, k_rot = rotary(positions, q, k)
+    ref = TorchPagedAttention().forward(layer, q_rot, k_rot, v, cache.clone(), md)
+    md.extra.clear()
+    cache2 = cache.clone()
+    out = CpuPagedAttention().forward_fused(layer, qkv, positions, rotary.cos, rotary.sin, cache2, md, out_dtype)
+    assert out.dtype == out_dtype
+    tol = 2e-3 if out_dtype == torch.float16 else 2e-5
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+    ref_cache = cache.clone()
+    TorchPagedAttention().forward(layer, q_rot, k_rot, v, ref_cache, md)
+    torch.testing.assert_close(cache2.float(), ref_cache.float(), atol=1e-2, rtol=1e-2)

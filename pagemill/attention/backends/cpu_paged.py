@@ -44,8 +44,10 @@ class CpuPagedAttention(TorchPagedAttention):
             return super().forward(layer, q, k, v, kv_cache, md)
         n = md.num_actual_tokens
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        k_cache.view(-1, layer.num_kv_heads, layer.head_dim).index_copy_(0, md.slot_mapping, k[:n])
-        v_cache.view(-1, layer.num_kv_heads, layer.head_dim).index_copy_(0, md.slot_mapping, v[:n])
+        k_cache.view(-1, layer.num_kv_heads, layer.head_dim).index_copy_(0, md.slot_mapping, k[:n].to(k_cache.dtype))
+        v_cache.view(-1, layer.num_kv_heads, layer.head_dim).index_copy_(0, md.slot_mapping, v[:n].to(v_cache.dtype))
+        if k_cache.dtype != q.dtype:  # fresh prefills (SDPA on k, v) see the stored precision, as decodes do
+            k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)
         out = torch.empty_like(q)
         self._attend(layer, q.contiguous(), k, v, k_cache, v_cache, md, out)
         return out
@@ -57,7 +59,7 @@ class CpuPagedAttention(TorchPagedAttention):
 
         None when this layer's dtypes are not the kernel's (the caller then takes the unfused path).
         """
-        if kv_cache.dtype != torch.float32 or cos.dtype != torch.float32:
+        if cos.dtype != torch.float32:
             return None
         t = qkv.shape[0]
         q = torch.empty(t, layer.num_heads, layer.head_dim)
@@ -65,6 +67,9 @@ class CpuPagedAttention(TorchPagedAttention):
         v = torch.empty(t, layer.num_kv_heads, layer.head_dim)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         self.kernel.rope_and_cache(q, k, v, qkv.contiguous(), positions, cos, sin, k_cache, v_cache, md.slot_mapping)
+        if k_cache.dtype != torch.float32 and self._kernel_inputs(md)[0] < md.num_reqs:
+            # fresh prefills (SDPA on k, v) see the stored precision, as decodes do
+            k, v = k.to(k_cache.dtype).float(), v.to(v_cache.dtype).float()
         out = torch.empty(t, layer.num_heads, layer.head_dim, dtype=out_dtype)
         self._attend(layer, q, k, v, k_cache, v_cache, md, out)
         return out

@@ -63,15 +63,17 @@ class TorchPagedAttention:
         n = md.num_actual_tokens
         k_cache = kv_cache[0].view(-1, layer.num_kv_heads, layer.head_dim)
         v_cache = kv_cache[1].view(-1, layer.num_kv_heads, layer.head_dim)
-        k_cache.index_copy_(0, md.slot_mapping, k[:n])
-        v_cache.index_copy_(0, md.slot_mapping, v[:n])
+        k_cache.index_copy_(0, md.slot_mapping, k[:n].to(k_cache.dtype))
+        v_cache.index_copy_(0, md.slot_mapping, v[:n].to(v_cache.dtype))
         out = torch.empty_like(q)
         window = layer.sliding_window
+        if k_cache.dtype != q.dtype:  # reduced-precision cache: attend to what was stored, widened back
+            k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)
         d = md.num_decodes
         if d:
             idx, mask = self._decode_inputs(md, window)
-            kd = k_cache[idx].transpose(1, 2)  # [D, Hk, max_kv, hd]
-            vd = v_cache[idx].transpose(1, 2)
+            kd = k_cache[idx].transpose(1, 2).to(q.dtype)  # [D, Hk, max_kv, hd]
+            vd = v_cache[idx].transpose(1, 2).to(q.dtype)
             qd = q[:d].unsqueeze(2)  # [D, Hq, 1, hd]
             o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=layer.scale, enable_gqa=True)
             out[:d] = o.squeeze(2)
@@ -85,8 +87,8 @@ class TorchPagedAttention:
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scale, enable_gqa=True)
             else:
                 idx, mask = self._prefill_inputs(md, i, window)
-                ki = k_cache[idx].transpose(0, 1).unsqueeze(0)
-                vi = v_cache[idx].transpose(0, 1).unsqueeze(0)
+                ki = k_cache[idx].transpose(0, 1).unsqueeze(0).to(q.dtype)
+                vi = v_cache[idx].transpose(0, 1).unsqueeze(0).to(q.dtype)
                 o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=layer.scale, enable_gqa=True)
             out[s:e] = o[0].transpose(0, 1)
         return out
