@@ -56,6 +56,7 @@ class ModelConfig:
     served_model_name: str | None = None
     seed: int = 0
     linear_dtype: str = "auto"  # matmul precision; auto = the model dtype (exact float32)
+    quantization: str = "none"  # weight quantization: none | int8
 
     @property
     def architecture(self) -> str:
@@ -170,6 +171,7 @@ class EngineArgs:
     attention_backend: str = "auto"
     linear_dtype: str = "auto"  # float16/bfloat16: 3-4x faster GEMMs, top-1 within 99% of float32
     kv_cache_dtype: str = "auto"  # float16/bfloat16: half the KV bytes (attention reads, cache capacity)
+    quantization: str = "none"  # int8: int8 weights (per-64 group scales), float16 matmuls unless linear_dtype says
     profile: bool = False  # time each part of the engine step (StepProfiler)
     disable_log_stats: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
@@ -191,6 +193,11 @@ class EngineArgs:
             raise ValueError(
                 f"max_model_len ({max_model_len}) is larger than the model's context length ({model_max})."
             )
+        import torch
+
+        from pagemill.layers.linear import resolve_linear_dtype
+
+        resolve_linear_dtype(self.linear_dtype, self.quantization, torch.float32)  # validates both names
         max_batched = self.max_num_batched_tokens or max(2048, 0)
         kv_bytes = parse_size(self.kv_cache_memory) if self.kv_cache_memory is not None else _default_kv_bytes()
         model_config = ModelConfig(
@@ -203,6 +210,7 @@ class EngineArgs:
             served_model_name=self.served_model_name,
             seed=self.seed,
             linear_dtype=self.linear_dtype,
+            quantization=self.quantization,
         )
         cache_config = CacheConfig(
             block_size=self.block_size,

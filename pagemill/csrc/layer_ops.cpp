@@ -149,7 +149,7 @@ void rope_and_cache(torch::Tensor q_out, torch::Tensor k_out, torch::Tensor v_ou
   TORCH_CHECK(positions.scalar_type() == at::kLong && slot_mapping.scalar_type() == at::kLong);
   const int64_t T = q_out.size(0), Hq = q_out.size(1), D = q_out.size(2), Hk = k_out.size(1);
   TORCH_CHECK(cos.size(1) == D && qkv.size(1) == (Hq + 2 * Hk) * D, "rope_and_cache: shape mismatch");
-  const int64_t n_cached = slot_mapping.size(0), W = (Hq + 2 * Hk) * D;
+  const int64_t n_cached = slot_mapping.size(0), W = (Hq + 2 * Hk) * D, BS = k_cache.size(1);
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   const float* cp = cos.data_ptr<float>();
@@ -172,8 +172,11 @@ void rope_and_cache(torch::Tensor q_out, torch::Tensor k_out, torch::Tensor v_ou
           rope_head(ko + (t * Hk + h) * D, row + (Hq + h) * D, c, s, D);
           copy_head(vo + (t * Hk + h) * D, row + (Hq + Hk + h) * D, D);
         }
-        if (t < n_cached) {
-          copy_row(kc + slots[t] * Hk * D, ko + t * Hk * D, Hk * D);
+        if (t < n_cached) {  // K blocks are stored transposed, [Hk, D, BS], for the attention kernel
+          const int64_t blk = slots[t] / BS, off = slots[t] % BS;
+          C* kb = kc + blk * BS * Hk * D + off;
+          const float* kr = ko + t * Hk * D;
+          for (int64_t i = 0; i < Hk * D; ++i) kb[i * BS] = static_cast<C>(kr[i]);
           copy_row(vc + slots[t] * Hk * D, vo + t * Hk * D, Hk * D);
         }
       }

@@ -38,7 +38,7 @@ def load_model(model_config: ModelConfig) -> nn.Module:
         weights = iter_hf_weights(model_config.model)
     model.load_weights((n, t.to(model_config.dtype)) for n, t in weights)
     model.eval().requires_grad_(False)
-    convert_linears(model, model_config.linear_dtype, model_config.dtype)
+    convert_linears(model, model_config.linear_dtype, model_config.dtype, model_config.quantization)
     logger.info("Loaded %s (%s) in %.1fs", cls.__name__, model_config.dtype, time.perf_counter() - start)
     return model
 

@@ -120,9 +120,10 @@ class ModelRunner:
             return ModelRunnerOutput({})
         with prof.section("prepare"):
             step = self._prepare(so)
-        with prof.section("forward"), set_forward_context(step.attn_metadata), ops.use_kernels(self.use_kernels):
-            hidden = self.model(step.input_ids, step.positions)
-        return self._sample(hidden, step)
+        with ops.use_kernels(self.use_kernels):
+            with prof.section("forward"), set_forward_context(step.attn_metadata):
+                hidden = self.model(step.input_ids, step.positions)
+            return self._sample(hidden, step)
 
     def _prepare(self, so: SchedulerOutput) -> StepInputs:
         """Flattened input ids, positions and attention metadata for the step (vectorised numpy)."""

@@ -40,9 +40,25 @@ def _batch(rng: np.random.Generator, specs: list[tuple[int, int]], block_size: i
     return md, cache, torch.randn(t, hq, d), torch.randn(t, hk, d), torch.randn(t, hk, d)
 
 
+def _kernel_layout(cache: torch.Tensor) -> torch.Tensor:
+    """The reference cache [2, NB, BS, Hk, D] with each K block transposed to [Hk, D, BS] (the CPU kernel's)."""
+    out = cache.clone()
+    nb, bs, hk, d = cache.shape[1:]
+    out[0].view(nb, hk, d, bs).copy_(cache[0].permute(0, 2, 3, 1))
+    return out
+
+
+def _reference_layout(cache: torch.Tensor) -> torch.Tensor:
+    """Inverse of _kernel_layout."""
+    out = cache.clone()
+    nb, bs, hk, d = cache.shape[1:]
+    out[0].copy_(cache[0].view(nb, hk, d, bs).permute(0, 3, 1, 2))
+    return out
+
+
 @pytest.mark.parametrize("window", [None, 7])
-@pytest.mark.parametrize("block_size", [4, 16])
-@pytest.mark.parametrize("hq,hk", [(9, 3), (4, 4), (8, 1)])
+@pytest.mark.parametrize("block_size", [4, 16, 32])
+@pytest.mark.parametrize("hq,hk", [(9, 3), (4, 4), (8, 1), (16, 1)])
 def test_cpu_kernel_matches_torch_reference(window, block_size, hq, hk):
     from pagemill.attention.backends.cpu_paged import CpuPagedAttention
 
@@ -52,9 +68,12 @@ def test_cpu_kernel_matches_torch_reference(window, block_size, hq, hk):
     layer = _Layer(hq, hk, 32, window)
     ref = TorchPagedAttention().forward(layer, q, k, v, cache.clone(), md)
     md.extra.clear()
-    cache2 = cache.clone()
+    cache2 = _kernel_layout(cache)
     out = CpuPagedAttention().forward(layer, q, k, v, cache2, md)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    ref_cache = cache.clone()
+    TorchPagedAttention().forward(layer, q, k, v, ref_cache, md)
+    torch.testing.assert_close(_reference_layout(cache2), ref_cache)
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float16, torch.bfloat16])
@@ -78,11 +97,11 @@ def test_cpu_kernel_reduced_precision_cache_and_output(cache_dtype, out_dtype):
     q_rot, k_rot = rotary(positions, q, k)
     ref = TorchPagedAttention().forward(layer, q_rot, k_rot, v, cache.clone(), md)
     md.extra.clear()
-    cache2 = cache.clone()
+    cache2 = _kernel_layout(cache)
     out = CpuPagedAttention().forward_fused(layer, qkv, positions, rotary.cos, rotary.sin, cache2, md, out_dtype)
     assert out.dtype == out_dtype
     tol = 2e-3 if out_dtype == torch.float16 else 2e-5
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
     ref_cache = cache.clone()
     TorchPagedAttention().forward(layer, q_rot, k_rot, v, ref_cache, md)
-    torch.testing.assert_close(cache2.float(), ref_cache.float(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(_reference_layout(cache2).float(), ref_cache.float(), atol=1e-2, rtol=1e-2)

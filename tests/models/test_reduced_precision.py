@@ -20,14 +20,16 @@ TEXTS = [
 
 
 # bfloat16 keeps 8 mantissa bits: ~98-99% top-1 here, below float16's 99+% (it is kept for range, not speed).
-@pytest.mark.parametrize("linear_dtype,kv_cache_dtype,min_agree,max_err", [
-    ("float16", "auto", 0.99, 0.01), ("bfloat16", "auto", 0.975, 0.03), ("auto", "float16", 0.99, 0.01),
-    ("float16", "float16", 0.99, 0.01),
+@pytest.mark.parametrize("linear_dtype,kv_cache_dtype,quantization,min_agree,max_err", [
+    ("float16", "auto", "none", 0.99, 0.01), ("bfloat16", "auto", "none", 0.975, 0.03),
+    ("auto", "float16", "none", 0.99, 0.01), ("float16", "float16", "none", 0.99, 0.01),
+    ("auto", "float16", "int8", 0.99, 0.05),
 ])
-def test_reduced_precision_agrees_with_float32(smol_path, smol_hf, linear_dtype, kv_cache_dtype, min_agree, max_err):
+def test_reduced_precision_agrees_with_float32(smol_path, smol_hf, linear_dtype, kv_cache_dtype, quantization,
+                                               min_agree, max_err):
     model, tok = smol_hf
     llm = LLM(smol_path, kv_cache_memory="64MiB", max_model_len=512, linear_dtype=linear_dtype,
-              kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=False)
+              kv_cache_dtype=kv_cache_dtype, quantization=quantization, enable_prefix_caching=False)
     agree = total = 0
     errors = []
     for text in TEXTS:
@@ -44,6 +46,6 @@ def test_reduced_precision_agrees_with_float32(smol_path, smol_hf, linear_dtype,
             errors.append(abs(d[ids[pos]].logprob - ref[pos - 1, ids[pos]].item()))
     agreement = agree / total
     mean_err = sum(errors) / len(errors)
-    print(f"linears {linear_dtype}, KV cache {kv_cache_dtype}: top-1 agreement {agreement:.4f}, mean |dlogprob| {mean_err:.4f} over {total} positions")
+    print(f"linears {linear_dtype}, KV cache {kv_cache_dtype}, quantization {quantization}: top-1 agreement {agreement:.4f}, mean |dlogprob| {mean_err:.4f} over {total} positions")
     assert agreement >= min_agree
     assert mean_err < max_err

@@ -15,7 +15,12 @@ from pagemill.attention.metadata import CommonAttentionMetadata
 
 
 class CpuPagedAttention(TorchPagedAttention):
-    """Paged attention with the C++ kernel; requests must be ordered decodes, context chunks, fresh prefills."""
+    """Paged attention with the C++ kernel; requests must be ordered decodes, context chunks, fresh prefills.
+
+    The cache has the reference shape, but each K block is stored transposed ([kv_heads, head_dim, block_size])
+    so the kernel scores 16 keys per vector instruction; only whole-block copies (swap, copy-on-write) touch it
+    from outside.
+    """
 
     name = "cpu"
 
@@ -44,8 +49,11 @@ class CpuPagedAttention(TorchPagedAttention):
             return super().forward(layer, q, k, v, kv_cache, md)
         n = md.num_actual_tokens
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        k_cache.view(-1, layer.num_kv_heads, layer.head_dim).index_copy_(0, md.slot_mapping, k[:n].to(k_cache.dtype))
-        v_cache.view(-1, layer.num_kv_heads, layer.head_dim).index_copy_(0, md.slot_mapping, v[:n].to(v_cache.dtype))
+        slots = md.slot_mapping
+        bs = k_cache.shape[1]
+        k_blocks = k_cache.view(k_cache.shape[0], layer.num_kv_heads, layer.head_dim, bs)  # K stored transposed
+        k_blocks[slots // bs, :, :, slots % bs] = k[:n].to(k_cache.dtype)
+        v_cache.view(-1, layer.num_kv_heads, layer.head_dim).index_copy_(0, slots, v[:n].to(v_cache.dtype))
         if k_cache.dtype != q.dtype:  # fresh prefills (SDPA on k, v) see the stored precision, as decodes do
             k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)
         out = torch.empty_like(q)
