@@ -15,4 +15,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("w"), py::arg("group_size"));
   m.def("gemv_int8", &gemv_int8, "out = x @ W^T + bias for M <= 16 rows, W from pack_gemv_weight_int8",
         py::arg("out"), py::arg("x"), py::arg("packed_q"), py::arg("scales"), py::arg("bias") = py::none());
+  m.def("pack_gemv_weight_q4", &pack_gemv_weight_q4,
+        "Recover Q4_1 (w = d*q + m per group) from a dequantized [N, K] weight and pack it for gemv_q4: "
+        "[packed uint8 [T, K/G, G/2*64 + 256], max |d*q + m - w| / max |w| (float64 scalar)]",
+        py::arg("w"), py::arg("group_size"));
+  m.def("q4_max_error", &q4_max_error, "max |d*q + m - w| / max |w| of the Q4_1 fit of pack_gemv_weight_q4",
+        py::arg("w"), py::arg("group_size"));
+  m.def("gemv_q4", &gemv_q4, "out = x @ W^T + bias for M <= 16 rows, W packed by pack_gemv_weight_q4",
+        py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
 }

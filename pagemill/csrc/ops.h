@@ -15,9 +15,12 @@ void rope_and_cache(torch::Tensor q_out, torch::Tensor k_out, torch::Tensor v_ou
                     torch::Tensor positions, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                     torch::Tensor v_cache, torch::Tensor slot_mapping);
 
-// gemv.cpp: small-M (<= 16 rows) linear layers y = x W^T + b over packed fp16 / int8 weights
+// gemv.cpp: small-M (<= 16 rows) linear layers y = x W^T + b over packed fp16 / int8 / Q4_1 weights
 torch::Tensor pack_gemv_weight_f16(torch::Tensor w);
 void gemv_f16(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias);
 std::vector<torch::Tensor> pack_gemv_weight_int8(torch::Tensor w, int64_t group_size);
 void gemv_int8(torch::Tensor out, torch::Tensor x, torch::Tensor packed_q, torch::Tensor scales,
                c10::optional<torch::Tensor> bias);
+std::vector<torch::Tensor> pack_gemv_weight_q4(torch::Tensor w, int64_t group_size);
+double q4_max_error(torch::Tensor w, int64_t group_size);
+void gemv_q4(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias);
