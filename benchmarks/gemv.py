@@ -3,8 +3,10 @@
 For each M (rows = decode batch) and method, prints the median (and best) time of one layer's 4 projections
 + the LM head ("layer+head", weights partly cache-resident) and of a whole token's worth (30 distinct layers
 + LM head, weights streamed from memory), with GFLOP/s and the effective GB/s of weight bytes read.
+"gemv_q4 + i8 head" runs the layers as Q4_1 (gemv_q4; the random weights are not Q4_1, only the bytes streamed
+matter here) and the LM head as int8 groups of 32 (gemv_int8), as for a GGUF Q4_1 model with a Q8_0 head.
 
-    python benchmarks/gemv.py [--ms 1,2,4,8,16] [--repeats 7] [--per-shape] [--threads N]
+    python benchmarks/gemv.py [--ms 1,2,4,8,16] [--repeats 7] [--per-shape] [--threads N] [--methods q4,f16]
 """
 
 from __future__ import annotations
@@ -38,10 +40,17 @@ def _sample_ms(fn: Callable[[], None], min_time: float) -> float:
 
 
 class Method:
-    """One way to run y = x W^T + b: prepares each weight once, then calls on (x, prepared weight)."""
+    """One way to run y = x W^T + b: prepares each weight once, then calls on (x, prepared weight).
 
-    def __init__(self, name: str, prepare: Callable, call: Callable, bytes_per_weight: float) -> None:
+    The LM head may use another way (head: a Method of its own)."""
+
+    def __init__(self, name: str, prepare: Callable, call: Callable, bytes_per_weight: float,
+                 head: Method | None = None) -> None:
         self.name, self.prepare, self.call, self.bytes_per_weight = name, prepare, call, bytes_per_weight
+        self.head = head or self
+
+    def bytes(self, layer_params: int, head_params: int) -> float:
+        return layer_params * self.bytes_per_weight + head_params * self.head.bytes_per_weight
 
 
 def _methods(k) -> list[Method]:
@@ -60,9 +69,15 @@ def _methods(k) -> list[Method]:
         out = torch.empty(x.shape[0], n)
         k.gemv_int8(out, x, p[0], p[1], None)
 
+    def q4(x, p, n):
+        out = torch.empty(x.shape[0], n)
+        k.gemv_q4(out, x, p, None)
+
     ms.append(Method("gemv_f16", k.pack_gemv_weight_f16, f16, 2))
     ms.append(Method("gemv_int8 g128", lambda w: k.pack_gemv_weight_int8(w, 128), i8, 1 + 4 / 128))
     ms.append(Method("gemv_int8 per-ch", lambda w: k.pack_gemv_weight_int8(w, w.shape[1]), i8, 1 + 4 / 576))
+    i8_g32 = Method("gemv_int8 g32", lambda w: k.pack_gemv_weight_int8(w, 32), i8, 1 + 4 / 32)
+    ms.append(Method("gemv_q4 + i8 head", lambda w: k.pack_gemv_weight_q4(w, 32)[0], q4, 0.5 + 4 / 32, i8_g32))
     return ms
 
 
@@ -72,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--per-shape", action="store_true", help="also time each shape alone")
     ap.add_argument("--threads", type=int, default=0, help="torch/OpenMP threads (default: torch's)")
+    ap.add_argument("--methods", default="", help="comma-separated substrings: time only the methods matching one "
+                    "(F.linear fp32, the baseline, always runs)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -81,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         print("pagemill kernels unavailable: only F.linear is timed", file=sys.stderr)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     methods = _methods(kernels)
+    if args.methods:
+        keys = args.methods.split(",")
+        methods = [m for m in methods if m.name == "F.linear fp32" or any(key in m.name for key in keys)]
     layers = [[torch.randn(n, kk) * 0.02 for _, n, kk in LAYER_SHAPES] for _ in range(LAYERS)]
     head = torch.randn(HEAD_SHAPE[1], HEAD_SHAPE[2]) * 0.02
     params_layer = sum(n * kk for _, n, kk in LAYER_SHAPES)
@@ -88,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ms_list = [int(m) for m in args.ms.split(",")]
     # Every method's weights stay resident, and the samples of the methods are interleaved, so that load
     # from other processes on this shared box hits all of them alike.
-    prepared = [([[meth.prepare(w) for w in ws] for ws in layers], meth.prepare(head)) for meth in methods]
+    prepared = [([[meth.prepare(w) for w in ws] for ws in layers], meth.head.prepare(head)) for meth in methods]
     del layers, head
     samples: dict[tuple[str, int, str], list[float]] = {}
     with torch.inference_mode():
@@ -102,14 +122,15 @@ def main(argv: list[str] | None = None) -> int:
                         meth.call(xi, w, n)
 
                 def head_call(meth=meth, ph=ph) -> None:
-                    meth.call(x, ph, HEAD_SHAPE[1])
+                    meth.head.call(x, ph, HEAD_SHAPE[1])
 
                 cases["layer+head"].append(lambda layer=layer, head_call=head_call: (layer(0), head_call()))
                 cases["token"].append(
                     lambda layer=layer, head_call=head_call: ([layer(i) for i in range(LAYERS)], head_call()))
                 if args.per_shape:
-                    for (name, n, kk), w, xi in zip(LAYER_SHAPES + [HEAD_SHAPE], pl[0] + [ph], xs + [x]):
-                        cases.setdefault(name, []).append(lambda meth=meth, xi=xi, w=w, n=n: meth.call(xi, w, n))
+                    for (name, n, kk), w, xi, call in zip(LAYER_SHAPES + [HEAD_SHAPE], pl[0] + [ph], xs + [x],
+                                                          [meth.call] * len(LAYER_SHAPES) + [meth.head.call]):
+                        cases.setdefault(name, []).append(lambda call=call, xi=xi, w=w, n=n: call(xi, w, n))
             for what, fns in cases.items():
                 min_time = 0.2 if what == "token" else 0.05
                 for fn in fns:  # warm-up
@@ -119,10 +140,12 @@ def main(argv: list[str] | None = None) -> int:
                     for meth, fn in zip(methods, fns):
                         samples.setdefault((meth.name, m, what), []).append(_sample_ms(fn, min_time))
 
-    shapes = [("layer+head", params_layer + params_head), ("token", LAYERS * params_layer + params_head)]
+    # (what, layer weights, head weights)
+    shapes = [("layer+head", params_layer, params_head), ("token", LAYERS * params_layer, params_head)]
     if args.per_shape:
-        shapes += [(name, n * kk) for name, n, kk in LAYER_SHAPES + [HEAD_SHAPE]]
-    for what, params in shapes:
+        shapes += [(name, n * kk, 0) for name, n, kk in LAYER_SHAPES] + [(HEAD_SHAPE[0], 0, params_head)]
+    for what, layer_params, head_params in shapes:
+        params = layer_params + head_params
         print(f"\n== {what} ({params / 1e6:.1f} M weights) ==")
         print(f"{'M':>3} {'method':<18} {'ms':>8} {'best ms':>8} {'GFLOP/s':>8} {'GB/s':>7} {'vs fp32':>8}")
         for m in ms_list:
@@ -131,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 ts = samples[(meth.name, m, what)]
                 t = statistics.median(ts)
                 gflops = 2 * m * params / (t * 1e-3) / 1e9
-                gbs = params * meth.bytes_per_weight / (t * 1e-3) / 1e9
+                gbs = meth.bytes(layer_params, head_params) / (t * 1e-3) / 1e9
                 print(f"{m:>3} {meth.name:<18} {t:>8.3f} {min(ts):>8.3f} {gflops:>8.1f} {gbs:>7.1f} "
                       f"{base / t:>7.2f}x")
     return 0
