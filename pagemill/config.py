@@ -56,7 +56,7 @@ class ModelConfig:
     served_model_name: str | None = None
     seed: int = 0
     linear_dtype: str = "auto"  # matmul precision; auto = the model dtype (exact float32)
-    quantization: str = "none"  # weight quantization: none | int8
+    quantization: str = "none"  # none | gguf (resolved from auto)
 
     @property
     def architecture(self) -> str:
@@ -171,7 +171,7 @@ class EngineArgs:
     attention_backend: str = "auto"
     linear_dtype: str = "auto"  # float16/bfloat16: 3-4x faster GEMMs, top-1 within 99% of float32
     kv_cache_dtype: str = "auto"  # float16/bfloat16: half the KV bytes (attention reads, cache capacity)
-    quantization: str = "none"  # int8: int8 weights (per-64 group scales), float16 matmuls unless linear_dtype says
+    quantization: str = "auto"  # gguf (auto for GGUF files): small-batch GEMVs stream the Q4_1/Q8_0 weights as stored
     profile: bool = False  # time each part of the engine step (StepProfiler)
     disable_log_stats: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
@@ -193,11 +193,9 @@ class EngineArgs:
             raise ValueError(
                 f"max_model_len ({max_model_len}) is larger than the model's context length ({model_max})."
             )
-        import torch
+        from pagemill.layers.linear import check_linear_options, resolve_quantization
 
-        from pagemill.layers.linear import resolve_linear_dtype
-
-        resolve_linear_dtype(self.linear_dtype, self.quantization, torch.float32)  # validates both names
+        check_linear_options(self.linear_dtype, self.quantization)
         max_batched = self.max_num_batched_tokens or max(2048, 0)
         kv_bytes = parse_size(self.kv_cache_memory) if self.kv_cache_memory is not None else _default_kv_bytes()
         model_config = ModelConfig(
@@ -210,7 +208,7 @@ class EngineArgs:
             served_model_name=self.served_model_name,
             seed=self.seed,
             linear_dtype=self.linear_dtype,
-            quantization=self.quantization,
+            quantization=resolve_quantization(self.quantization, resolved.gguf_file is not None),
         )
         cache_config = CacheConfig(
             block_size=self.block_size,

@@ -1,5 +1,7 @@
 """Fused layer ops: the compiled kernel when it is loaded, else the pure-torch reference (HF's math).
 
+Tensors are CPU tensors (the engine runs on CPUs only).
+
 `out_dtype` is the dtype the consumer (usually the next matmul) wants, so the cast is fused in too.
 """
 
@@ -36,13 +38,9 @@ def kernels() -> ModuleType | None:
     return _kernels
 
 
-def _kernel_ok(*tensors: torch.Tensor) -> bool:
-    return _kernels is not None and all(t.device.type == "cpu" for t in tensors)
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
     """weight * x / rms(x), computed in float32, returned in `out_dtype`."""
-    if _kernel_ok(x) and weight.dtype == torch.float32:
+    if _kernels is not None and weight.dtype == torch.float32:
         out = torch.empty(x.shape, dtype=out_dtype)
         _kernels.rms_norm(out, x.contiguous(), weight, eps)
         return out
@@ -54,7 +52,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                        out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(residual + x), residual + x); the kernel updates `residual` in place."""
-    if _kernel_ok(x, residual) and residual.dtype == torch.float32 and weight.dtype == torch.float32:
+    if _kernels is not None and residual.dtype == torch.float32 and weight.dtype == torch.float32:
         out = torch.empty(x.shape, dtype=out_dtype)
         _kernels.fused_add_rms_norm(out, x.contiguous(), residual, weight, eps)
         return out, residual
@@ -64,7 +62,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 
 def silu_and_mul(x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """silu(gate) * up for x = [gate | up] along the last dim, in `out_dtype`."""
-    if _kernel_ok(x):
+    if _kernels is not None:
         out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=out_dtype)
         _kernels.silu_and_mul(out, x.contiguous())
         return out

@@ -1,13 +1,11 @@
-"""Reduced-precision matmuls: Linear layers whose weights and GEMMs run in float16/bfloat16.
+"""Linear layers for CPUs: the matmul dtype, prepacked weights, and GGUF weights kept quantized.
 
-On AVX512-FP16/BF16 CPUs these GEMMs run 3-4x faster than float32 from 32 rows up (measured:
-[32x576]x[576x3072] 217 GFLOP/s in fp32, 670 in fp16). The residual stream, norms, attention and
-sampling stay in the model dtype; only the matmul inputs and outputs are rounded.
-
-Two prepacked forms of each weight serve the two regimes of a decode step:
-- up to GEMV_MAX_ROWS rows (single streams, small batches) a weight-streaming GEMV kernel of ours
-  (csrc/gemv.cpp), ~3x faster than oneDNN at one row;
-- more rows: oneDNN with the weight reordered once at load (not on every call), 1.3-1.7x faster than F.linear.
+- `linear_dtype=float16|bfloat16`: weights and GEMMs in reduced precision, 3-4x faster than float32 from 32
+  rows up on AVX512-FP16/BF16 CPUs; the residual stream, norms, attention and sampling stay float32.
+- Up to GEMV_MAX_ROWS rows (single streams, small batches), a weight-streaming GEMV kernel of ours
+  (csrc/gemv.cpp): from a GGUF file it streams the Q4_1 / Q8_0 records as stored (0.6-1.1 bytes per
+  weight, the same weight values as the dequantized float32 model), else the fp16 weight.
+- More rows: oneDNN with the weight reordered once at load rather than on every call (1.3-1.7x faster).
 """
 
 from __future__ import annotations
@@ -23,38 +21,38 @@ from pagemill.kernels import load_kernels, ops
 logger = logging.getLogger(__name__)
 
 LINEAR_DTYPES = ("auto", "float32", "float16", "bfloat16")
-QUANTIZATIONS = ("none", "int8")
-INT8_GROUP_SIZE = 64  # int8 scales per output channel per 64 inputs (divides every SmolLM2/Llama width)
-GEMV_MAX_ROWS = 8  # measured crossover vs oneDNN fp16: ~10-12 rows for the layer matrices
+QUANTIZATIONS = ("auto", "none", "gguf")
+GGUF_BLOCK = 32  # Q4_1 / Q8_0 block length along the input dimension
+_EXACT = 1e-6  # a weight "is" Q4_1 / Q8_0 when re-encoding it misses by at most this, relative to its max
+# Rows up to which the GEMV beats oneDNN (measured, per token at 8 rows: Q4 GEMV 9.0 ms, oneDNN fp16 13.1,
+# oneDNN fp32 29.6; at 16 rows the fp16 GEMM wins, the fp32 one does not).
+GEMV_MAX_ROWS = {torch.float16: 8, torch.float32: 16}
 _MKLDNN_BATCH_HINT = 32  # oneDNN reorder hint; within 10% of the best layout from 8 to 128 rows
 
 
-def fake_quantize_int8(weight: torch.Tensor, group_size: int = INT8_GROUP_SIZE) -> torch.Tensor:
-    """The weight rounded to symmetric int8 with one scale per output channel per `group_size` inputs.
+def q8_0_round(weight: torch.Tensor, block: int = GGUF_BLOCK) -> torch.Tensor:
+    """The weight re-encoded as GGUF Q8_0 (symmetric int8, one scale per `block` inputs) and decoded again.
 
-    Same grid as the int8 GEMV packer, so every path of a quantized layer computes with the same weights.
+    A weight that came from a Q8_0 tensor comes back unchanged (its scale is max|w| / 127 by construction).
     """
     n, k = weight.shape
-    g = min(group_size, k)
-    pad = (-k) % g
-    w = F.pad(weight.float(), (0, pad)).view(n, -1, g)
+    w = F.pad(weight.float(), (0, (-k) % block)).view(n, -1, block)
     scale = w.abs().amax(-1, keepdim=True) / 127.0
     q = (w / torch.where(scale > 0, scale, torch.ones_like(scale))).round().clamp(-127, 127)
-    return (q * scale).view(n, -1)[:, :k].contiguous()
+    return (q * scale).view(n, -1)[:, :k]
 
 
 class ReducedPrecisionLinear(nn.Module):
     """y = x W^T + b computed and returned in `dtype` (the fused ops around it read and write that dtype).
 
-    With quantization="int8" the weight is rounded to int8 (per-group scales): the GEMV streams the int8
-    codes (a quarter of fp32's bytes), larger batches run oneDNN on the same values in `dtype`.
+    With quantization="gguf", a weight that is exactly GGUF Q4_1 or Q8_0 (as dequantized from the file) is
+    also kept in that form for the few-row GEMV, which then streams 0.625 / 1.06 bytes per weight instead of
+    2 (fp16) or 4 (fp32) and still computes with the same weight values.
     """
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, quantization: str = "none") -> None:
         super().__init__()
         weight = linear.weight.detach()
-        if quantization == "int8":
-            weight = fake_quantize_int8(weight)
         self.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(dtype),
                                                                   requires_grad=False)
@@ -62,22 +60,39 @@ class ReducedPrecisionLinear(nn.Module):
         self.out_features = self.weight.shape[0]
         self._mkldnn_weight = _mkldnn_pack(self.weight)
         kernels = load_kernels()
-        self._gemv_weight = self._gemv_int8 = None
-        if kernels is not None and quantization == "int8" and dtype in (torch.float16, torch.float32):
-            self._gemv_int8 = kernels.pack_gemv_weight_int8(weight, INT8_GROUP_SIZE)
-        elif kernels is not None and dtype == torch.float16:
-            self._gemv_weight = kernels.pack_gemv_weight_f16(self.weight)
+        self._gemv_weight = self._gemv_q4 = self._gemv_q8 = None
+        self.weight_format = str(dtype).removeprefix("torch.")
+        if kernels is not None and dtype in (torch.float16, torch.float32):
+            if quantization == "gguf":
+                self._pack_gguf(kernels, weight)
+            if self.weight_format not in ("q4_1", "q8_0") and dtype == torch.float16:
+                self._gemv_weight = kernels.pack_gemv_weight_f16(self.weight)
         self._gemv_bias = None if self.bias is None else self.bias.float()
+        self._gemv_max_rows = GEMV_MAX_ROWS.get(dtype, 0)
+
+    def _pack_gguf(self, kernels, weight: torch.Tensor) -> None:
+        """Keep the weight as Q4_1 or Q8_0 records for the GEMV when it is exactly one of them."""
+        tolerance = _EXACT * float(weight.abs().max())
+        if weight.shape[1] % GGUF_BLOCK == 0:
+            packed, err = kernels.pack_gemv_weight_q4(weight.float(), GGUF_BLOCK)
+            if float(err) <= tolerance:
+                self._gemv_q4, self.weight_format = packed, "q4_1"
+                return
+        if float((q8_0_round(weight) - weight).abs().max()) <= tolerance:
+            self._gemv_q8, self.weight_format = kernels.pack_gemv_weight_int8(weight.float(), GGUF_BLOCK), "q8_0"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.dtype)
         kernels = ops.kernels()
         if kernels is None:  # the reference path
             return F.linear(x, self.weight, self.bias)
-        if x.dim() == 2 and x.shape[0] <= GEMV_MAX_ROWS:
+        if x.dim() == 2 and x.shape[0] <= self._gemv_max_rows:
             out = torch.empty(x.shape[0], self.out_features, dtype=self.dtype)
-            if self._gemv_int8 is not None:
-                kernels.gemv_int8(out, x.contiguous(), *self._gemv_int8, self._gemv_bias)
+            if self._gemv_q4 is not None:
+                kernels.gemv_q4(out, x.contiguous(), self._gemv_q4, self._gemv_bias)
+                return out
+            if self._gemv_q8 is not None:
+                kernels.gemv_int8(out, x.contiguous(), *self._gemv_q8, self._gemv_bias)
                 return out
             if self._gemv_weight is not None:
                 kernels.gemv_f16(out, x.contiguous(), self._gemv_weight, self._gemv_bias)
@@ -98,20 +113,25 @@ def _mkldnn_pack(weight: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
-def resolve_linear_dtype(linear_dtype: str, quantization: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The matmul dtype: as asked, else float16 for int8 weights (its GEMMs are fastest), else the model's."""
+def check_linear_options(linear_dtype: str, quantization: str) -> None:
+    """Raise a ValueError naming the field for an unknown linear_dtype or quantization."""
     if linear_dtype not in LINEAR_DTYPES:
         raise ValueError(f"linear_dtype must be one of {', '.join(LINEAR_DTYPES)}, got {linear_dtype!r}.")
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}.")
-    if linear_dtype == "auto":
-        return torch.float16 if quantization == "int8" else model_dtype
-    return getattr(torch, linear_dtype)
+
+
+def resolve_quantization(quantization: str, from_gguf: bool) -> str:
+    """auto = keep GGUF weights in their quantized form (it changes no weight value), else none."""
+    if quantization == "auto":
+        return "gguf" if from_gguf else "none"
+    return quantization
 
 
 def convert_linears(model: nn.Module, linear_dtype: str, model_dtype: torch.dtype, quantization: str = "none") -> None:
     """Swap every Linear of the transformer (and the LM head) to `linear_dtype` / quantized matmuls, in place."""
-    dtype = resolve_linear_dtype(linear_dtype, quantization, model_dtype)
+    check_linear_options(linear_dtype, quantization)
+    dtype = model_dtype if linear_dtype == "auto" else getattr(torch, linear_dtype)
     if dtype == model_dtype and quantization == "none":
         return
     for module in list(model.modules()):

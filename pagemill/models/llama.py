@@ -60,19 +60,25 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(config, layer_idx, rotary, qkv_bias, sliding_window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
+        self._matmul_dtypes: tuple[torch.dtype, torch.dtype] | None = None
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(this block's MLP output, the residual stream before it); the next norm adds the two."""
-        qkv_dtype = self.self_attn.qkv_proj.weight.dtype
+        qkv_dtype, gate_up_dtype = self._matmul_dtypes or self._find_matmul_dtypes()
         if residual is None:
             residual = h
             h = self.input_layernorm(h, out_dtype=qkv_dtype)
         else:
             h, residual = self.input_layernorm(h, residual, qkv_dtype)
         h = self.self_attn(positions, h)
-        h, residual = self.post_attention_layernorm(h, residual, self.mlp.gate_up_proj.weight.dtype)
+        h, residual = self.post_attention_layernorm(h, residual, gate_up_dtype)
         return self.mlp(h), residual
+
+    def _find_matmul_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
+        """Input dtypes of the QKV and gate/up matmuls (fixed once the linears are converted; cached)."""
+        self._matmul_dtypes = (self.self_attn.qkv_proj.weight.dtype, self.mlp.gate_up_proj.weight.dtype)
+        return self._matmul_dtypes
 
 
 class LlamaForCausalLM(nn.Module):

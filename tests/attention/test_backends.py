@@ -86,6 +86,7 @@ def test_cpu_kernel_reduced_precision_cache_and_output(cache_dtype, out_dtype):
     from pagemill.layers.rotary import RotaryEmbedding
 
     rng = np.random.default_rng(1)
+    torch.manual_seed(1)
     specs = [(5, 1), (40, 1), (17, 6), (0, 9)]
     hq, hk, d = 9, 3, 64
     md, cache, q, k, v = _batch(rng, specs, 16, 32, hk, d, hq)
@@ -100,7 +101,8 @@ def test_cpu_kernel_reduced_precision_cache_and_output(cache_dtype, out_dtype):
     cache2 = _kernel_layout(cache)
     out = CpuPagedAttention().forward_fused(layer, qkv, positions, rotary.cos, rotary.sin, cache2, md, out_dtype)
     assert out.dtype == out_dtype
-    tol = 2e-3 if out_dtype == torch.float16 else 2e-5
+    # the kernel's RoPE differs from torch's in the last fp32 bit, which can flip a key's fp16/bf16 rounding
+    tol = 2e-3 if out_dtype == torch.float16 else 5e-4
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
     ref_cache = cache.clone()
     TorchPagedAttention().forward(layer, q_rot, k_rot, v, ref_cache, md)

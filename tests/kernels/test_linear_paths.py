@@ -12,7 +12,7 @@ from pagemill.layers.linear import GEMV_MAX_ROWS, ReducedPrecisionLinear
 pytestmark = pytest.mark.skipif(load_kernels() is None, reason="CPU kernels not built")
 
 
-@pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 33])
+@pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS[torch.float16], GEMV_MAX_ROWS[torch.float16] + 1, 33])
 @pytest.mark.parametrize("bias", [False, True])
 def test_fast_paths_match_reference(rows: int, bias: bool) -> None:
     torch.manual_seed(rows)
