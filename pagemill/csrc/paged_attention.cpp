@@ -165,6 +165,28 @@ inline void attend_one(const float* __restrict q, O* __restrict out, const C* __
   }
 }
 
+// Every (query token, KV head) pair, scheduled dynamically over the threads: an item's cost is its context
+// length, which varies a lot within a batch (static halves left one thread idle while the other did the
+// long sequences).
+template <typename C, typename O>
+void attend_all(const float* qp, O* op, const C* kc, const C* vc, const int64_t* bt, const int64_t* tok_req,
+                const int64_t* qsl, const int64_t* ctx, int64_t T, int64_t Hq, int64_t Hk, int64_t D, int64_t BS,
+                int64_t MB, float sc, int64_t window) {
+  const int64_t G = Hq / Hk;
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
+    std::vector<float> scores, acc;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t w = 0; w < T * Hk; ++w) {
+      const int64_t t = w / Hk, h = w % Hk, r = tok_req[t];
+      const int64_t pos = ctx[r] + t - qsl[r];
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+      attend_one(qp + (t * Hq + h * G) * D, op + (t * Hq + h * G) * D, kc, vc, bt + r * MB, lo, pos + 1, G, D,
+                 Hk, h, BS, sc, scores, acc);
+    }
+  }
+}
+
 }  // namespace
 
 // out, q: [T, Hq, D] (q fp32; out fp32, fp16 or bf16: the dtype o_proj wants). k_cache, v_cache: [num_blocks,
@@ -188,24 +210,11 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, 
   std::vector<int64_t> tok_req(T);
   for (int64_t r = 0; r < B; ++r)
     for (int64_t t = qsl[r]; t < qsl[r + 1]; ++t) tok_req[t] = r;
-  const float* qp = q.data_ptr<float>();
-  const int64_t* bt = block_tables.data_ptr<int64_t>();
   const float sc = static_cast<float>(scale);
   PAGEMILL_DISPATCH_FLOAT(k_cache.scalar_type(), C, [&] {
     PAGEMILL_DISPATCH_FLOAT(out.scalar_type(), O, [&] {
-      const C* kc = k_cache.data_ptr<C>();
-      const C* vc = v_cache.data_ptr<C>();
-      O* op = out.data_ptr<O>();
-      at::parallel_for(0, T * Hk, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> scores, acc;
-        for (int64_t w = begin; w < end; ++w) {
-          const int64_t t = w / Hk, h = w % Hk, r = tok_req[t];
-          const int64_t pos = ctx[r] + t - qsl[r];
-          const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-          attend_one(qp + (t * Hq + h * G) * D, op + (t * Hq + h * G) * D, kc, vc, bt + r * MB, lo, pos + 1, G,
-                     D, Hk, h, BS, sc, scores, acc);
-        }
-      });
+      attend_all(q.data_ptr<float>(), out.data_ptr<O>(), k_cache.data_ptr<C>(), v_cache.data_ptr<C>(),
+                 block_tables.data_ptr<int64_t>(), tok_req.data(), qsl, ctx, T, Hq, Hk, D, BS, MB, sc, window);
     });
   });
 }
