@@ -30,8 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--save-result", default=None)
+    ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra engine argument, e.g. linear_dtype=float16 (repeatable)")
     args = ap.parse_args(argv)
-    llm = LLM(kv_cache_memory="1GiB", max_model_len=2048, profile=True)
+    extra = dict(a.split("=", 1) for a in args.engine_arg)
+    llm = LLM(kv_cache_memory="1GiB", max_model_len=2048, profile=True, **extra)
     rows = {}
     for b in (int(x) for x in args.batch_sizes.split(",")):
         r = rows[b] = measure(llm, b, args.input_len, args.output_len)
