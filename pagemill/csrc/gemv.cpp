@@ -9,6 +9,7 @@
 //         [T, Kp / G, NT] float32, symmetric per (output channel, group of G along K): w = q * scale.
 //   q4:   Q4_1 (4-bit codes, per-group fp16 scale and min), one record stream per tile: see its section below.
 #include "ops.h"
+#include "vec.h"
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -82,14 +83,9 @@ inline void block(const W& w, const float* x, int64_t ldx, int64_t k0, int64_t k
 template <class W>
 inline void block_rows(int mr, const W& w, const float* x, int64_t ldx, int64_t k0, int64_t k1, float* acc,
                        const float* scale, bool first) {
-  switch (mr) {
-    case 1: return block<1>(w, x, ldx, k0, k1, acc, scale, first);
-    case 2: return block<2>(w, x, ldx, k0, k1, acc, scale, first);
-    case 3: return block<3>(w, x, ldx, k0, k1, acc, scale, first);
-    case 4: return block<4>(w, x, ldx, k0, k1, acc, scale, first);
-    case 5: return block<5>(w, x, ldx, k0, k1, acc, scale, first);
-    default: return block<6>(w, x, ldx, k0, k1, acc, scale, first);
-  }
+  pagemill::with_static_count<MR_MAX>(mr, [&](auto r) {
+    block<decltype(r)::value>(w, x, ldx, k0, k1, acc, scale, first);
+  });
 }
 
 // x as fp32 rows: a view of x if it already is, else a converted copy.
@@ -441,12 +437,9 @@ inline void block_q4(const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G
 inline void block_q4_rows(int mr, const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G, int64_t g0,
                           int64_t g1, const float* x, int64_t ldx, const float* sx, int64_t ldsx, float* acc,
                           bool first) {
-  switch (mr) {
-    case 1: return block_q4<1>(u, rec, R, G, g0, g1, x, ldx, sx, ldsx, acc, first);
-    case 2: return block_q4<2>(u, rec, R, G, g0, g1, x, ldx, sx, ldsx, acc, first);
-    case 3: return block_q4<3>(u, rec, R, G, g0, g1, x, ldx, sx, ldsx, acc, first);
-    default: return block_q4<4>(u, rec, R, G, g0, g1, x, ldx, sx, ldsx, acc, first);
-  }
+  pagemill::with_static_count<MRQ_MAX>(mr, [&](auto r) {
+    block_q4<decltype(r)::value>(u, rec, R, G, g0, g1, x, ldx, sx, ldsx, acc, first);
+  });
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ using pagemill::load16;
 using pagemill::store16;
 using pagemill::tail_mask;
 
-constexpr int64_t kMaxGroup = 8;  // query heads per KV head handled in registers at once
+constexpr int kMaxGroup = 8;  // query heads per KV head handled in registers at once
 
 // Blocks sit anywhere in the cache, so the hardware prefetcher cannot see the next one coming: ask for it.
 inline void prefetch_rows(const void* p, int64_t rows, int64_t row_bytes, int64_t stride_bytes) {
@@ -75,36 +75,6 @@ inline void pv_chunk(const float* __restrict p, int64_t n, const C* __restrict v
     for (int u = 0; u < U; ++u) store16(acc + g * D + d0 + 16 * u, a[g][u], m[u]);
 }
 
-template <typename C>
-void qk_dispatch(int G, const float* q, const C* kt, int64_t D, int64_t BS, int64_t c0, __mmask16 m, float scale,
-                 float* scores, int64_t n) {
-  switch (G) {
-    case 1: return qk_chunk<1>(q, kt, D, BS, c0, m, scale, scores, n);
-    case 2: return qk_chunk<2>(q, kt, D, BS, c0, m, scale, scores, n);
-    case 3: return qk_chunk<3>(q, kt, D, BS, c0, m, scale, scores, n);
-    case 4: return qk_chunk<4>(q, kt, D, BS, c0, m, scale, scores, n);
-    case 5: return qk_chunk<5>(q, kt, D, BS, c0, m, scale, scores, n);
-    case 6: return qk_chunk<6>(q, kt, D, BS, c0, m, scale, scores, n);
-    case 7: return qk_chunk<7>(q, kt, D, BS, c0, m, scale, scores, n);
-    default: return qk_chunk<8>(q, kt, D, BS, c0, m, scale, scores, n);
-  }
-}
-
-template <typename C>
-void pv_dispatch(int G, const float* p, int64_t n, const C* v, int64_t vs, int64_t count, int64_t d0, int64_t D,
-                 float* acc) {
-  switch (G) {
-    case 1: return pv_chunk<1>(p, n, v, vs, count, d0, D, acc);
-    case 2: return pv_chunk<2>(p, n, v, vs, count, d0, D, acc);
-    case 3: return pv_chunk<3>(p, n, v, vs, count, d0, D, acc);
-    case 4: return pv_chunk<4>(p, n, v, vs, count, d0, D, acc);
-    case 5: return pv_chunk<5>(p, n, v, vs, count, d0, D, acc);
-    case 6: return pv_chunk<6>(p, n, v, vs, count, d0, D, acc);
-    case 7: return pv_chunk<7>(p, n, v, vs, count, d0, D, acc);
-    default: return pv_chunk<8>(p, n, v, vs, count, d0, D, acc);
-  }
-}
-
 // One query token, one KV head: its G query heads attend to keys [lo, hi) of the request, read block by block
 // in place. Scores are computed for whole 16-key chunks (the extra keys of a partial chunk are ignored).
 template <typename C, typename O>
@@ -124,8 +94,10 @@ inline void attend_one(const float* __restrict q, O* __restrict out, const C* __
     for (int64_t c0 = 0; c0 < BS && b0 + c0 < hi; c0 += 16) {
       const __mmask16 m = tail_mask(BS - c0);
       for (int64_t g0 = 0; g0 < G; g0 += kMaxGroup)
-        qk_dispatch(int(std::min(kMaxGroup, G - g0)), q + g0 * D, kt, D, BS, c0, m, scale,
-                    scores.data() + g0 * n + (b0 + c0 - first), n);
+        pagemill::with_static_count<kMaxGroup>(int(std::min<int64_t>(kMaxGroup, G - g0)), [&](auto g) {
+          qk_chunk<decltype(g)::value>(q + g0 * D, kt, D, BS, c0, m, scale,
+                                       scores.data() + g0 * n + (b0 + c0 - first), n);
+        });
     }
   }
   // Softmax per query head over keys [lo, hi); the exp loop is vectorised (glibc's libmvec).
@@ -156,8 +128,10 @@ inline void attend_one(const float* __restrict q, O* __restrict out, const C* __
     const int64_t count = std::min(BS, hi - b0);
     for (int64_t d0 = 0; d0 < D; d0 += 64)
       for (int64_t g0 = 0; g0 < G; g0 += kMaxGroup)
-        pv_dispatch(int(std::min(kMaxGroup, G - g0)), scores.data() + g0 * n + (b0 - first), n, vb, vs, count, d0,
-                    D, acc.data() + g0 * D);
+        pagemill::with_static_count<kMaxGroup>(int(std::min<int64_t>(kMaxGroup, G - g0)), [&](auto g) {
+          pv_chunk<decltype(g)::value>(scores.data() + g0 * n + (b0 - first), n, vb, vs, count, d0, D,
+                                       acc.data() + g0 * D);
+        });
   }
   for (int64_t i = 0; i < G * D; i += 16) {
     const __mmask16 m = tail_mask(G * D - i);

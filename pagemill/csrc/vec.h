@@ -5,6 +5,8 @@
 #include <c10/util/Half.h>
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 namespace pagemill {
 
@@ -25,6 +27,16 @@ inline void store16(c10::Half* p, __m512 v, __mmask16 m) {
 }
 inline void store16(c10::BFloat16* p, __m512 v, __mmask16 m) {
   _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+// Calls f(std::integral_constant<int, c>) with c = min(n, Max) for a runtime n >= 1, so a kernel can keep its
+// per-row / per-head accumulators in registers with compile-time loop bounds.
+template <int Max, typename F>
+inline void with_static_count(int n, F&& f) {
+  if constexpr (Max > 1) {
+    if (n < Max) return with_static_count<Max - 1>(n, std::forward<F>(f));
+  }
+  f(std::integral_constant<int, Max>{});
 }
 
 }  // namespace pagemill

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pagemill.kernels.build import load_kernels
+from tests.kernels.conftest import assert_gemv_close
 
 kernels = load_kernels()
 pytestmark = pytest.mark.skipif(kernels is None, reason="pagemill kernels could not be built")
@@ -24,13 +25,6 @@ def _dequant(q: torch.Tensor, scales: torch.Tensor, n: int, k: int) -> torch.Ten
     return (qf * s.repeat_interleave(q.shape[1] // scales.shape[1], dim=1))[:n, :k]
 
 
-def _check(out: torch.Tensor, ref: torch.Tensor) -> None:
-    err = (out.float() - ref).abs().max().item()
-    scale = ref.abs().max().item() + 1e-6
-    tol = 1e-3 if out.dtype == torch.float16 else 1e-5  # fp16 output: one rounding of the result
-    assert err <= tol * scale, f"max error {err:.3g} vs max |ref| {scale:.3g}"
-
-
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gemv_f16(n: int, k: int, dtype: torch.dtype) -> None:
@@ -45,7 +39,7 @@ def test_gemv_f16(n: int, k: int, dtype: torch.dtype) -> None:
         for b in (None, bias):
             out = torch.full((m, n), float("nan"), dtype=dtype)
             kernels.gemv_f16(out, x, packed, b)
-            _check(out, F.linear(x.float(), w16, b))
+            assert_gemv_close(out, F.linear(x.float(), w16, b))
 
 
 def test_gemv_f16_from_half_and_bf16() -> None:
@@ -54,7 +48,7 @@ def test_gemv_f16_from_half_and_bf16() -> None:
     for wd in (torch.float16, torch.bfloat16):
         out = torch.empty(3, 70)
         kernels.gemv_f16(out, x, kernels.pack_gemv_weight_f16(w.to(wd)), None)
-        _check(out, F.linear(x, w.to(wd).half().float()))
+        assert_gemv_close(out, F.linear(x, w.to(wd).half().float()))
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
@@ -75,7 +69,7 @@ def test_gemv_int8(n: int, k: int, group: int, dtype: torch.dtype) -> None:
         for b in (None, bias):
             out = torch.full((m, n), float("nan"), dtype=dtype)
             kernels.gemv_int8(out, x, q, scales, b)
-            _check(out, F.linear(x.float(), wq, b))
+            assert_gemv_close(out, F.linear(x.float(), wq, b))
 
 
 @pytest.mark.parametrize("group", [64, 192, 576])  # dividing K; partial groups: below
@@ -101,7 +95,7 @@ def test_int8_group_not_dividing_k() -> None:
     x = torch.randn(2, 576)
     out = torch.empty(2, 64)
     kernels.gemv_int8(out, x, q, scales, None)
-    _check(out, F.linear(x, _dequant(q, scales, 64, 576)))
+    assert_gemv_close(out, F.linear(x, _dequant(q, scales, 64, 576)))
 
 
 def test_rejects_bad_inputs() -> None:

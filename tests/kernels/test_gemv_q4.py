@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pagemill.kernels.build import load_kernels
+from tests.kernels.conftest import assert_gemv_close
 
 kernels = load_kernels()
 pytestmark = pytest.mark.skipif(kernels is None, reason="pagemill kernels could not be built")
@@ -29,13 +30,6 @@ def _q4_weight(n: int, k: int, g: torch.Generator, spanning: bool = False) -> to
     if spanning:
         q[:, :, 0], q[:, :, 1] = 0, 15
     return (d * q + m).reshape(n, k)
-
-
-def _check(out: torch.Tensor, ref: torch.Tensor) -> None:
-    err = (out.float() - ref).abs().max().item()
-    scale = ref.abs().max().item() + 1e-6
-    tol = 1e-3 if out.dtype == torch.float16 else 1e-5  # fp16 output: one rounding of the result
-    assert err <= tol * scale, f"max error {err:.3g} vs max |ref| {scale:.3g}"
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
@@ -76,7 +70,7 @@ def test_gemv_q4(n: int, k: int, dtype: torch.dtype) -> None:
         for b in (None, bias):
             out = torch.full((m, n), float("nan"), dtype=dtype)
             kernels.gemv_q4(out, x, packed, b)
-            _check(out, F.linear(x.double(), w.double(), None if b is None else b.double()).float())
+            assert_gemv_close(out, F.linear(x.double(), w.double(), None if b is None else b.double()).float())
 
 
 def test_gemv_q4_other_group_size() -> None:
@@ -90,7 +84,7 @@ def test_gemv_q4_other_group_size() -> None:
     x = torch.randn(3, 128, generator=g)
     out = torch.empty(3, 70)
     kernels.gemv_q4(out, x, packed, None)
-    _check(out, F.linear(x.double(), w.double()).float())
+    assert_gemv_close(out, F.linear(x.double(), w.double()).float())
 
 
 def test_gemv_q4_rejects_bad_inputs() -> None:

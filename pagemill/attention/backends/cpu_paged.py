@@ -54,8 +54,7 @@ class CpuPagedAttention(TorchPagedAttention):
         k_blocks = k_cache.view(k_cache.shape[0], layer.num_kv_heads, layer.head_dim, bs)  # K stored transposed
         k_blocks[slots // bs, :, :, slots % bs] = k[:n].to(k_cache.dtype)
         v_cache.view(-1, layer.num_kv_heads, layer.head_dim).index_copy_(0, slots, v[:n].to(v_cache.dtype))
-        if k_cache.dtype != q.dtype:  # fresh prefills (SDPA on k, v) see the stored precision, as decodes do
-            k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)
+        k, v = self._as_stored(k, v, k_cache.dtype, md)
         out = torch.empty_like(q)
         self._attend(layer, q.contiguous(), k, v, k_cache, v_cache, md, out)
         return out
@@ -75,12 +74,17 @@ class CpuPagedAttention(TorchPagedAttention):
         v = torch.empty(t, layer.num_kv_heads, layer.head_dim)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         self.kernel.rope_and_cache(q, k, v, qkv.contiguous(), positions, cos, sin, k_cache, v_cache, md.slot_mapping)
-        if k_cache.dtype != torch.float32 and self._kernel_inputs(md)[0] < md.num_reqs:
-            # fresh prefills (SDPA on k, v) see the stored precision, as decodes do
-            k, v = k.to(k_cache.dtype).float(), v.to(v_cache.dtype).float()
+        k, v = self._as_stored(k, v, k_cache.dtype, md)
         out = torch.empty(t, layer.num_heads, layer.head_dim, dtype=out_dtype)
         self._attend(layer, q, k, v, k_cache, v_cache, md, out)
         return out
+
+    def _as_stored(self, k: torch.Tensor, v: torch.Tensor, cache_dtype: torch.dtype,
+                   md: CommonAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v rounded as the cache stores them, so fresh prefills (SDPA on k, v) see what decodes see."""
+        if cache_dtype == k.dtype or self._kernel_inputs(md)[0] == md.num_reqs:  # same dtype, or no fresh prefill
+            return k, v
+        return k.to(cache_dtype).to(k.dtype), v.to(cache_dtype).to(v.dtype)
 
     def _attend(self, layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, md: CommonAttentionMetadata, out: torch.Tensor) -> None:
