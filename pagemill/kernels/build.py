@@ -49,5 +49,13 @@ def load_kernels(verbose: bool = False) -> ModuleType | None:
     return _module
 
 
+def kernel_info() -> dict:
+    """What `pagemill env` reports about the kernels: active ISA variant, compiled / supported ones, build error."""
+    module = load_kernels()
+    return {"active": "native" if module is not None else None, "compiled": ["native"] if module else [],
+            "supported": [], "forced": os.environ.get("PAGEMILL_CPU_ISA"), "build_error": None if module else "failed",
+            "path": getattr(module, "__file__", None)}
+
+
 if __name__ == "__main__":
     print("built:", load_kernels(verbose=True) is not None)
