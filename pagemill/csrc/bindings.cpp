@@ -1,8 +1,273 @@
-// The Python module of pagemill's CPU kernels (plain pybind11: lower call overhead than torch.ops).
-#include "ops.h"
+// The Python module of pagemill's CPU kernels (plain pybind11: lower call overhead than torch.ops). Compiled with
+// baseline flags: it checks tensors, then calls the kernel table of the active ISA variant, chosen at import as
+// the best variant this CPU runs (set_isa switches it; PAGEMILL_CPU_ISA is applied by pagemill/kernels/build.py).
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+#include "packing.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#define PAGEMILL_X86 1
+#endif
+
+namespace {
+
+using pagemill::DType;
+using pagemill::KernelTable;
+
+#ifdef PAGEMILL_X86
+// CPUID feature bits, each counted only when the OS saves the registers it needs (XCR0).
+struct CpuFeatures {
+  bool avx2 = false, fma = false, f16c = false, avx512 = false, avx512vbmi = false, gfni = false;
+};
+
+CpuFeatures detect_cpu() {
+  CpuFeatures f;
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = c & (1u << 27), avx = c & (1u << 28);
+  uint64_t xcr0 = 0;
+  if (osxsave) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    xcr0 = (uint64_t(hi) << 32) | lo;
+  }
+  const bool os_avx = avx && (xcr0 & 0x6) == 0x6, os_avx512 = os_avx && (xcr0 & 0xE0) == 0xE0;
+  f.fma = os_avx && (c & (1u << 12));
+  f.f16c = os_avx && (c & (1u << 29));
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+    f.avx2 = os_avx && (b & (1u << 5));
+    f.avx512 = os_avx512 && (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) && (b & (1u << 31));  // F DQ BW VL
+    f.avx512vbmi = f.avx512 && (c & (1u << 1));
+    f.gfni = c & (1u << 8);
+  }
+  return f;
+}
+#endif
+
+struct Variant {
+  const char* name;
+  const KernelTable* (*table)();
+  bool supported;
+};
+
+// Best first.
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> all = [] {
+    std::vector<Variant> v;
+#ifdef PAGEMILL_X86
+    const CpuFeatures f = detect_cpu();
+    const bool avx2 = f.avx2 && f.fma && f.f16c;
+    v.push_back({"avx512_vbmi", pagemill::kernel_table_avx512_vbmi, avx2 && f.avx512 && f.avx512vbmi && f.gfni});
+    v.push_back({"avx512", pagemill::kernel_table_avx512, avx2 && f.avx512});
+    v.push_back({"avx2", pagemill::kernel_table_avx2, avx2});
+#endif
+    v.push_back({"generic", pagemill::kernel_table_generic, true});
+    return v;
+  }();
+  return all;
+}
+
+const KernelTable* best_table() {
+  for (const auto& v : variants())
+    if (v.supported) return v.table();
+  return pagemill::kernel_table_generic();
+}
+
+const KernelTable* active = best_table();
+
+std::string isa() { return active->name; }
+
+void set_isa(const std::string& name) {
+  std::string names;
+  for (const auto& v : variants()) {
+    if (v.name == name) {
+      TORCH_CHECK(v.supported, "kernel variant '", name, "' needs CPU features this machine lacks");
+      active = v.table();
+      return;
+    }
+    names += std::string(names.empty() ? "" : ", ") + v.name;
+  }
+  TORCH_CHECK(false, "unknown kernel variant '", name, "' (compiled: ", names, ")");
+}
+
+std::vector<std::string> compiled_isas() {
+  std::vector<std::string> out;
+  for (const auto& v : variants()) out.push_back(v.name);
+  return out;
+}
+
+std::vector<std::string> supported_isas() {
+  std::vector<std::string> out;
+  for (const auto& v : variants())
+    if (v.supported) out.push_back(v.name);
+  return out;
+}
+
+DType dtype_of(const torch::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::F32;
+    case at::kHalf: return DType::F16;
+    case at::kBFloat16: return DType::BF16;
+    default: TORCH_CHECK(false, what, ": unsupported dtype ", t.scalar_type());
+  }
+}
+
+int threads() { return at::get_num_threads(); }
+
+}  // namespace
+
+// out, q: [T, Hq, D] (q fp32; out fp32, fp16 or bf16: the dtype o_proj wants). k_cache, v_cache: [num_blocks,
+// block_size, Hk, D] extents (fp32, fp16 or bf16, contiguous); K blocks are stored transposed ([Hk, D, block_size]).
+void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                     torch::Tensor block_tables, torch::Tensor query_start_loc, torch::Tensor context_lens,
+                     double scale, int64_t window) {
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32, "paged_attention: q must be float32");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "paged_attention: K and V caches differ in dtype");
+  TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous());
+  TORCH_CHECK(block_tables.is_contiguous() && block_tables.scalar_type() == torch::kInt64);
+  TORCH_CHECK(query_start_loc.scalar_type() == torch::kInt64 && context_lens.scalar_type() == torch::kInt64);
+  pagemill::PagedAttentionArgs a;
+  a.T = q.size(0), a.Hq = q.size(1), a.D = q.size(2), a.BS = k_cache.size(1), a.Hk = k_cache.size(2);
+  a.MB = block_tables.size(1), a.B = context_lens.size(0), a.window = window;
+  TORCH_CHECK(a.Hq % a.Hk == 0 && out.numel() == q.numel(), "paged_attention: shape mismatch");
+  const int64_t* qsl = query_start_loc.data_ptr<int64_t>();
+  std::vector<int64_t> tok_req(a.T);
+  for (int64_t r = 0; r < a.B; ++r)
+    for (int64_t t = qsl[r]; t < qsl[r + 1]; ++t) tok_req[t] = r;
+  a.out = out.data_ptr(), a.out_dtype = dtype_of(out, "paged_attention out"), a.q = q.data_ptr<float>();
+  a.k_cache = k_cache.data_ptr(), a.v_cache = v_cache.data_ptr(), a.cache_dtype = dtype_of(k_cache, "paged_attention cache");
+  a.block_tables = block_tables.data_ptr<int64_t>(), a.query_start_loc = qsl;
+  a.context_lens = context_lens.data_ptr<int64_t>(), a.token_request = tok_req.data();
+  a.scale = static_cast<float>(scale), a.num_threads = threads();
+  active->paged_attention(a);
+}
+
+void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor weight, double eps) {
+  TORCH_CHECK(x.is_contiguous() && out.is_contiguous() && weight.is_contiguous());
+  TORCH_CHECK(weight.scalar_type() == at::kFloat, "rms_norm: weight must be float32");
+  const int64_t H = x.size(-1), T = x.numel() / H;
+  TORCH_CHECK(weight.numel() == H && out.numel() == x.numel(), "rms_norm: shape mismatch");
+  active->rms_norm(out.data_ptr(), dtype_of(out, "rms_norm out"), x.data_ptr(), dtype_of(x, "rms_norm x"),
+                   weight.data_ptr<float>(), T, H, static_cast<float>(eps), threads());
+}
+
+void fused_add_rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps) {
+  TORCH_CHECK(x.is_contiguous() && out.is_contiguous() && residual.is_contiguous() && weight.is_contiguous());
+  TORCH_CHECK(residual.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
+              "fused_add_rms_norm: residual and weight must be float32");
+  const int64_t H = x.size(-1), T = x.numel() / H;
+  TORCH_CHECK(weight.numel() == H && out.numel() == x.numel() && residual.numel() == x.numel(),
+              "fused_add_rms_norm: shape mismatch");
+  active->fused_add_rms_norm(out.data_ptr(), dtype_of(out, "fused_add_rms_norm out"), x.data_ptr(),
+                             dtype_of(x, "fused_add_rms_norm x"), residual.data_ptr<float>(), weight.data_ptr<float>(),
+                             T, H, static_cast<float>(eps), threads());
+}
+
+void silu_and_mul(torch::Tensor out, torch::Tensor x) {
+  TORCH_CHECK(x.is_contiguous() && out.is_contiguous());
+  const int64_t I = out.size(-1), T = out.numel() / I;
+  TORCH_CHECK(x.size(-1) == 2 * I && x.numel() == 2 * out.numel(), "silu_and_mul: input last dim must be 2 * output last dim");
+  active->silu_and_mul(out.data_ptr(), dtype_of(out, "silu_and_mul out"), x.data_ptr(), dtype_of(x, "silu_and_mul x"),
+                       T, I, threads());
+}
+
+void rope_and_cache(torch::Tensor q_out, torch::Tensor k_out, torch::Tensor v_out, torch::Tensor qkv,
+                    torch::Tensor positions, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
+                    torch::Tensor v_cache, torch::Tensor slot_mapping) {
+  TORCH_CHECK(qkv.is_contiguous() && q_out.is_contiguous() && k_out.is_contiguous() && v_out.is_contiguous());
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && cos.is_contiguous() && sin.is_contiguous());
+  TORCH_CHECK(q_out.scalar_type() == at::kFloat && k_out.scalar_type() == at::kFloat &&
+                  v_out.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
+              "rope_and_cache: q_out, k_out, v_out and cos/sin must be float32");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "rope_and_cache: K and V caches differ in dtype");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && slot_mapping.scalar_type() == at::kLong);
+  pagemill::RopeCacheArgs a;
+  a.T = q_out.size(0), a.Hq = q_out.size(1), a.D = q_out.size(2), a.Hk = k_out.size(1);
+  TORCH_CHECK(cos.size(1) == a.D && qkv.size(1) == (a.Hq + 2 * a.Hk) * a.D && a.D % 2 == 0,
+              "rope_and_cache: shape mismatch");
+  a.n_cached = slot_mapping.size(0), a.BS = k_cache.size(1);
+  TORCH_CHECK(a.n_cached <= a.T && positions.numel() >= a.T, "rope_and_cache: shape mismatch");
+  a.q_out = q_out.data_ptr<float>(), a.k_out = k_out.data_ptr<float>(), a.v_out = v_out.data_ptr<float>();
+  a.qkv = qkv.data_ptr(), a.qkv_dtype = dtype_of(qkv, "rope_and_cache qkv");
+  a.positions = positions.data_ptr<int64_t>(), a.cos = cos.data_ptr<float>(), a.sin = sin.data_ptr<float>();
+  a.k_cache = k_cache.data_ptr(), a.v_cache = v_cache.data_ptr(), a.cache_dtype = dtype_of(k_cache, "rope_and_cache cache");
+  a.slot_mapping = slot_mapping.data_ptr<int64_t>(), a.num_threads = threads();
+  active->rope_and_cache(a);
+}
+
+namespace {
+
+// The GEMV call's x as fp32 rows (a view when it already is) and its checked arguments.
+pagemill::GemvArgs gemv_args(const char* fn, torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& xf,
+                             int64_t K, int64_t tiles, const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, fn, ": x must be contiguous [M, K]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf, fn, ": x must be float32 or float16");
+  TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.size(0) == x.size(0), fn, ": out must be contiguous [M, N]");
+  TORCH_CHECK(out.scalar_type() == at::kFloat || out.scalar_type() == at::kHalf, fn, ": out must be float32 or float16");
+  TORCH_CHECK(out.size(1) <= tiles * kGemvTile, fn, ": out has more columns than the packed weight");
+  TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == out.size(1)),
+              fn, ": bias must be contiguous float32 [N]");
+  TORCH_CHECK(x.size(0) <= 16, fn, ": at most 16 rows");
+  pagemill::GemvArgs a;
+  a.out = out.data_ptr(), a.out_dtype = dtype_of(out, fn), a.x = xf.data_ptr<float>();
+  a.bias = bias ? bias->data_ptr<float>() : nullptr;
+  a.M = x.size(0), a.K = K, a.N = out.size(1), a.tiles = tiles, a.num_threads = threads();
+  return a;
+}
+
+torch::Tensor as_f32(const torch::Tensor& x) { return x.scalar_type() == at::kFloat ? x : x.to(at::kFloat).contiguous(); }
+
+}  // namespace
+
+void gemv_f16(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kGemvTile && packed.scalar_type() == at::kHalf &&
+                  packed.is_contiguous(), "gemv_f16: packed must come from pack_gemv_weight_f16");
+  const auto xf = as_f32(x);
+  const auto a = gemv_args("gemv_f16", out, x, xf, packed.size(1), packed.size(0), bias);
+  if (a.M == 0 || a.N == 0) return;
+  active->gemv_f16(a, reinterpret_cast<const uint16_t*>(packed.data_ptr<at::Half>()));
+}
+
+void gemv_int8(torch::Tensor out, torch::Tensor x, torch::Tensor packed_q, torch::Tensor scales,
+               c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(packed_q.dim() == 3 && packed_q.size(2) == kGemvTile && packed_q.scalar_type() == at::kChar &&
+                  packed_q.is_contiguous(), "gemv_int8: packed_q must come from pack_gemv_weight_int8");
+  const int64_t tiles = packed_q.size(0), Kp = packed_q.size(1), K = x.size(1);
+  TORCH_CHECK(scales.dim() == 3 && scales.size(0) == tiles && scales.size(2) == kGemvTile && scales.size(1) > 0 &&
+                  Kp % scales.size(1) == 0 && scales.scalar_type() == at::kFloat && scales.is_contiguous(),
+              "gemv_int8: scales must come from pack_gemv_weight_int8");
+  const int64_t G = Kp / scales.size(1);
+  TORCH_CHECK(K <= Kp && Kp - K < G, "gemv_int8: x has ", K, " columns, the packed weight ", Kp, " (padded)");
+  const auto xf = as_f32(x);
+  const auto a = gemv_args("gemv_int8", out, x, xf, K, tiles, bias);
+  if (a.M == 0 || a.N == 0) return;
+  active->gemv_int8(a, packed_q.data_ptr<int8_t>(), scales.data_ptr<float>(), Kp, G);
+}
+
+void gemv_q4(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias) {
+  constexpr int64_t dm_bytes = 4 * kGemvTile;
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.size(2) > dm_bytes && (packed.size(2) - dm_bytes) % kGemvTile == 0,
+              "gemv_q4: packed must come from pack_gemv_weight_q4");
+  const int64_t G = (packed.size(2) - dm_bytes) / kGemvTile * 2;
+  const auto xf = as_f32(x);
+  const auto a = gemv_args("gemv_q4", out, x, xf, packed.size(1) * G, packed.size(0), bias);
+  if (a.M == 0 || a.N == 0) return;
+  active->gemv_q4(a, packed.data_ptr<uint8_t>(), G);
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "Paged attention over the KV cache blocks (CPU, float32)");
+  m.def("isa", &isa, "The active kernel variant");
+  m.def("set_isa", &set_isa, "Switch the active kernel variant (one this CPU supports)", py::arg("name"));
+  m.def("compiled_isas", &compiled_isas, "Kernel variants built into this module, best first");
+  m.def("supported_isas", &supported_isas, "Compiled kernel variants this CPU can run, best first");
+  m.def("paged_attention", &paged_attention, "Paged attention over the KV cache blocks");
   m.def("rms_norm", &rms_norm, "out = RMSNorm(x) * weight");
   m.def("fused_add_rms_norm", &fused_add_rms_norm, "residual += x; out = RMSNorm(residual) * weight");
   m.def("silu_and_mul", &silu_and_mul, "out = silu(x[:, :I]) * x[:, I:]");

@@ -1,0 +1,82 @@
+// The boundary between the torch bindings (compiled once, baseline flags) and the ISA variants of the kernels
+// (compiled once per ISA with explicit flags, see pagemill/kernels/build.py). Plain C types only: the variants
+// include no torch header, so no inline function compiled for one ISA can leak into another through the linker.
+#pragma once
+#include <cstdint>
+
+namespace pagemill {
+
+enum class DType : int32_t { F32 = 0, F16 = 1, BF16 = 2 };
+
+// out, q: [T, Hq, D] (q fp32). Caches: [num_blocks, BS, Hk, D] extents; V blocks [BS, Hk, D], K blocks stored
+// transposed [Hk, D, BS]. block_tables [B, MB]; query_start_loc [B + 1]; context_lens [B] (tokens cached before
+// this step); token i of request r sits at position context_lens[r] + i - query_start_loc[r].
+struct PagedAttentionArgs {
+  void* out;
+  DType out_dtype;
+  const float* q;
+  const void* k_cache;
+  const void* v_cache;
+  DType cache_dtype;
+  const int64_t* block_tables;
+  const int64_t* query_start_loc;
+  const int64_t* context_lens;
+  const int64_t* token_request;  // [T]: the request of each token
+  int64_t T, B, Hq, Hk, D, BS, MB, window;
+  float scale;
+  int num_threads;
+};
+
+// q_out [T, Hq, D], k_out / v_out [T, Hk, D] fp32; qkv [T, (Hq + 2 Hk) D]; cos / sin [max_pos, D] fp32; the first
+// n_cached tokens are written to the cache slots (K transposed per block).
+struct RopeCacheArgs {
+  float* q_out;
+  float* k_out;
+  float* v_out;
+  const void* qkv;
+  DType qkv_dtype;
+  const int64_t* positions;
+  const float* cos;
+  const float* sin;
+  void* k_cache;
+  void* v_cache;
+  DType cache_dtype;
+  const int64_t* slot_mapping;
+  int64_t T, Hq, Hk, D, BS, n_cached;
+  int num_threads;
+};
+
+// out [M, N] (fp32 or fp16) = x [M, K] (fp32) W^T + bias; W packed in tiles of 64 output channels.
+struct GemvArgs {
+  void* out;
+  DType out_dtype;
+  const float* x;
+  const float* bias;  // nullptr: none
+  int64_t M, K, N, tiles;
+  int num_threads;
+};
+
+struct KernelTable {
+  const char* name;
+  void (*paged_attention)(const PagedAttentionArgs&);
+  void (*rms_norm)(void* out, DType out_dtype, const void* x, DType x_dtype, const float* weight, int64_t T,
+                   int64_t H, float eps, int num_threads);
+  void (*fused_add_rms_norm)(void* out, DType out_dtype, const void* x, DType x_dtype, float* residual,
+                             const float* weight, int64_t T, int64_t H, float eps, int num_threads);
+  void (*silu_and_mul)(void* out, DType out_dtype, const void* x, DType x_dtype, int64_t T, int64_t I,
+                       int num_threads);
+  void (*rope_and_cache)(const RopeCacheArgs&);
+  void (*gemv_f16)(const GemvArgs&, const uint16_t* packed);  // [tiles, K, 64] fp16 bits
+  // q [tiles, Kp, 64] int8, scales [tiles, Kp / G, 64] fp32
+  void (*gemv_int8)(const GemvArgs&, const int8_t* q, const float* scales, int64_t Kp, int64_t G);
+  // Q4_1 records [tiles, K / G, G / 2 * 64 + 256] bytes
+  void (*gemv_q4)(const GemvArgs&, const uint8_t* packed, int64_t G);
+};
+
+// One per compiled variant (see build.py); the bindings pick one at load time.
+const KernelTable* kernel_table_avx512_vbmi();
+const KernelTable* kernel_table_avx512();
+const KernelTable* kernel_table_avx2();
+const KernelTable* kernel_table_generic();
+
+}  // namespace pagemill

@@ -1,0 +1,320 @@
+// Small-M linear layers (y = x W^T + b, M = 1..16 rows) for decode: the weights are streamed once from memory, so
+// the kernels are "vertical" GEMVs over a packed layout that needs no horizontal reductions.
+//
+// Packed layout (the same for every ISA variant; packing.cpp writes it): W [N, K] -> tiles of NT = 64 output
+// channels, [N/NT (rounded up), K, NT], so a tile is one contiguous stream and each k step is one row of NT weights,
+// multiplied by the broadcast x[m][k] of each row m into register accumulators (fp32). Channels beyond N are zeros.
+//   fp16: [T, K, NT] float16.
+//   int8: q [T, Kp, NT] int8 and scales [T, Kp / G, NT] float32 (w = q * scale per channel and group of G).
+//   q4:   Q4_1 records, see the Q4 section below.
+#include "simd.h"
+
+namespace pagemill {
+namespace PAGEMILL_ISA {
+namespace {
+
+constexpr int64_t NT = 64;  // output channels per tile
+constexpr int NV = NT / W;  // vectors per row of a tile
+// Rows per register block and vectors per pass: MR x NVB accumulators + the weights and broadcasts in registers.
+constexpr int MR_MAX = W == 16 ? 6 : 3;
+template <int MR>
+constexpr int vectors_per_pass() {
+  return W == 16 || MR == 1 ? NV : 4;
+}
+constexpr int64_t KB = 256;  // k block when x has several row blocks: one tile block stays in L1
+
+// Software prefetch across 4 KiB pages, which the hardware streamers do not cross: per core, it gives ~20% more
+// DRAM bandwidth at M = 1. Distances are in bytes ahead of row k; measured on the per-token weight set.
+struct F16W {
+  const f16* w;
+  inline vf load(int64_t k, int v) const { return vload(w + k * NT + v * W); }
+  inline void prefetch(int64_t k) const {  // a row is 2 lines
+    const char* p = reinterpret_cast<const char*>(w + k * NT) + 8192;
+    prefetch_l2(p);
+    prefetch_l2(p + 64);
+  }
+};
+
+struct I8W {
+  const int8_t* w;
+  inline vf load(int64_t k, int v) const { return vload_i8(w + k * NT + v * W); }
+  inline void prefetch(int64_t k) const {  // a row is 1 line
+    const char* p = reinterpret_cast<const char*>(w + k * NT);
+    prefetch_l1(p + 2048);
+    prefetch_l2(p + 16384);
+  }
+};
+
+// acc[m][v0 W : (v0 + NVB) W] (+)= scale * sum_{k0<=k<k1} x[m][k] * W[k][...] for MR rows of x (row stride ldx).
+// scale == nullptr means 1; first == true overwrites acc instead of adding.
+template <int MR, int NVB, class Wt>
+inline void block(const Wt& w, const float* x, int64_t ldx, int64_t k0, int64_t k1, float* acc, const float* scale,
+                  bool first, int v0) {
+  vf c[MR][NVB];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NVB; ++v) c[m][v] = vzero();
+  for (int64_t k = k0; k < k1; ++k) {
+    if (v0 == 0) w.prefetch(k);
+    vf xm[MR];
+    for (int m = 0; m < MR; ++m) xm[m] = vset(x[m * ldx + k]);
+    for (int v = 0; v < NVB; ++v) {
+      const vf b = w.load(k, v0 + v);
+      for (int m = 0; m < MR; ++m) c[m][v] = vfma(b, xm[m], c[m][v]);
+    }
+  }
+  for (int v = 0; v < NVB; ++v) {
+    const vf s = scale ? vload(scale + (v0 + v) * W) : vset(1.0f);
+    for (int m = 0; m < MR; ++m) {
+      float* a = acc + m * NT + (v0 + v) * W;
+      vstore(a, vfma(c[m][v], s, first ? vzero() : vload(a)));
+    }
+  }
+}
+
+template <class Wt>
+inline void block_rows(int mr, const Wt& w, const float* x, int64_t ldx, int64_t k0, int64_t k1, float* acc,
+                       const float* scale, bool first) {
+  with_static_count<MR_MAX>(mr, [&](auto r) {
+    constexpr int MR = decltype(r)::value, NVB = vectors_per_pass<MR>();
+    for (int v0 = 0; v0 < NV; v0 += NVB) block<MR, NVB>(w, x, ldx, k0, k1, acc, scale, first, v0);
+  });
+}
+
+// out[:, tile t's channels] = acc (M rows of NT fp32) + bias; padding channels are dropped.
+void store_tile(const GemvArgs& a, const float* acc, int64_t t) {
+  const int64_t n0 = t * NT, nn = imin(NT, a.N - n0);
+  for (int64_t c = 0; c < nn; c += W) {
+    const int64_t live = nn - c;
+    const vf b = a.bias ? vloadn(a.bias + n0 + c, live) : vzero();
+    for (int64_t m = 0; m < a.M; ++m) {
+      const vf y = vadd(vload(acc + m * NT + c), b);
+      const int64_t o = m * a.N + n0 + c;
+      if (a.out_dtype == DType::F16)
+        vstoren(static_cast<f16*>(a.out) + o, y, live);
+      else
+        vstoren(static_cast<float*>(a.out) + o, y, live);
+    }
+  }
+}
+
+// Runs every tile of y = x W^T + b. `make(t)` gives tile t's weight stream; `scales(t, k)` the scales of the group
+// holding k (nullptr for unscaled weights), constant over [k, next_group(k)).
+template <class MakeW, class Scales, class NextGroup>
+void run(const GemvArgs& a, MakeW make, Scales scales, NextGroup next_group) {
+  const int64_t M = a.M, K = a.K;
+  const int64_t nblk = (M + MR_MAX - 1) / MR_MAX;
+  const int64_t mr = (M + nblk - 1) / nblk;  // balanced row blocks: 8 rows = 4 + 4, not 6 + 2
+  const int64_t kb = nblk == 1 ? K : KB;     // one row block reads each weight once anyway
+  parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
+    alignas(64) float acc[16 * NT];
+    for (int64_t t = t0; t < t1; ++t) {
+      const auto w = make(t);
+      for (int64_t k0 = 0; k0 < K;) {
+        const int64_t k1 = imin(imin(k0 + kb, K), next_group(k0));
+        for (int64_t m0 = 0; m0 < M; m0 += mr)
+          block_rows(int(imin(mr, M - m0)), w, a.x + m0 * K, K, k0, k1, acc + m0 * NT, scales(t, k0), k0 == 0);
+        k0 = k1;
+      }
+      store_tile(a, acc, t);
+    }
+  });
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Q4_1 weights (GGUF's 4-bit format): per (output channel, group of G along K), w = d * q + m with q in 0..15 and
+// fp16 d >= 0, m. Packed: uint8 [T, K / G, R] with R = G / 2 * NT + 4 * NT bytes: for each tile and group one
+// contiguous record of G / 2 pair rows of NT bytes (byte c of pair row i = q[2i][c] | q[2i + 1][c] << 4), then d as
+// NT fp16, then m as NT fp16.
+// The weights are unpacked as f = 1 + q / 16 (a float built by bit placement, no int -> float conversion), so
+// sum_k x_k w_k = 16 d * sum_k x_k f_k + (m - 16 d) * sum_k x_k, with the per-row group sums of x computed once.
+constexpr int64_t Q4_DM = 4 * NT;  // bytes of a record's d and m
+constexpr int MRQ_MAX = W == 16 ? 4 : 2;
+
+#if defined(__AVX512VBMI__) && defined(__GFNI__)
+// A pair row (NT bytes, two nibbles each) -> 2 x NV vectors of f = 1 + q / 16: a GF(2) affine map moves each byte's
+// low (high) nibble to bits 3..6 and sets bit 7, then a byte permute, merge-masked into 0x3F000000, makes each dword
+// [0, 0, that byte, 0x3F]: the float bits 0x3F800000 | q << 19. Single-source vpermb issues every cycle on the
+// CPUs measured, the two-table vpermt2b only every other: ~4.4 cycles per 64 weights (M = 1), L1-resident.
+struct Q4Unpack {
+  __m512i lo_mat, hi_mat, exponent, idx[NV];
+  static constexpr __mmask64 kByte2 = 0x4444444444444444ULL;
+  Q4Unpack() {
+    uint64_t lo = 0, hi = 0;
+    for (int i = 3; i <= 6; ++i) {  // output bit i <- input bit i - 3 (+ 4): row 7 - i of the matrix
+      lo |= uint64_t(1) << (i - 3) << (8 * (7 - i));
+      hi |= uint64_t(1) << (i + 1) << (8 * (7 - i));
+    }
+    lo_mat = _mm512_set1_epi64(static_cast<long long>(lo));
+    hi_mat = _mm512_set1_epi64(static_cast<long long>(hi));
+    exponent = _mm512_set1_epi32(0x3F000000);
+    alignas(64) uint8_t ix[64] = {};
+    for (int v = 0; v < NV; ++v) {
+      for (int j = 0; j < 16; ++j) ix[4 * j + 2] = static_cast<uint8_t>(16 * v + j);
+      idx[v] = _mm512_load_si512(ix);
+    }
+  }
+  struct Row {
+    __m512i even, odd;
+  };
+  inline Row row(const uint8_t* p) const {
+    const __m512i raw = _mm512_loadu_si512(p);
+    return {_mm512_gf2p8affine_epi64_epi8(raw, lo_mat, 0x80), _mm512_gf2p8affine_epi64_epi8(raw, hi_mat, 0x80)};
+  }
+  inline vf get(const __m512i& bytes, int v) const {
+    return _mm512_castsi512_ps(_mm512_mask_permutexvar_epi8(exponent, kByte2, idx[v], bytes));
+  }
+  inline vf even(const Row& r, int v) const { return get(r.even, v); }
+  inline vf odd(const Row& r, int v) const { return get(r.odd, v); }
+};
+#elif defined(__AVX512F__)
+// AVX-512F form: bytes -> dwords, nibble shifted to bits 19..22, exponent bits or'ed in.
+struct Q4Unpack {
+  struct Row {
+    const uint8_t* p;
+  };
+  inline Row row(const uint8_t* p) const { return {p}; }
+  static inline __m512i bytes(const Row& r, int v) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.p + W * v)));
+  }
+  static inline vf place(__m512i shifted) {  // (shifted & 0x00780000) | 0x3F800000
+    return _mm512_castsi512_ps(
+        _mm512_ternarylogic_epi32(shifted, _mm512_set1_epi32(0x00780000), _mm512_set1_epi32(0x3F800000), 0xEA));
+  }
+  inline vf even(const Row& r, int v) const { return place(_mm512_slli_epi32(bytes(r, v), 19)); }
+  inline vf odd(const Row& r, int v) const { return place(_mm512_slli_epi32(bytes(r, v), 15)); }
+};
+#elif defined(__AVX2__)
+// AVX2 form of the same bit placement, 8 channels per vector.
+struct Q4Unpack {
+  __m256i nibble = _mm256_set1_epi32(0x00780000), one = _mm256_set1_epi32(0x3F800000);
+  struct Row {
+    const uint8_t* p;
+  };
+  inline Row row(const uint8_t* p) const { return {p}; }
+  static inline __m256i bytes(const Row& r, int v) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r.p + W * v)));
+  }
+  inline vf place(__m256i shifted) const {
+    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(shifted, nibble), one));
+  }
+  inline vf even(const Row& r, int v) const { return place(_mm256_slli_epi32(bytes(r, v), 19)); }
+  inline vf odd(const Row& r, int v) const { return place(_mm256_slli_epi32(bytes(r, v), 15)); }
+};
+#else
+struct Q4Unpack {
+  struct Row {
+    const uint8_t* p;
+  };
+  inline Row row(const uint8_t* p) const { return {p}; }
+  static inline vf unpack(const uint8_t* p, int shift) {
+    vf r;
+    for (int i = 0; i < W; ++i) r.v[i] = 1.0f + float((p[i] >> shift) & 15) * 0.0625f;
+    return r;
+  }
+  inline vf even(const Row& r, int v) const { return unpack(r.p + W * v, 0); }
+  inline vf odd(const Row& r, int v) const { return unpack(r.p + W * v, 4); }
+};
+#endif
+
+// acc[m][...] (+)= sum over groups [g0, g1) of one tile's records `rec` for MR rows of x (row stride ldx) and their
+// group sums sx (row stride ldsx), vectors [v0, v0 + NVB) of the tile; first == true overwrites acc.
+template <int MR, int NVB>
+inline void block_q4(const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G, int64_t g0, int64_t g1,
+                     const float* x, int64_t ldx, const float* sx, int64_t ldsx, float* acc, bool first, int v0) {
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* p = rec + g * R;
+    const float* xg = x + g * G;
+    vf c[MR][NVB];
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < NVB; ++v) c[m][v] = vzero();
+    for (int64_t i = 0; i < G / 2; ++i) {
+      const uint8_t* pi = p + i * NT;
+      if (v0 == 0) {
+        prefetch_l1(pi + 2048);
+        prefetch_l2(pi + 16384);
+      }
+      const auto r = u.row(pi);
+      for (int v = 0; v < NVB; ++v) {
+        const vf f = u.even(r, v0 + v);
+        for (int m = 0; m < MR; ++m) c[m][v] = vfma(f, vset(xg[m * ldx + 2 * i]), c[m][v]);
+      }
+      for (int v = 0; v < NVB; ++v) {
+        const vf f = u.odd(r, v0 + v);
+        for (int m = 0; m < MR; ++m) c[m][v] = vfma(f, vset(xg[m * ldx + 2 * i + 1]), c[m][v]);
+      }
+    }
+    const uint8_t* pdm = p + G / 2 * NT;
+    if (v0 == 0)
+      for (int l = 0; l < Q4_DM / 64; ++l) {  // the pair-row prefetches above skip the records' d/m lines
+        prefetch_l1(pdm + l * 64 + 2048);
+        prefetch_l2(pdm + l * 64 + 16384);
+      }
+    const f16* dm = reinterpret_cast<const f16*>(pdm);
+    for (int v = 0; v < NVB; ++v) {
+      const vf d16 = vmul(vload(dm + (v0 + v) * W), vset(16.0f));
+      const vf m16 = vsub(vload(dm + NT + (v0 + v) * W), d16);
+      for (int m = 0; m < MR; ++m) {
+        float* a = acc + m * NT + (v0 + v) * W;
+        vf y = first && g == g0 ? vzero() : vload(a);
+        y = vfma(c[m][v], d16, y);
+        vstore(a, vfma(vset(sx[m * ldsx + g]), m16, y));
+      }
+    }
+  }
+}
+
+inline void block_q4_rows(int mr, const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G, int64_t g0,
+                          int64_t g1, const float* x, int64_t ldx, const float* sx, int64_t ldsx, float* acc,
+                          bool first) {
+  with_static_count<MRQ_MAX>(mr, [&](auto r) {
+    constexpr int MR = decltype(r)::value, NVB = vectors_per_pass<MR>();
+    for (int v0 = 0; v0 < NV; v0 += NVB) block_q4<MR, NVB>(u, rec, R, G, g0, g1, x, ldx, sx, ldsx, acc, first, v0);
+  });
+}
+
+}  // namespace
+
+void gemv_f16(const GemvArgs& a, const uint16_t* packed) {
+  const f16* wp = reinterpret_cast<const f16*>(packed);
+  const int64_t K = a.K;
+  run(a, [&](int64_t t) { return F16W{wp + t * K * NT}; }, [](int64_t, int64_t) -> const float* { return nullptr; },
+      [&](int64_t) { return K; });
+}
+
+void gemv_int8(const GemvArgs& a, const int8_t* q, const float* scales, int64_t Kp, int64_t G) {
+  const int64_t ng = Kp / G;
+  run(a, [&](int64_t t) { return I8W{q + t * Kp * NT}; },
+      [&](int64_t t, int64_t k) { return scales + (t * ng + k / G) * NT; }, [&](int64_t k) { return (k / G + 1) * G; });
+}
+
+void gemv_q4(const GemvArgs& a, const uint8_t* packed, int64_t G) {
+  const int64_t M = a.M, K = a.K, ng = K / G, R = G / 2 * NT + Q4_DM;
+  Scratch sx_buf;
+  float* sx = sx_buf.get(M * ng);  // per-row group sums of x
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < ng; ++g) {
+      float s = 0.0f;
+      for (int64_t k = 0; k < G; ++k) s += a.x[m * K + g * G + k];
+      sx[m * ng + g] = s;
+    }
+  const int64_t nblk = (M + MRQ_MAX - 1) / MRQ_MAX;
+  const int64_t mr = (M + nblk - 1) / nblk;
+  const int64_t gb = nblk == 1 ? ng : imax(1, KB / G);  // k blocks of ~KB: the tile block stays in L1
+  parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
+    const Q4Unpack u;
+    alignas(64) float acc[16 * NT];
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint8_t* rec = packed + t * ng * R;
+      for (int64_t g0 = 0; g0 < ng; g0 += gb) {
+        const int64_t g1 = imin(ng, g0 + gb);
+        for (int64_t m0 = 0; m0 < M; m0 += mr)
+          block_q4_rows(int(imin(mr, M - m0)), u, rec, R, G, g0, g1, a.x + m0 * K, K, sx + m0 * ng, ng,
+                        acc + m0 * NT, g0 == 0);
+      }
+      store_tile(a, acc, t);
+    }
+  });
+}
+
+}  // namespace PAGEMILL_ISA
+}  // namespace pagemill

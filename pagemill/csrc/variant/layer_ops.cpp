@@ -1,0 +1,145 @@
+// Fused per-layer elementwise ops of a Llama block (vLLM's CPU layernorm / activation / pos_encoding +
+// reshape_and_cache): each replaces 5-25 small torch ops, whose dispatch cost dominated small batches.
+// All math is fp32; inputs and outputs may be fp32, fp16 or bf16 (the dtype the next matmul wants).
+#include "simd.h"
+
+namespace pagemill {
+namespace PAGEMILL_ISA {
+namespace {
+
+// Rows per thread range such that tiny batches run inline (no thread wake-up).
+int64_t row_grain(int64_t row_elems) { return imax(1, 32768 / imax(1, row_elems)); }
+
+// out = weight * (x * rsqrt(mean(x^2) + eps)), over one row of H.
+template <typename O>
+inline void norm_row(O* out, const float* x, const float* w, int64_t H, float eps) {
+  vf acc = vzero();
+  for (int64_t i = 0; i < H; i += W) {
+    const vf v = vloadn(x + i, H - i);
+    acc = vfma(v, v, acc);
+  }
+  const vf inv = vset(1.0f / sqrtf(vsum(acc) / float(H) + eps));
+  for (int64_t i = 0; i < H; i += W)
+    vstoren(out + i, vmul(vloadn(w + i, H - i), vmul(vloadn(x + i, H - i), inv)), H - i);
+}
+
+template <typename O, typename X>
+inline void copy_row(O* out, const X* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += W) vstoren(out + i, vloadn(x + i, n - i), n - i);
+}
+
+// g = silu(g) * u, vectorised (libmvec expf).
+inline void silu_mul_inplace(float* __restrict g, const float* __restrict u, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+// HF's rotate_half RoPE on one head of D: out[i] = x[i] c[i] - x[i+h] s[i]; out[i+h] = x[i+h] c[i+h] + x[i] s[i+h].
+template <typename X>
+inline void rope_head(float* out, const X* x, const float* c, const float* s, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < half; i += W) {
+    const int64_t n = half - i;
+    const vf x1 = vloadn(x + i, n), x2 = vloadn(x + half + i, n);
+    vstoren(out + i, vfnma(x2, vloadn(s + i, n), vmul(x1, vloadn(c + i, n))), n);
+    vstoren(out + half + i, vfma(x1, vloadn(s + half + i, n), vmul(x2, vloadn(c + half + i, n))), n);
+  }
+}
+
+}  // namespace
+
+void rms_norm(void* out, DType out_dtype, const void* x, DType x_dtype, const float* w, int64_t T, int64_t H,
+              float eps, int num_threads) {
+  with_float_type(x_dtype, [&](auto xt) {
+    with_float_type(out_dtype, [&](auto ot) {
+      using X = decltype(xt);
+      using O = decltype(ot);
+      const X* xp = static_cast<const X*>(x);
+      O* op = static_cast<O*>(out);
+      parallel_for(T, row_grain(H), num_threads, [&](int64_t b, int64_t e) {
+        Scratch row;
+        float* r = row.get(H);
+        for (int64_t t = b; t < e; ++t) {
+          copy_row(r, xp + t * H, H);
+          norm_row(op + t * H, r, w, H, eps);
+        }
+      });
+    });
+  });
+}
+
+void fused_add_rms_norm(void* out, DType out_dtype, const void* x, DType x_dtype, float* residual, const float* w,
+                        int64_t T, int64_t H, float eps, int num_threads) {
+  with_float_type(x_dtype, [&](auto xt) {
+    with_float_type(out_dtype, [&](auto ot) {
+      using X = decltype(xt);
+      using O = decltype(ot);
+      const X* xp = static_cast<const X*>(x);
+      O* op = static_cast<O*>(out);
+      parallel_for(T, row_grain(H), num_threads, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          float* r = residual + t * H;
+          for (int64_t i = 0; i < H; i += W)
+            vstoren(r + i, vadd(vloadn(r + i, H - i), vloadn(xp + t * H + i, H - i)), H - i);
+          norm_row(op + t * H, r, w, H, eps);
+        }
+      });
+    });
+  });
+}
+
+void silu_and_mul(void* out, DType out_dtype, const void* x, DType x_dtype, int64_t T, int64_t I, int num_threads) {
+  with_float_type(x_dtype, [&](auto xt) {
+    with_float_type(out_dtype, [&](auto ot) {
+      using X = decltype(xt);
+      using O = decltype(ot);
+      const X* xp = static_cast<const X*>(x);
+      O* op = static_cast<O*>(out);
+      parallel_for(T, row_grain(2 * I), num_threads, [&](int64_t b, int64_t e) {
+        Scratch buf;
+        float* gate = buf.get(2 * I);
+        float* up = gate + I;
+        for (int64_t t = b; t < e; ++t) {
+          copy_row(gate, xp + t * 2 * I, 2 * I);
+          silu_mul_inplace(gate, up, I);
+          copy_row(op + t * I, gate, I);
+        }
+      });
+    });
+  });
+}
+
+void rope_and_cache(const RopeCacheArgs& a) {
+  const int64_t T = a.T, Hq = a.Hq, Hk = a.Hk, D = a.D, BS = a.BS, Wd = (Hq + 2 * Hk) * D;
+  with_float_type(a.cache_dtype, [&](auto ct) {
+    with_float_type(a.qkv_dtype, [&](auto xt) {
+      using C = decltype(ct);
+      using X = decltype(xt);
+      const X* xp = static_cast<const X*>(a.qkv);
+      C* kc = static_cast<C*>(a.k_cache);
+      C* vc = static_cast<C*>(a.v_cache);
+      parallel_for(T, row_grain(Wd), a.num_threads, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          const X* row = xp + t * Wd;
+          const float* c = a.cos + a.positions[t] * D;
+          const float* s = a.sin + a.positions[t] * D;
+          for (int64_t h = 0; h < Hq; ++h) rope_head(a.q_out + (t * Hq + h) * D, row + h * D, c, s, D);
+          for (int64_t h = 0; h < Hk; ++h) {
+            rope_head(a.k_out + (t * Hk + h) * D, row + (Hq + h) * D, c, s, D);
+            copy_row(a.v_out + (t * Hk + h) * D, row + (Hq + Hk + h) * D, D);
+          }
+          if (t < a.n_cached) {  // K blocks are stored transposed, [Hk, D, BS], for the attention kernel
+            const int64_t slot = a.slot_mapping[t], blk = slot / BS, off = slot % BS;
+            C* kb = kc + blk * BS * Hk * D + off;
+            const float* kr = a.k_out + t * Hk * D;
+            for (int64_t i = 0; i < Hk * D; ++i) from_f32(kb + i * BS, kr[i]);
+            copy_row(vc + slot * Hk * D, a.v_out + t * Hk * D, Hk * D);
+          }
+        }
+      });
+    });
+  });
+}
+
+}  // namespace PAGEMILL_ISA
+}  // namespace pagemill
