@@ -25,6 +25,34 @@ SMOL_PROMPTS = [
 ]
 
 
+def kernel_isas() -> list[str]:
+    """Kernel variants to test: the forced one (PAGEMILL_CPU_ISA), else every one this CPU runs; [] if not built."""
+    from pagemill.kernels import load_kernels
+
+    kernels = load_kernels()
+    if kernels is None:
+        return []
+    forced = os.environ.get("PAGEMILL_CPU_ISA", "").strip().lower()
+    return [kernels.isa()] if forced not in ("", "auto") else list(kernels.supported_isas())
+
+
+@pytest.fixture(params=kernel_isas() or ["unbuilt"])
+def kernel_isa(request):
+    """Runs the test once per kernel variant (the variant active meanwhile); once with no kernels if unbuilt."""
+    from pagemill.kernels import load_kernels
+
+    kernels = load_kernels()
+    if kernels is None:
+        yield None
+        return
+    previous = kernels.isa()
+    kernels.set_isa(request.param)
+    try:
+        yield request.param
+    finally:
+        kernels.set_isa(previous)
+
+
 @pytest.fixture(scope="session")
 def smol_path() -> str:
     """Path of the embedded SmolLM2-135M-Instruct GGUF."""

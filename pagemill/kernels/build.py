@@ -59,10 +59,11 @@ def _binding_sources() -> list[str]:
 
 
 def build_dir() -> str:
-    """Where this source tree's build lives: a hash of the sources, torch, Python and the machine type."""
+    """Where this source tree's build lives: a hash of the sources, flags, torch, Python and the machine type."""
     import torch
 
-    digest = hashlib.sha256(f"{torch.__version__}|{sys.version_info[:2]}|{platform.machine()}".encode())
+    flags = f"{variant_flags()}|{_VARIANT_CFLAGS}"
+    digest = hashlib.sha256(f"{torch.__version__}|{sys.version_info[:2]}|{platform.machine()}|{flags}".encode())
     for path in sorted(glob.glob(os.path.join(_CSRC, "**", "*"), recursive=True)):
         if os.path.isfile(path):
             with open(path, "rb") as f:
@@ -128,11 +129,22 @@ def build(verbose: bool = False) -> str:
 
 
 def cross_check(cxx: str) -> None:
-    """Compile the portable variant (and only it: the x86 ones need x86) with another compiler, objects only."""
+    """Compile the portable variant and the bindings with another compiler (e.g. for aarch64), objects only."""
+    import sysconfig
     import tempfile
+
+    from torch.utils.cpp_extension import include_paths
 
     with tempfile.TemporaryDirectory() as tmp:
         compile_variants(cxx, {"generic": []}, tmp)
+        includes = [f"-I{p}" for p in (*include_paths(), sysconfig.get_paths()["include"], _CSRC)]
+        for src in _binding_sources():
+            obj = os.path.join(tmp, os.path.basename(src) + ".o")
+            cmd = [cxx, "-c", "-O1", "-fPIC", "-std=c++17", *includes, f"-DTORCH_EXTENSION_NAME={MODULE_NAME}",
+                   "-DTORCH_API_INCLUDE_EXTENSION_H", src, "-o", obj]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)}\n{proc.stderr[-4000:]}")
 
 
 def _first_line(text: str) -> str:

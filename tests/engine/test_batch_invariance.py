@@ -44,7 +44,7 @@ def _check(llm: LLM, prompts: list[list[int]], reference: dict[int, list[int]]) 
     assert pool.get_num_free_blocks() == pool.num_blocks - 1  # nothing leaked
 
 
-def test_batch_of_32(smol_llm, batch_prompts, reference):
+def test_batch_of_32(smol_llm, batch_prompts, reference, kernel_isa):
     _check(smol_llm, batch_prompts, reference)
 
 

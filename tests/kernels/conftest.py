@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+
+
+@pytest.fixture(autouse=True)
+def _every_kernel_variant(kernel_isa):
+    """Every kernel test runs on each ISA variant this CPU can execute."""
+    yield
 
 
 def assert_gemv_close(out: torch.Tensor, ref: torch.Tensor) -> None:

@@ -11,13 +11,19 @@ from tests.conftest import SMOL_PROMPTS, hf_greedy
 pytestmark = pytest.mark.slow
 
 
-def test_smollm2_gguf_batch_matches_hf(smol_llm, smol_hf):
+@pytest.fixture(scope="module")
+def smol_reference(smol_hf) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, HF greedy 64 tokens) for the SmolLM2 prompts, computed once for every kernel variant."""
     hf_model, tok = smol_hf
     prompts = [tok.encode(p) for p in SMOL_PROMPTS]
-    outs = smol_llm.generate([{"prompt_token_ids": p} for p in prompts],
+    return [(p, hf_greedy(hf_model, p, 64)) for p in prompts]
+
+
+def test_smollm2_gguf_batch_matches_hf(smol_llm, smol_reference, kernel_isa):
+    outs = smol_llm.generate([{"prompt_token_ids": p} for p, _ in smol_reference],
                              SamplingParams(temperature=0, max_tokens=64, ignore_eos=True), use_tqdm=False)
-    for p, o in zip(prompts, outs):
-        assert o.outputs[0].token_ids == hf_greedy(hf_model, p, 64), tok.decode(p)
+    for (p, ref), o in zip(smol_reference, outs):
+        assert o.outputs[0].token_ids == ref, (kernel_isa, p)
 
 
 def test_smollm2_chat_answer(smol_llm):
@@ -28,7 +34,7 @@ def test_smollm2_chat_answer(smol_llm):
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
-def test_tiny_random_models_match_hf(kind, tiny_models, smol_hf):
+def test_tiny_random_models_match_hf(kind, tiny_models, smol_hf, kernel_isa):
     from transformers import AutoModelForCausalLM
 
     path = tiny_models[kind]
