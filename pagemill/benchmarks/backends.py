@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any, Callable, Protocol, Sequence
 
-BACKENDS = ("pagemill", "hf")
+BACKENDS = ("pagemill", "hf", "llama.cpp")
 
 
 class Backend(Protocol):
@@ -24,12 +24,62 @@ class Backend(Protocol):
         ...
 
 
-def make_backend(name: str, args: argparse.Namespace, model: str,
-                 hf_batch_size: int) -> tuple[Backend, float]:
-    """Build backend `name` for `model`; return it and its load time in seconds."""
+def default_max_num_seqs(args: argparse.Namespace) -> int:
+    """--max-num-seqs, else the engine's default."""
+    if getattr(args, "max_num_seqs", None):
+        return int(args.max_num_seqs)
+    try:
+        from pagemill.config import EngineArgs
+
+        return int(EngineArgs.max_num_seqs)
+    except (ImportError, AttributeError):
+        return 128
+
+
+def peer_threads(args: argparse.Namespace) -> int:
+    """Threads for llama.cpp: --llama-cpp-threads, else --threads, else torch's thread count."""
+    if getattr(args, "llama_cpp_threads", None):
+        return int(args.llama_cpp_threads)
+    if getattr(args, "threads", None):
+        return int(args.threads)
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _make_llama_cpp(args: argparse.Namespace, model: str,
+                    requests: Sequence[tuple[int, int]] | None) -> Any:
+    from pagemill.benchmarks.llama_cpp_backend import (LlamaBatchedBenchBackend, LlamaServerBackend,
+                                                       choose_mode)
+
+    if not model.endswith(".gguf"):
+        raise ValueError(f"--compare llama.cpp needs a GGUF model, got {model!r}")
+    requests = list(requests or [])
+    mode = choose_mode(getattr(args, "llama_cpp_mode", "auto"), [p for p, _ in requests],
+                       [o for _, o in requests], default_max_num_seqs(args))
+    threads = peer_threads(args)
+    if mode == "batched-bench":
+        from pagemill.benchmarks.llama_cpp import find_binary
+
+        find_binary("llama-batched-bench")  # fail now, with the build command, not mid-run
+        return LlamaBatchedBenchBackend(model, threads)
+    parallel = max(1, min(len(requests) or 1, getattr(args, "llama_cpp_parallel", None)
+                          or default_max_num_seqs(args)))
+    per_slot = max((p + o for p, o in requests), default=2048) + 16
+    return LlamaServerBackend(model, threads, parallel, per_slot)
+
+
+def make_backend(name: str, args: argparse.Namespace, model: str, hf_batch_size: int,
+                 requests: Sequence[tuple[int, int]] | None = None) -> tuple[Backend, float]:
+    """Build backend `name` for `model`; return it and its load time in seconds.
+
+    `requests` ((prompt len, output len) per request) sizes the llama.cpp peer and picks its mode.
+    """
     start = time.perf_counter()
     backend: Any
-    if name == "pagemill":
+    if name == "llama.cpp":
+        backend = _make_llama_cpp(args, model, requests)
+    elif name == "pagemill":
         from pagemill.benchmarks.pagemill_backend import PagemillBackend, engine_kwargs
 
         backend = PagemillBackend(engine_kwargs(args, model))
@@ -42,6 +92,14 @@ def make_backend(name: str, args: argparse.Namespace, model: str,
     return backend, time.perf_counter() - start
 
 
+def apply_peer_defaults(args: argparse.Namespace) -> None:
+    """With `--compare llama.cpp`, pagemill's prefix cache is off unless asked for: every timed run
+    repeats the same prompts, and llama.cpp's runs never reuse a cached prompt (fresh
+    llama-batched-bench processes; `cache_prompt: false` to llama-server)."""
+    if "llama.cpp" in (args.backend, args.compare) and getattr(args, "enable_prefix_caching", None) is None:
+        args.enable_prefix_caching = False
+
+
 def backend_order(args: argparse.Namespace) -> list[str]:
     """The backend under test first, then the `--compare` baseline if different."""
     names = [args.backend]
@@ -50,11 +108,16 @@ def backend_order(args: argparse.Namespace) -> list[str]:
     return names
 
 
-def backend_label(name: str, args: argparse.Namespace, hf_batch_size: int) -> str:
+def backend_label(name: str, args: argparse.Namespace, hf_batch_size: int,
+                  backend: Any = None) -> str:
     """Short description of a backend's configuration for tables and JSON."""
+    if backend is not None and callable(getattr(backend, "describe", None)):
+        return backend.describe()
     if name == "hf":
         return f"hf transformers float32 generate, static batches of {hf_batch_size}"
-    return f"pagemill LLM, dtype={args.dtype or 'engine default'}"
+    caching = {None: "", True: ", prefix caching on", False: ", prefix caching off"}
+    return (f"pagemill LLM, dtype={args.dtype or 'engine default'}"
+            f"{caching[getattr(args, 'enable_prefix_caching', None)]}")
 
 
 def add_backend_args(parser: argparse.ArgumentParser, hf_batch_default: int | None) -> None:
@@ -66,13 +129,23 @@ def add_backend_args(parser: argparse.ArgumentParser, hf_batch_default: int | No
                         help="also run this baseline on the same requests and print the ratio")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch.set_num_threads before loading (default: torch's choice)")
+    g = parser.add_argument_group("llama.cpp peer (--compare llama.cpp)")
+    g.add_argument("--llama-cpp-mode", default="auto", choices=("auto", "batched-bench", "server"),
+                   help="batched-bench: llama-batched-bench timings (fixed lengths only); server: "
+                        "llama-server, all requests at once; auto: batched-bench when lengths are fixed "
+                        "and the requests fit one batch of --max-num-seqs")
+    g.add_argument("--llama-cpp-threads", type=int, default=None,
+                   help="llama.cpp threads (default: --threads, else torch's thread count)")
+    g.add_argument("--llama-cpp-parallel", type=int, default=None,
+                   help="llama-server slots (default: min(requests, --max-num-seqs or the engine default))")
     if hf_batch_default is not None:
         parser.add_argument("--hf-batch-size", type=int, default=hf_batch_default,
                             help="static batch size of the hf backend")
 
 
-def load_backends(names: Sequence[str], args: argparse.Namespace, model: str,
-                  hf_batch_size: int) -> tuple[dict[str, Backend], dict[str, float]]:
+def load_backends(names: Sequence[str], args: argparse.Namespace, model: str, hf_batch_size: int,
+                  requests: Sequence[tuple[int, int]] | None = None
+                  ) -> tuple[dict[str, Backend], dict[str, float]]:
     """Load every named backend up front (so timed runs can interleave); also their load times."""
     if getattr(args, "threads", None):
         import torch
@@ -82,7 +155,7 @@ def load_backends(names: Sequence[str], args: argparse.Namespace, model: str,
     load_s: dict[str, float] = {}
     try:
         for name in names:
-            backends[name], load_s[name] = make_backend(name, args, model, hf_batch_size)
+            backends[name], load_s[name] = make_backend(name, args, model, hf_batch_size, requests)
     except BaseException:
         close_all(backends)
         raise
@@ -98,13 +171,34 @@ def close_all(backends: dict[str, Backend]) -> None:
 def interleaved_times(backends: dict[str, Backend], run: Callable[[Backend], Any],
                       iters: int) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Time `run(backend)` `iters` times per backend in ABBA order, so slow phases of a shared
-    machine hit every backend alike; return the seconds per call and each backend's last result."""
+    machine hit every backend alike; return the seconds per call and each backend's last result.
+
+    A backend that times itself (llama-batched-bench) returns a `TimedOutputs`: its own seconds
+    replace the wall time (process start and model load excluded) and its `outputs` are the result.
+    """
     names = list(backends)
     times: dict[str, list[float]] = {name: [] for name in names}
     last: dict[str, Any] = {}
     for it in range(iters):
         for name in (names if it % 2 == 0 else names[::-1]):
             start = time.perf_counter()
-            last[name] = run(backends[name])
-            times[name].append(time.perf_counter() - start)
+            result = run(backends[name])
+            elapsed = time.perf_counter() - start
+            seconds = getattr(result, "seconds", None)
+            if seconds is not None and hasattr(result, "outputs"):
+                elapsed = float(seconds)
+            last[name] = result
+            times[name].append(elapsed)
     return times, last
+
+
+def outputs_of(result: Any) -> list[list[int]] | None:
+    """Token ids of a run's result (None for a self-timed run without them)."""
+    return result.outputs if hasattr(result, "seconds") and hasattr(result, "outputs") else result
+
+
+def output_token_count(result: Any) -> int:
+    """Output tokens of a run's result."""
+    if hasattr(result, "output_tokens"):
+        return int(result.output_tokens)
+    return sum(len(o) for o in result)

@@ -7,11 +7,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pagemill.benchmarks.backends import (add_backend_args, backend_label, backend_order,
-                                          close_all, interleaved_times, load_backends)
+from pagemill.benchmarks.backends import (add_backend_args, apply_peer_defaults, backend_label,
+                                          backend_order, close_all, interleaved_times, load_backends)
 from pagemill.benchmarks.datasets import random_dataset
 from pagemill.benchmarks.model_path import load_hf_tokenizer, resolve_model
 from pagemill.benchmarks.pagemill_backend import add_engine_args
+from pagemill.benchmarks.peer_report import peer_rows
 from pagemill.benchmarks.prompts import PromptBuilder
 from pagemill.benchmarks.report import (check_machine_idle, config_dict, environment_info,
                                         format_table, save_result)
@@ -32,16 +33,20 @@ def measure_backends(args: argparse.Namespace, model: str,
     """Load the backends, time the batch on each in interleaved iterations, close them.
 
     At batch size 1 a `max_tokens=1` run gives TTFT, and (mean latency - TTFT) / (output_len - 1)
-    the decode time per token.
+    the decode time per token. llama.cpp (llama-batched-bench) reports its own T_PP + T_TG for
+    the batch (process start and model load excluded); its TTFT run is T_PP alone.
     """
     names = backend_order(args)
     lens = [args.output_len] * len(prompts)
-    backends, load_s = load_backends(names, args, model, hf_batch_size=len(prompts))
+    backends, load_s = load_backends(names, args, model, hf_batch_size=len(prompts),
+                                     requests=[(len(p), args.output_len) for p in prompts])
+    labels = {name: backend_label(name, args, len(prompts), b) for name, b in backends.items()}
     try:
         for _ in range(args.num_iters_warmup):
             for backend in backends.values():
-                backend.generate(prompts, lens)
-        times, _ = interleaved_times(backends, lambda b: b.generate(prompts, lens), args.num_iters)
+                if not getattr(backend, "self_timed", False):  # a fresh process per run: nothing to warm
+                    backend.generate(prompts, lens)
+        times, last = interleaved_times(backends, lambda b: b.generate(prompts, lens), args.num_iters)
         ttfts: dict[str, list[float]] = {}
         if len(prompts) == 1:
             ttfts, _ = interleaved_times(backends, lambda b: b.generate(prompts, [1]),
@@ -50,9 +55,9 @@ def measure_backends(args: argparse.Namespace, model: str,
         close_all(backends)
     results = {}
     for name in names:
-        result: dict[str, Any] = {"backend": name, "load_s": load_s[name],
-                                  "description": backend_label(name, args, len(prompts)),
+        result: dict[str, Any] = {"backend": name, "load_s": load_s[name], "description": labels[name],
                                   "latencies_s": times[name], **latency_stats(times[name])}
+        result.update(getattr(last[name], "detail", {}))
         if name in ttfts:
             result["ttft_s"] = float(np.mean(ttfts[name]))
             if args.output_len > 1:
@@ -73,12 +78,14 @@ def latency_table(result: dict[str, Any]) -> str:
         rows.append(("Decode time per token (ms)", result["decode_s_per_token"] * 1000))
         rows.append(("Decode tokens/s", result["decode_tokens_per_s"]))
     rows.append(("Model load (s)", result["load_s"]))
+    rows += peer_rows(result)
     return format_table(f"Latency: {result['backend']}", rows)
 
 
 def run_latency(args: argparse.Namespace) -> dict[str, Any]:
     """Entry point of `bench latency`."""
     load_at_start = check_machine_idle()
+    apply_peer_defaults(args)
     model = resolve_model(args.model)
     builder = PromptBuilder(load_hf_tokenizer(model))
     samples = random_dataset(builder, args.batch_size, args.input_len, args.output_len, seed=args.seed)

@@ -61,6 +61,9 @@ def environment_info() -> dict[str, Any]:
         info["transformers"] = transformers.__version__
     except ImportError:
         info["transformers"] = None
+    from pagemill.env import collect_env
+
+    info["pagemill_env"] = collect_env()
     return info
 
 

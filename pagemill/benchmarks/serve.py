@@ -172,11 +172,11 @@ def _details(results: Sequence[RequestResult]) -> dict[str, list[Any]]:
 
 
 async def _bench_target(args: argparse.Namespace, base_url: str, label: str,
-                        rates: Sequence[float],
-                        sample_sets: Sequence[Sequence[SampleRequest]]) -> list[dict[str, Any]]:
+                        rates: Sequence[float], sample_sets: Sequence[Sequence[SampleRequest]],
+                        model_name: str | None = None) -> list[dict[str, Any]]:
     chat = "chat" in args.endpoint
     url = base_url.rstrip("/") + args.endpoint
-    model = choose_model_name(args, await served_model_names(base_url))
+    model = model_name or choose_model_name(args, await served_model_names(base_url))
     extra_body = json.loads(args.extra_body) if args.extra_body else None
     percentiles = [float(p) for p in args.metric_percentiles.split(",")]
     if not args.skip_initial_test:
@@ -212,11 +212,18 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     sample_sets = [get_samples(argparse.Namespace(**{**vars(args), "seed": args.seed + k}),
                                tokenizer) for k in range(len(rates))]
     targets = [("pagemill" if args.label is None else args.label, args.base_url)]
-    if args.baseline_base_url:
-        targets.append((args.baseline_label, args.baseline_base_url))
     series: dict[str, list[dict[str, Any]]] = {}
-    for label, base_url in targets:
-        series[label] = asyncio.run(_bench_target(args, base_url, label, rates, sample_sets))
+    if args.compare == "llama.cpp":
+        from pagemill.benchmarks.serve_peer import run_compare
+
+        series = run_compare(args, rates, sample_sets, lambda url, label, name: asyncio.run(
+            _bench_target(args, url, label, rates, sample_sets, name)))
+        targets = [(label, "") for label in series]
+    else:
+        if args.baseline_base_url:
+            targets.append((args.baseline_label, args.baseline_base_url))
+        for label, base_url in targets:
+            series[label] = asyncio.run(_bench_target(args, base_url, label, rates, sample_sets))
     payload = {"benchmark": "serve", "config": config_dict(args),
                "environment": {**environment_info(), "load_avg_1m_at_start": load_at_start},
                "runs": [r for v in series.values() for r in v]}
@@ -283,3 +290,6 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-detailed", action="store_true",
                         help="include per-request timings in the JSON")
     parser.add_argument("--disable-tqdm", action="store_true")
+    from pagemill.benchmarks.serve_peer import add_compare_args
+
+    add_compare_args(parser)

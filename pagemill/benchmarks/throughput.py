@@ -6,20 +6,24 @@ import argparse
 import statistics
 from typing import Any, Sequence
 
-from pagemill.benchmarks.backends import (add_backend_args, backend_label, backend_order,
-                                          close_all, interleaved_times, load_backends)
+from pagemill.benchmarks.backends import (add_backend_args, apply_peer_defaults, backend_label,
+                                          backend_order, close_all, interleaved_times, load_backends,
+                                          output_token_count, outputs_of)
 from pagemill.benchmarks.datasets import SampleRequest, add_dataset_args, get_samples
 from pagemill.benchmarks.model_path import load_hf_tokenizer, resolve_model
 from pagemill.benchmarks.pagemill_backend import add_engine_args
+from pagemill.benchmarks.peer_report import peer_rows
 from pagemill.benchmarks.report import (check_machine_idle, config_dict, environment_info,
                                         format_table, save_result)
 
 
-def throughput_metrics(samples: Sequence[SampleRequest], outputs: Sequence[Sequence[int]],
-                       elapsed_s: float) -> dict[str, Any]:
-    """Request and token rates of one run; output tokens are those actually returned."""
+def throughput_metrics(samples: Sequence[SampleRequest], outputs: Sequence[Sequence[int]] | None,
+                       elapsed_s: float, output_tokens: int | None = None) -> dict[str, Any]:
+    """Request and token rates of one run; output tokens are those actually returned
+    (or `output_tokens` when the backend returns no ids)."""
     input_tokens = sum(s.prompt_len for s in samples)
-    output_tokens = sum(len(o) for o in outputs)
+    if output_tokens is None:
+        output_tokens = sum(len(o) for o in outputs or ())
     return {
         "elapsed_s": elapsed_s,
         "num_requests": len(samples),
@@ -47,30 +51,37 @@ def agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict[st
 
 
 def measure_backends(args: argparse.Namespace, model: str, samples: Sequence[SampleRequest]
-                     ) -> tuple[dict[str, dict[str, Any]], dict[str, list[list[int]]]]:
+                     ) -> tuple[dict[str, dict[str, Any]], dict[str, list[list[int]] | None]]:
     """Load the backends, time `--num-iters` interleaved runs of all samples on each, close them.
 
-    Returns per-backend metrics (at the median elapsed time) and each backend's output ids.
+    Returns per-backend metrics (at the median elapsed time) and each backend's output ids
+    (None for llama-batched-bench, which returns timings only).
     """
     names = backend_order(args)
     prompts = [s.prompt_token_ids or [] for s in samples]
     output_lens = [s.expected_output_len for s in samples]
     results: dict[str, dict[str, Any]] = {}
-    backends, load_s = load_backends(names, args, model, args.hf_batch_size)
+    requests = [(s.prompt_len, s.expected_output_len) for s in samples]
+    backends, load_s = load_backends(names, args, model, args.hf_batch_size, requests)
+    labels = {name: backend_label(name, args, args.hf_batch_size, b) for name, b in backends.items()}
     try:
         for _ in range(args.num_iters_warmup):
             for backend in backends.values():
-                backend.generate(prompts, output_lens)
+                if not getattr(backend, "self_timed", False):  # a fresh process per run: nothing to warm
+                    backend.generate(prompts, output_lens)
         hf = backends.get("hf")
         if hf is not None:
             hf.generated_tokens = 0
-        times, outputs = interleaved_times(
+        times, last = interleaved_times(
             backends, lambda b: b.generate(prompts, output_lens, use_tqdm=not args.disable_tqdm),
             args.num_iters)
+        outputs = {name: outputs_of(result) for name, result in last.items()}
         for name in names:
-            metrics = throughput_metrics(samples, outputs[name], statistics.median(times[name]))
-            metrics.update(backend=name, description=backend_label(name, args, args.hf_batch_size),
+            metrics = throughput_metrics(samples, outputs[name], statistics.median(times[name]),
+                                         output_token_count(last[name]))
+            metrics.update(backend=name, description=labels[name],
                            load_s=load_s[name], elapsed_all_s=times[name])
+            metrics.update(getattr(last[name], "detail", {}))
             if hf is not None and name == "hf":
                 metrics["generated_tokens_incl_batch_padding"] = (
                     hf.generated_tokens // max(1, args.num_iters))
@@ -92,12 +103,14 @@ def throughput_table(metrics: dict[str, Any]) -> str:
             ("Model load (s)", metrics["load_s"])]
     if "generated_tokens_incl_batch_padding" in metrics:
         rows.append(("Tokens generated incl. batch waste", metrics["generated_tokens_incl_batch_padding"]))
+    rows += peer_rows(metrics)
     return format_table(f"Throughput: {metrics['backend']}", rows)
 
 
 def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     """Entry point of `bench throughput`."""
     load_at_start = check_machine_idle()
+    apply_peer_defaults(args)
     model = resolve_model(args.model)
     samples = get_samples(args, load_hf_tokenizer(model))
     payload: dict[str, Any] = {"benchmark": "throughput", "model": model,
@@ -116,11 +129,14 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
             "total_tokens_per_s": ours["total_tokens_per_s"] / base["total_tokens_per_s"],
             "requests_per_s": ours["requests_per_s"] / base["requests_per_s"],
         }
-        payload["agreement"] = agreement(outputs[names[0]], outputs[names[1]])
-        print(f"{names[0]} / {names[1]} throughput: "
-              f"{payload['ratio']['total_tokens_per_s']:.2f}x total tok/s, "
-              f"{payload['ratio']['output_tokens_per_s']:.2f}x output tok/s; identical greedy "
-              f"outputs: {payload['agreement']['identical_requests']}/{len(samples)} requests")
+        line = (f"{names[0]} / {names[1]} throughput: "
+                f"{payload['ratio']['total_tokens_per_s']:.2f}x total tok/s, "
+                f"{payload['ratio']['output_tokens_per_s']:.2f}x output tok/s")
+        if outputs[names[0]] is not None and outputs[names[1]] is not None:
+            payload["agreement"] = agreement(outputs[names[0]], outputs[names[1]])
+            line += (f"; identical greedy outputs: "
+                     f"{payload['agreement']['identical_requests']}/{len(samples)} requests")
+        print(line)
     if args.save_result:
         save_result(args.save_result, payload)
         print(f"saved {args.save_result}")

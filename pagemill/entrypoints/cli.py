@@ -1,4 +1,4 @@
-"""The `pagemill` command: `serve`, `generate`, `chat` and (when installed) `bench`."""
+"""The `pagemill` command: `serve`, `generate`, `chat`, `env` and (when installed) `bench`."""
 
 from __future__ import annotations
 
@@ -77,10 +77,17 @@ def cmd_serve(args: argparse.Namespace) -> None:
     run_server(args)
 
 
+def cmd_env(args: argparse.Namespace) -> None:
+    """Print the machine, ISA, kernel and library facts (like `vllm collect-env`)."""
+    from pagemill.env import main as env_main
+
+    env_main(as_json=args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full `pagemill` argument parser."""
     parser = argparse.ArgumentParser(prog="pagemill", description="pagemill: LLM inference and serving on CPUs.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,generate,chat,bench}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,generate,chat,env,bench}")
     fmt = argparse.ArgumentDefaultsHelpFormatter
 
     serve = sub.add_parser("serve", help="run the OpenAI-compatible server", formatter_class=fmt)
@@ -101,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(chat, max_tokens=256)
     add_engine_args(chat)
     chat.set_defaults(func=cmd_chat)
+
+    env = sub.add_parser("env", help="print the CPU, ISA flags, kernel variant and library versions")
+    env.add_argument("--json", action="store_true", help="print JSON instead of text")
+    env.set_defaults(func=cmd_env)
 
     try:
         from pagemill.benchmarks.cli import register_bench_subcommands

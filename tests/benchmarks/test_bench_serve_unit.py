@@ -92,6 +92,7 @@ def test_plot_sweep_writes_png(tmp_path):
 def test_save_result_and_environment(tmp_path):
     env = environment_info()
     assert env["cpu_cores"] and env["torch"] and "date_utc" in env
+    assert env["pagemill_env"]["cpu"]["flags"] and "kernels" in env["pagemill_env"]
     path = tmp_path / "sub" / "r.json"
     save_result(str(path), {"rate": math.inf, "x": [1.5, np.int64(3)], "env": env})
     data = json.loads(path.read_text())

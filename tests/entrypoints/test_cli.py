@@ -65,3 +65,36 @@ def test_bad_arguments_exit_with_one_line():
                         "/no/such/model.gguf"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "does not exist" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_env_command_json():
+    """`pagemill env --json` prints the machine, ISA, kernel and library facts as JSON."""
+    import json
+
+    r = subprocess.run([sys.executable, "-m", "pagemill.entrypoints.cli", "env", "--json"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    env = json.loads(r.stdout)
+    for key in ("cpu", "kernels", "kv_cache_dtypes", "versions", "torch_threads", "torch_cpu_capability", "env"):
+        assert key in env, key
+    assert env["cpu"]["architecture"] and env["cpu"]["logical_cores"] >= 1 and env["cpu"]["flags"]
+    assert {"active", "compiled", "supported", "forced", "build_error", "path"} <= set(env["kernels"]) \
+        or "error" in env["kernels"]
+    assert env["kv_cache_dtypes"]["float32"] and set(env["kv_cache_dtypes"]) == {"float32", "float16", "bfloat16"}
+    assert env["versions"]["torch"] and set(env["env"]) >= {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "PAGEMILL_CPU_ISA"}
+
+
+def test_env_text_and_flags():
+    """The text form names every section; flags parse from x86 `flags` and ARM `Features` lines."""
+    from pagemill.env import collect_env, cpu_flags, format_env, kv_cache_dtype_support
+
+    text = format_env(collect_env())
+    for label in ("CPU:", "ISA flags present:", "Kernels:", "KV-cache dtypes:", "torch cpu capability:",
+                  "OMP_WAIT_POLICY="):
+        assert label in text
+    x86 = cpu_flags({"flags": "fpu sse4_2 avx avx2 fma avx512f avx512_bf16"})
+    assert x86["avx2"] and x86["avx512_bf16"] and not x86["avx512_fp16"] and not x86["amx_tile"]
+    arm = cpu_flags({"Features": "fp asimd asimdhp sve i8mm"})
+    assert arm["asimd"] and arm["sve"] and not arm["sve2"] and "avx2" not in arm
+    assert kv_cache_dtype_support({"active": None})["float16"] == "torch reference"
+    assert kv_cache_dtype_support({"active": "avx2"})["bfloat16"] == "kernel"
