@@ -21,7 +21,8 @@ template <int MR>
 constexpr int vectors_per_pass() {
   return W == 16 || MR == 1 ? NV : 4;
 }
-constexpr int64_t KB = 256;  // k block when x has several row blocks: one tile block stays in L1
+constexpr int64_t KB = 256;
+constexpr int64_t kDirectMaxRows = 16;  // the direct kernels' accumulators live on the stack: acc[16 * NT]  // k block when x has several row blocks: one tile block stays in L1
 
 // Software prefetch across 4 KiB pages, which the hardware streamers do not cross: per core, it gives ~20% more
 // DRAM bandwidth at M = 1. Distances are in bytes ahead of row k; measured on the per-token weight set.
@@ -120,6 +121,40 @@ void run(const GemvArgs& a, MakeW make, Scales scales, NextGroup next_group) {
   });
 }
 
+// Many rows: a k block of the tile is dequantized once into an fp32 panel (L1-resident), then every row block runs
+// the fp32 micro-kernel over it, so unpacking costs once per weight instead of once per row block.
+constexpr int64_t KP = 64;  // panel rows: 64 x NT fp32 = 16 KiB
+
+struct F32W {
+  const float* w;
+  inline vf load(int64_t k, int v) const { return vload(w + k * NT + v * W); }
+  inline void prefetch(int64_t) const {}
+};
+
+// `dequant(t, k0, k1, panel)` writes rows [k0, k1) of tile t as fp32 to panel[(k - k0) * NT + c]; k blocks are
+// multiples of `step` (the weight's group length) rows long.
+template <class Dequant>
+void run_panel(const GemvArgs& a, int64_t step, Dequant dequant) {
+  const int64_t M = a.M, K = a.K, kp = round_up(KP, step);
+  const int64_t nblk = (M + MR_MAX - 1) / MR_MAX;
+  const int64_t mr = (M + nblk - 1) / nblk;
+  parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
+    Scratch acc_buf, panel_buf;
+    float* acc = acc_buf.get(M * NT);
+    float* panel = panel_buf.get(kp * NT);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t k0 = 0; k0 < K; k0 += kp) {
+        const int64_t k1 = imin(k0 + kp, K);
+        dequant(t, k0, k1, panel);
+        const F32W w{panel - k0 * NT};
+        for (int64_t m0 = 0; m0 < M; m0 += mr)
+          block_rows(int(imin(mr, M - m0)), w, a.x + m0 * K, K, k0, k1, acc + m0 * NT, nullptr, k0 == 0);
+      }
+      store_tile(a, acc, t);
+    }
+  });
+}
+
 // ----------------------------------------------------------------------------------------------------------------
 // Q4_1 weights (GGUF's 4-bit format): per (output channel, group of G along K), w = d * q + m with q in 0..15 and
 // fp16 d >= 0, m. Packed: uint8 [T, K / G, R] with R = G / 2 * NT + 4 * NT bytes: for each tile and group one
@@ -129,6 +164,8 @@ void run(const GemvArgs& a, MakeW make, Scales scales, NextGroup next_group) {
 // sum_k x_k w_k = 16 d * sum_k x_k f_k + (m - 16 d) * sum_k x_k, with the per-row group sums of x computed once.
 constexpr int64_t Q4_DM = 4 * NT;  // bytes of a record's d and m
 constexpr int MRQ_MAX = W == 16 ? 4 : 2;
+// Up to this many rows the records are unpacked inside the dot products; more rows go through an fp32 panel.
+constexpr int64_t Q4_DIRECT_MAX_ROWS = W == 16 ? 4 : 2;
 
 #if defined(__AVX512VBMI__) && defined(__GFNI__)
 // A pair row (NT bytes, two nibbles each) -> 2 x NV vectors of f = 1 + q / 16: a GF(2) affine map moves each byte's
@@ -277,18 +314,61 @@ inline void block_q4_rows(int mr, const Q4Unpack& u, const uint8_t* rec, int64_t
 void gemv_f16(const GemvArgs& a, const uint16_t* packed) {
   const f16* wp = reinterpret_cast<const f16*>(packed);
   const int64_t K = a.K;
+  if (a.M > kDirectMaxRows) {
+    run_panel(a, 1, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
+      const F16W w{wp + t * K * NT};
+      for (int64_t k = k0; k < k1; ++k)
+        for (int v = 0; v < NV; ++v) vstore(panel + (k - k0) * NT + v * W, w.load(k, v));
+    });
+    return;
+  }
   run(a, [&](int64_t t) { return F16W{wp + t * K * NT}; }, [](int64_t, int64_t) -> const float* { return nullptr; },
       [&](int64_t) { return K; });
 }
 
 void gemv_int8(const GemvArgs& a, const int8_t* q, const float* scales, int64_t Kp, int64_t G) {
   const int64_t ng = Kp / G;
+  if (a.M > kDirectMaxRows) {
+    run_panel(a, G, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
+      const I8W w{q + t * Kp * NT};
+      for (int64_t k = k0; k < k1; ++k) {
+        const float* s = scales + (t * ng + k / G) * NT;
+        for (int v = 0; v < NV; ++v) vstore(panel + (k - k0) * NT + v * W, vmul(w.load(k, v), vload(s + v * W)));
+      }
+    });
+    return;
+  }
   run(a, [&](int64_t t) { return I8W{q + t * Kp * NT}; },
       [&](int64_t t, int64_t k) { return scales + (t * ng + k / G) * NT; }, [&](int64_t k) { return (k / G + 1) * G; });
 }
 
+// Rows [k0, k1) (whole groups) of tile t's Q4_1 records as fp32 weights d * q + m.
+void dequant_q4(const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G, int64_t k0, int64_t k1, float* panel) {
+  const vf sixteen = vset(16.0f), one = vset(1.0f);
+  for (int64_t g = k0 / G; g < k1 / G; ++g) {
+    const uint8_t* p = rec + g * R;
+    const f16* d = reinterpret_cast<const f16*>(p + G / 2 * NT);
+    float* out = panel + (g * G - k0) * NT;
+    for (int64_t i = 0; i < G / 2; ++i) {
+      const auto r = u.row(p + i * NT);
+      for (int v = 0; v < NV; ++v) {
+        const vf dv = vload(d + v * W), mv = vload(d + NT + v * W);
+        vstore(out + 2 * i * NT + v * W, vfma(vmul(vsub(u.even(r, v), one), sixteen), dv, mv));
+        vstore(out + (2 * i + 1) * NT + v * W, vfma(vmul(vsub(u.odd(r, v), one), sixteen), dv, mv));
+      }
+    }
+  }
+}
+
 void gemv_q4(const GemvArgs& a, const uint8_t* packed, int64_t G) {
   const int64_t M = a.M, K = a.K, ng = K / G, R = G / 2 * NT + Q4_DM;
+  if (M > Q4_DIRECT_MAX_ROWS) {
+    const Q4Unpack u;
+    run_panel(a, G, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
+      dequant_q4(u, packed + t * ng * R, R, G, k0, k1, panel);
+    });
+    return;
+  }
   Scratch sx_buf;
   float* sx = sx_buf.get(M * ng);  // per-row group sums of x
   for (int64_t m = 0; m < M; ++m)
