@@ -164,8 +164,9 @@ void run_panel(const GemvArgs& a, int64_t step, Dequant dequant) {
 // sum_k x_k w_k = 16 d * sum_k x_k f_k + (m - 16 d) * sum_k x_k, with the per-row group sums of x computed once.
 constexpr int64_t Q4_DM = 4 * NT;  // bytes of a record's d and m
 constexpr int MRQ_MAX = W == 16 ? 4 : 2;
-// Up to this many rows the records are unpacked inside the dot products; more rows go through an fp32 panel.
-constexpr int64_t Q4_DIRECT_MAX_ROWS = W == 16 ? 4 : 2;
+// Up to this many rows the records are unpacked inside the dot products (once per row block); more rows go through
+// an fp32 panel (unpacked once).
+constexpr int64_t Q4_DIRECT_MAX_ROWS = 16;  // measured: the direct kernel wins up to 16 rows on AVX-512 and AVX2
 
 #if defined(__AVX512VBMI__) && defined(__GFNI__)
 // A pair row (NT bytes, two nibbles each) -> 2 x NV vectors of f = 1 + q / 16: a GF(2) affine map moves each byte's
