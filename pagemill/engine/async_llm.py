@@ -93,7 +93,7 @@ class AsyncLLM:
         self.client = EngineCoreClient(config)
         try:
             mc = config.model_config
-            self.tokenizer = load_tokenizer(mc.tokenizer, mc.gguf_file)
+            self.tokenizer = load_tokenizer(mc.tokenizer, mc.gguf_file, mc.hf_config)
             self.processor = Processor(mc, self.tokenizer)
             self.output_processor = OutputProcessor(self.tokenizer)
             self.client.wait_ready()

@@ -21,7 +21,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         mc = config.model_config
-        self.tokenizer = load_tokenizer(mc.tokenizer, mc.gguf_file)
+        self.tokenizer = load_tokenizer(mc.tokenizer, mc.gguf_file, mc.hf_config)
         self.processor = Processor(mc, self.tokenizer)
         self.engine_core = EngineCore(config)
         self.output_processor = OutputProcessor(self.tokenizer)

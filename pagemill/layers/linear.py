@@ -6,11 +6,17 @@
   (csrc/gemv.cpp): from a GGUF file it streams the Q4_1 / Q8_0 records as stored (0.6-1.1 bytes per
   weight, the same weight values as the dequantized float32 model), else the fp16 weight.
 - More rows: oneDNN with the weight reordered once at load rather than on every call (1.3-1.7x faster).
+
+The GEMV layouts of GGUF weights are built from the file's Q4_1 / Q8_0 blocks by re-arranging bytes
+(`pack_q4_1_blocks`, `pack_q8_0_blocks`): the same bytes `pack_gemv_weight_q4` / `pack_gemv_weight_int8` produce
+from the dequantized weight, without their per-group fit (~2.5 s for SmolLM2). Weights without blocks still go
+through the fit.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -18,11 +24,15 @@ from torch import nn
 
 from pagemill.kernels import load_kernels, ops
 
+if TYPE_CHECKING:
+    from pagemill.loader.gguf_loader import GGUFBlocks
+
 logger = logging.getLogger(__name__)
 
 LINEAR_DTYPES = ("auto", "float32", "float16", "bfloat16")
 QUANTIZATIONS = ("auto", "none", "gguf")
 GGUF_BLOCK = 32  # Q4_1 / Q8_0 block length along the input dimension
+GEMV_TILE = 64  # output channels per packed GEMV tile (csrc/variant/gemv.cpp)
 _EXACT = 1e-6  # a weight "is" Q4_1 / Q8_0 when re-encoding it misses by at most this, relative to its max
 # Rows up to which the GEMV beats oneDNN (measured, per token at 8 rows: Q4 GEMV 9.0 ms, oneDNN fp16 13.1,
 # oneDNN fp32 29.6; at 16 rows the fp16 GEMM wins, the fp32 one does not).
@@ -42,6 +52,45 @@ def q8_0_round(weight: torch.Tensor, block: int = GGUF_BLOCK) -> torch.Tensor:
     return (q * scale).view(n, -1)[:, :k]
 
 
+def _pad_rows(x: torch.Tensor) -> torch.Tensor:
+    """x with zero rows appended up to a whole number of GEMV tiles."""
+    pad = (-x.shape[0]) % GEMV_TILE
+    return x if pad == 0 else torch.cat((x, x.new_zeros((pad, *x.shape[1:]))))
+
+
+def pack_q4_1_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """gemv_q4's packed records [T, K/32, 16 * 64 + 256] from GGUF Q4_1 blocks uint8 [N, K/32, 20].
+
+    A block is fp16 d, fp16 m, then 16 bytes whose byte j holds q[j] (low nibble) and q[j + 16] (high); a record
+    holds, per tile of 64 channels and group, 16 pair rows (byte c of row i = q[2i] | q[2i + 1] << 4 of channel c),
+    then the 64 d, then the 64 m. Padding channels are zeros, as pack_gemv_weight_q4 leaves them.
+    """
+    b = _pad_rows(blocks)
+    n, ng, _ = b.shape
+    t = n // GEMV_TILE
+    qs = b[..., 4:]
+    q = torch.stack((qs & 15, qs >> 4), dim=2).view(n, ng, GGUF_BLOCK)  # q[0..31] in k order
+    pairs = q[..., 0::2] | (q[..., 1::2] << 4)  # [N, ng, 16]
+    pairs = pairs.view(t, GEMV_TILE, ng, GGUF_BLOCK // 2).permute(0, 2, 3, 1)  # [T, ng, 16, 64]
+    dm = b[..., :4].reshape(t, GEMV_TILE, ng, 2, 2).permute(0, 2, 3, 1, 4)  # [T, ng, d|m, 64, 2 bytes]
+    return torch.cat((pairs.reshape(t, ng, -1), dm.reshape(t, ng, -1)), dim=2)
+
+
+def pack_q8_0_blocks(blocks: torch.Tensor) -> list[torch.Tensor]:
+    """gemv_int8's [q int8 [T, K, 64], scales fp32 [T, K/32, 64]] from GGUF Q8_0 blocks uint8 [N, K/32, 34].
+
+    pack_gemv_weight_int8(w, 32) takes scale = max|w| / 127 per group, which is the block's d: GGUF's quantizer
+    puts +-127 in every non-zero block, and 127 * d (11 significant bits times 7) and its division by 127 are exact
+    in fp32. Here the scale is d itself; tests/loader checks the two packings are byte-identical on SmolLM2.
+    """
+    b = _pad_rows(blocks)
+    n, ng, _ = b.shape
+    t = n // GEMV_TILE
+    q = b[..., 2:].view(torch.int8).reshape(t, GEMV_TILE, ng * GGUF_BLOCK).transpose(1, 2).contiguous()
+    d = b[..., :2].contiguous().view(torch.float16).view(t, GEMV_TILE, ng).transpose(1, 2).float()
+    return [q, d.contiguous()]
+
+
 class ReducedPrecisionLinear(nn.Module):
     """y = x W^T + b computed and returned in `dtype` (the fused ops around it read and write that dtype).
 
@@ -50,7 +99,8 @@ class ReducedPrecisionLinear(nn.Module):
     2 (fp16) or 4 (fp32) and still computes with the same weight values.
     """
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype, quantization: str = "none") -> None:
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, quantization: str = "none",
+                 gguf_blocks: GGUFBlocks | None = None) -> None:
         super().__init__()
         weight = linear.weight.detach()
         self.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
@@ -64,14 +114,25 @@ class ReducedPrecisionLinear(nn.Module):
         self.weight_format = str(dtype).removeprefix("torch.")
         if kernels is not None and dtype in (torch.float16, torch.float32):
             if quantization == "gguf":
-                self._pack_gguf(kernels, weight)
+                self._pack_gguf(kernels, weight, gguf_blocks)
             if self.weight_format not in ("q4_1", "q8_0") and dtype == torch.float16:
                 self._gemv_weight = kernels.pack_gemv_weight_f16(self.weight)
         self._gemv_bias = None if self.bias is None else self.bias.float()
         self._gemv_max_rows = GEMV_MAX_ROWS.get(dtype, 0)
 
-    def _pack_gguf(self, kernels, weight: torch.Tensor) -> None:
-        """Keep the weight as Q4_1 or Q8_0 records for the GEMV when it is exactly one of them."""
+    def _pack_gguf(self, kernels, weight: torch.Tensor, gguf_blocks: GGUFBlocks | None = None) -> None:
+        """Keep the weight as Q4_1 or Q8_0 records for the GEMV when it is exactly one of them.
+
+        With the file's blocks for a float32 weight (dequantized from them: the same values), their bytes are laid
+        out directly; otherwise the weight is fitted.
+        """
+        if gguf_blocks is not None and weight.dtype == torch.float32:
+            if tuple(gguf_blocks.blocks.shape[:2]) == (weight.shape[0], weight.shape[1] // GGUF_BLOCK):
+                if gguf_blocks.format == "q4_1":
+                    self._gemv_q4, self.weight_format = pack_q4_1_blocks(gguf_blocks.blocks), "q4_1"
+                else:
+                    self._gemv_q8, self.weight_format = pack_q8_0_blocks(gguf_blocks.blocks), "q8_0"
+                return
         tolerance = _EXACT * float(weight.abs().max())
         if weight.shape[1] % GGUF_BLOCK == 0:
             packed, err = kernels.pack_gemv_weight_q4(weight.float(), GGUF_BLOCK)
@@ -128,18 +189,25 @@ def resolve_quantization(quantization: str, from_gguf: bool) -> str:
     return quantization
 
 
-def convert_linears(model: nn.Module, linear_dtype: str, model_dtype: torch.dtype, quantization: str = "none") -> None:
-    """Swap every Linear of the transformer (and the LM head) to `linear_dtype` / quantized matmuls, in place."""
+def convert_linears(model: nn.Module, linear_dtype: str, model_dtype: torch.dtype, quantization: str = "none",
+                    gguf_blocks: dict[str, GGUFBlocks] | None = None) -> None:
+    """Swap every Linear of the transformer (and the LM head) to `linear_dtype` / quantized matmuls, in place.
+
+    `gguf_blocks`: the GGUF Q4_1 / Q8_0 blocks of weights, by parameter name (e.g. layers.0.mlp.down_proj.weight).
+    """
     check_linear_options(linear_dtype, quantization)
     dtype = model_dtype if linear_dtype == "auto" else getattr(torch, linear_dtype)
     if dtype == model_dtype and quantization == "none":
         return
-    for module in list(model.modules()):
+    blocks = gguf_blocks or {}
+    for prefix, module in list(model.named_modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, ReducedPrecisionLinear(child, dtype, quantization))
+                param = f"{prefix}.{name}.weight" if prefix else f"{name}.weight"
+                setattr(module, name, ReducedPrecisionLinear(child, dtype, quantization, blocks.get(param)))
     if getattr(model, "lm_head", None) is None and hasattr(model, "embed_tokens"):
-        model.lm_head = ReducedPrecisionLinear(_as_linear(model.embed_tokens.weight), dtype, quantization)
+        model.lm_head = ReducedPrecisionLinear(_as_linear(model.embed_tokens.weight), dtype, quantization,
+                                               blocks.get("embed_tokens.weight"))
 
 
 def _as_linear(weight: torch.Tensor) -> nn.Linear:

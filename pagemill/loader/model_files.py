@@ -21,6 +21,26 @@ class ResolvedModel:
     display_name: str
 
 
+def gguf_hf_config(path: str) -> Any:
+    """The transformers config of a GGUF file, built from its metadata as `AutoConfig` builds it.
+
+    transformers reads the whole file with `gguf.GGUFReader` for it (~5 s for SmolLM2); this reads the metadata
+    parsed once per process (`open_gguf`) and applies transformers' own key mapping. Architectures transformers
+    special-cases (MoE, T5, StableLM, Gemma 4, LFM2, GPT-OSS, ...) still go through `AutoConfig`.
+    """
+    from pagemill.loader.gguf_config import gguf_config_dict
+    from pagemill.loader.gguf_file import open_gguf
+
+    config_dict = gguf_config_dict(open_gguf(path))
+    if config_dict is None:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[config_dict["model_type"]].from_dict(config_dict)
+
+
 def resolve_model(model: str | None, tokenizer: str | None = None) -> ResolvedModel:
     """Resolve `model` (None = embedded default, a HF directory, or a .gguf file) and load its config."""
     from transformers import AutoConfig
@@ -44,7 +64,7 @@ def resolve_model(model: str | None, tokenizer: str | None = None) -> ResolvedMo
         if not model.endswith(".gguf"):
             raise ValueError(f"model file {model!r} is not a .gguf file.")
         gguf_file = model
-        hf_config = AutoConfig.from_pretrained(os.path.dirname(model), gguf_file=os.path.basename(model))
+        hf_config = gguf_hf_config(model)
     else:
         hf_config = AutoConfig.from_pretrained(model)
     tok = tokenizer or model

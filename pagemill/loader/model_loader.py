@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 def load_model(model_config: ModelConfig) -> nn.Module:
     """Instantiate the registered class for the model and fill in its weights."""
-    from pagemill.loader.gguf_loader import iter_gguf_weights
+    from pagemill.loader.gguf_loader import GGUFWeights
     from pagemill.loader.safetensors_loader import iter_hf_weights
 
     cls = get_model_class(model_config.hf_config)
@@ -32,15 +32,52 @@ def load_model(model_config: ModelConfig) -> nn.Module:
     model = model.to_empty(device="cpu")
     # Buffers (RoPE tables) were created on meta; rebuild them for real.
     _rebuild_buffers(model, model_config)
+    gguf_weights = None
     if model_config.gguf_file:
-        weights = iter_gguf_weights(model_config.gguf_file, model_config.hf_config)
+        weights = gguf_weights = GGUFWeights(model_config.gguf_file, model_config.hf_config)
     else:
         weights = iter_hf_weights(model_config.model)
     model.load_weights((n, t.to(model_config.dtype)) for n, t in weights)
     model.eval().requires_grad_(False)
-    convert_linears(model, model_config.linear_dtype, model_config.dtype, model_config.quantization)
-    logger.info("Loaded %s (%s) in %.1fs", cls.__name__, model_config.dtype, time.perf_counter() - start)
+    loaded = time.perf_counter()
+    blocks = _blocks_by_parameter(model, gguf_weights.blocks) if gguf_weights is not None else None
+    convert_linears(model, model_config.linear_dtype, model_config.dtype, model_config.quantization, blocks)
+    logger.info("Loaded %s (%s) in %.1fs (weights %.1fs, linear packing %.1fs)", cls.__name__, model_config.dtype,
+                time.perf_counter() - start, loaded - start, time.perf_counter() - loaded)
     return model
+
+
+def _blocks_by_parameter(model: nn.Module, blocks: dict) -> dict:
+    """The GGUF blocks of each model parameter, from those of the checkpoint tensors (HF names) it is made of.
+
+    A fused parameter (qkv_proj, gate_up_proj) gets its parts' blocks stacked in row order when all its rows come
+    from blocks of one type; otherwise it gets none (its linear then fits the dequantized weight, as before).
+    """
+    target = getattr(model, "weight_target", None)
+    if target is None or not blocks:
+        return {}
+    parts: dict[str, list] = {}
+    for hf_name, b in blocks.items():
+        placement = target(hf_name)
+        if placement is not None:
+            name, offset, _ = placement
+            parts.setdefault(name, []).append((offset, b))
+    params = dict(model.named_parameters())
+    out = {}
+    for name, pieces in parts.items():
+        pieces.sort(key=lambda p: p[0])
+        first = pieces[0][1]
+        rows, offsets_ok = 0, True
+        for offset, b in pieces:
+            offsets_ok &= offset == rows and b.ggml_type == first.ggml_type
+            rows += b.blocks.shape[0]
+        if not offsets_ok or name not in params or params[name].dim() != 2 or rows != params[name].shape[0]:
+            continue
+        if len(pieces) == 1:
+            out[name] = first
+        else:
+            out[name] = type(first)(first.ggml_type, torch.cat([b.blocks for _, b in pieces]))
+    return out
 
 
 def _rebuild_buffers(model: nn.Module, model_config: ModelConfig) -> None:

@@ -129,12 +129,10 @@ class LlamaForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
+            placement = self.weight_target(name)
+            if placement is None:
                 continue
-            name = name.removeprefix("model.")
-            if name.startswith("lm_head") and self.lm_head is None:
-                continue
-            target, offset, size = self._packed_target(name)
+            target, offset, size = placement
             if target not in params:
                 raise ValueError(f"weight {name!r} does not fit the {type(self).__name__} model.")
             param = params[target]
@@ -149,6 +147,16 @@ class LlamaForCausalLM(nn.Module):
         missing = [n for n in params if n not in loaded and not any(k.startswith(n + ":") for k in loaded)]
         if missing:
             raise ValueError(f"weights missing from the checkpoint: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+
+    def weight_target(self, name: str) -> tuple[str, int, int | None] | None:
+        """Where a checkpoint (HF-named) tensor goes: (parameter name, row offset, row count or None for the
+        whole parameter), or None for a tensor the model does not use."""
+        if "rotary_emb.inv_freq" in name:
+            return None
+        name = name.removeprefix("model.")
+        if name.startswith("lm_head") and self.lm_head is None:
+            return None
+        return self._packed_target(name)
 
     def _packed_target(self, name: str) -> tuple[str, int, int | None]:
         """(fused parameter name, row offset, row count) for a per-projection HF name."""
