@@ -122,6 +122,9 @@ def collect_env() -> dict[str, Any]:
     kernels = _kernel_info()
     cpu = {
         "model": _cpu_model(info),
+        # x86 family / model / stepping tell CPU generations apart when the model name does not (VMs: "AMD EPYC")
+        "family_model_stepping": (f"{info['cpu family']}/{info['model']}/{info.get('stepping', '?')}"
+                                  if info.get("cpu family") and info.get("model") else None),
         "architecture": platform.machine(),
         "logical_cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
@@ -149,7 +152,8 @@ def format_env(env: dict[str, Any]) -> str:
         f"pagemill: {env['pagemill']}",
         f"Python: {env['python']}",
         f"Platform: {env['platform']}",
-        f"CPU: {cpu['model']}",
+        f"CPU: {cpu['model']}" + (f" (family/model/stepping {cpu['family_model_stepping']})"
+                                  if cpu.get("family_model_stepping") else ""),
         f"Architecture: {cpu['architecture']}",
         f"Cores: {cpu['logical_cores']} logical, {cpu['usable_cores']} usable by this process",
         f"Caches: {', '.join(f'{k} {v}' for k, v in cpu['caches'].items()) or 'unknown'}",
