@@ -10,7 +10,8 @@
 The GEMV layouts of GGUF weights are built from the file's Q4_1 / Q8_0 blocks by re-arranging bytes
 (`pack_q4_1_blocks`, `pack_q8_0_blocks`): the same bytes `pack_gemv_weight_q4` / `pack_gemv_weight_int8` produce
 from the dequantized weight, without their per-group fit (~2.5 s for SmolLM2). Weights without blocks still go
-through the fit.
+through the fit. A layer whose records came from the file and that has a oneDNN copy keeps no plain weight (with
+the kernels nothing reads it): `.weight` rebuilds it, bit-identical, for the torch reference path.
 """
 
 from __future__ import annotations
@@ -86,9 +87,32 @@ def pack_q8_0_blocks(blocks: torch.Tensor) -> list[torch.Tensor]:
     b = _pad_rows(blocks)
     n, ng, _ = b.shape
     t = n // GEMV_TILE
-    q = b[..., 2:].view(torch.int8).reshape(t, GEMV_TILE, ng * GGUF_BLOCK).transpose(1, 2).contiguous()
+    q = torch.empty(t, ng * GGUF_BLOCK, GEMV_TILE, dtype=torch.int8)
+    q.view(t, ng, GGUF_BLOCK, GEMV_TILE).copy_(b[..., 2:].view(torch.int8).view(t, GEMV_TILE, ng, GGUF_BLOCK)
+                                                .permute(0, 2, 3, 1))
     d = b[..., :2].contiguous().view(torch.float16).view(t, GEMV_TILE, ng).transpose(1, 2).float()
     return [q, d.contiguous()]
+
+
+def unpack_q4_1_records(packed: torch.Tensor, rows: int) -> torch.Tensor:
+    """The float32 weight [rows, K] of gemv_q4 records: (d * q) + m, as gguf.quants dequantizes Q4_1."""
+    t, ng, _ = packed.shape
+    half = GGUF_BLOCK // 2
+    pairs = packed[..., :half * GEMV_TILE].view(t, ng, half, GEMV_TILE)
+    q = torch.stack((pairs & 15, pairs >> 4), dim=3).view(t, ng, GGUF_BLOCK, GEMV_TILE)  # k = 2i, 2i + 1
+    q = q.permute(0, 3, 1, 2).reshape(t * GEMV_TILE, ng, GGUF_BLOCK)[:rows]
+    dm = packed[..., half * GEMV_TILE:].contiguous().view(torch.float16).view(t, ng, 2, GEMV_TILE)
+    dm = dm.permute(0, 3, 1, 2).reshape(t * GEMV_TILE, ng, 2)[:rows].float()
+    w = torch.mul(q, dm[..., 0:1])
+    return w.add_(dm[..., 1:2]).view(rows, ng * GGUF_BLOCK)
+
+
+def unpack_q8_0_tiles(q: torch.Tensor, scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """The float32 weight [rows, cols] of gemv_int8 tiles: q * scale, as gguf.quants dequantizes Q8_0."""
+    t, kp, _ = q.shape
+    qr = q.transpose(1, 2).reshape(t * GEMV_TILE, kp // GGUF_BLOCK, GGUF_BLOCK)[:rows]
+    sr = scales.transpose(1, 2).reshape(t * GEMV_TILE, -1, 1)[:rows]
+    return torch.mul(qr, sr).view(rows, kp)[:, :cols].contiguous()
 
 
 class ReducedPrecisionLinear(nn.Module):
@@ -96,21 +120,24 @@ class ReducedPrecisionLinear(nn.Module):
 
     With quantization="gguf", a weight that is exactly GGUF Q4_1 or Q8_0 (as dequantized from the file) is
     also kept in that form for the few-row GEMV, which then streams 0.625 / 1.06 bytes per weight instead of
-    2 (fp16) or 4 (fp32) and still computes with the same weight values.
+    2 (fp16) or 4 (fp32) and still computes with the same weight values. `gguf_blocks` (the file's blocks of
+    this weight) lays the records out without fitting and lets the layer drop its plain weight (see `weight`).
     """
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, quantization: str = "none",
                  gguf_blocks: GGUFBlocks | None = None) -> None:
         super().__init__()
         weight = linear.weight.detach()
-        self.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
+        # Registered directly: the `weight` property below reads it (and rebuilds it when it was dropped).
+        self._parameters["weight"] = nn.Parameter(weight.to(dtype), requires_grad=False)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(dtype),
                                                                   requires_grad=False)
         self.dtype = dtype
-        self.out_features = self.weight.shape[0]
+        self.out_features, self.in_features = weight.shape
         self._mkldnn_weight = _mkldnn_pack(self.weight)
         kernels = load_kernels()
         self._gemv_weight = self._gemv_q4 = self._gemv_q8 = None
+        self._exact_records = False  # the Q4_1 / Q8_0 records hold exactly the weight (laid out from the file)
         self.weight_format = str(dtype).removeprefix("torch.")
         if kernels is not None and dtype in (torch.float16, torch.float32):
             if quantization == "gguf":
@@ -119,6 +146,25 @@ class ReducedPrecisionLinear(nn.Module):
                 self._gemv_weight = kernels.pack_gemv_weight_f16(self.weight)
         self._gemv_bias = None if self.bias is None else self.bias.float()
         self._gemv_max_rows = GEMV_MAX_ROWS.get(dtype, 0)
+        if self._exact_records and self._mkldnn_weight is not None:
+            # With the kernels, every matmul reads the records (<= GEMV_MAX_ROWS rows) or the oneDNN copy, so the
+            # plain weight (a third copy, 4 bytes per weight in float32) is dropped; the torch reference path
+            # rebuilds it from the records (bit-identical) the first time it runs.
+            del self._parameters["weight"]
+
+    @property
+    def weight(self) -> nn.Parameter:
+        """The weight [out, in] in `dtype`, as F.linear takes it."""
+        w = self._parameters.get("weight")
+        if w is None:
+            w = nn.Parameter(self._decode_records().to(self.dtype), requires_grad=False)
+            self._parameters["weight"] = w  # kept: the reference path is used for whole runs
+        return w
+
+    def _decode_records(self) -> torch.Tensor:
+        if self._gemv_q4 is not None:
+            return unpack_q4_1_records(self._gemv_q4, self.out_features)
+        return unpack_q8_0_tiles(*self._gemv_q8, self.out_features, self.in_features)
 
     def _pack_gguf(self, kernels, weight: torch.Tensor, gguf_blocks: GGUFBlocks | None = None) -> None:
         """Keep the weight as Q4_1 or Q8_0 records for the GEMV when it is exactly one of them.
@@ -127,11 +173,12 @@ class ReducedPrecisionLinear(nn.Module):
         out directly; otherwise the weight is fitted.
         """
         if gguf_blocks is not None and weight.dtype == torch.float32:
-            if tuple(gguf_blocks.blocks.shape[:2]) == (weight.shape[0], weight.shape[1] // GGUF_BLOCK):
+            if tuple(gguf_blocks.shape[:2]) == (weight.shape[0], weight.shape[1] // GGUF_BLOCK):
                 if gguf_blocks.format == "q4_1":
                     self._gemv_q4, self.weight_format = pack_q4_1_blocks(gguf_blocks.blocks), "q4_1"
                 else:
                     self._gemv_q8, self.weight_format = pack_q8_0_blocks(gguf_blocks.blocks), "q8_0"
+                self._exact_records = True
                 return
         tolerance = _EXACT * float(weight.abs().max())
         if weight.shape[1] % GGUF_BLOCK == 0:
@@ -200,14 +247,24 @@ def convert_linears(model: nn.Module, linear_dtype: str, model_dtype: torch.dtyp
     if dtype == model_dtype and quantization == "none":
         return
     blocks = gguf_blocks or {}
-    for prefix, module in list(model.named_modules()):
+    # Parents only: a list holding the Linears themselves would keep every replaced weight alive to the end.
+    parents = [(prefix, module) for prefix, module in model.named_modules() if not isinstance(module, nn.Linear)]
+    for prefix, module in parents:
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 param = f"{prefix}.{name}.weight" if prefix else f"{name}.weight"
                 setattr(module, name, ReducedPrecisionLinear(child, dtype, quantization, blocks.get(param)))
+                _release(blocks.get(param))
     if getattr(model, "lm_head", None) is None and hasattr(model, "embed_tokens"):
         model.lm_head = ReducedPrecisionLinear(_as_linear(model.embed_tokens.weight), dtype, quantization,
                                                blocks.get("embed_tokens.weight"))
+        _release(blocks.get("embed_tokens.weight"))
+
+
+def _release(gguf_blocks: GGUFBlocks | None) -> None:
+    """Packed (or not needed): the blocks' file pages may leave the resident set (peak memory of a load)."""
+    if gguf_blocks is not None:
+        gguf_blocks.release()
 
 
 def _as_linear(weight: torch.Tensor) -> nn.Linear:

@@ -90,6 +90,18 @@ class GGUFFile:
         return flat.reshape(rows, tensor.nbytes // rows)
 
 
+    def release_pages(self, offset: int = 0, nbytes: int | None = None) -> None:
+        """Drop this process's mapping of the file's pages in [offset, offset + nbytes) (all by default): they stay
+        in the page cache and a later read maps them again, but they no longer count in the resident set. The
+        range is widened to whole pages (the map is read-only, so nothing is lost)."""
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        end = len(self._map) if nbytes is None else min(len(self._map), offset + nbytes)
+        start = offset - offset % mmap.PAGESIZE
+        if end > start:
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
 def tensor_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
     """Bytes a tensor of this type and shape occupies in the file."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType

@@ -13,7 +13,6 @@ import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -44,17 +43,44 @@ _BLOCK_BYTES = {GGML_Q4_1: 4 + QK // 2, GGML_Q8_0: 2 + QK}
 _CHUNK_ROWS = 4096  # rows decoded at a time: bounds the float temporaries of the 49152-row embedding
 
 
-@dataclass
 class GGUFBlocks:
-    """A weight's Q4_1 or Q8_0 blocks as stored in the file: uint8 [rows, K / 32, bytes per block], HF row order."""
+    """A weight's Q4_1 or Q8_0 blocks as stored in the file: uint8 [rows, K / 32, bytes per block], HF row order.
 
-    ggml_type: int
-    blocks: torch.Tensor
+    A fused weight (q/k/v, gate/up) is several parts, concatenated in row order only when `blocks` is read (by the
+    packing, which frees it right after). `release()` says the blocks were consumed: the file pages they were
+    read from leave the process's resident set (they stay in the page cache).
+    """
+
+    def __init__(self, ggml_type: int, *parts: torch.Tensor, file_ranges: tuple = (), gguf: GGUFFile | None = None):
+        self.ggml_type, self.parts = ggml_type, parts
+        self._file_ranges, self._gguf = file_ranges, gguf
 
     @property
     def format(self) -> str:
         """q4_1 or q8_0."""
         return "q4_1" if self.ggml_type == GGML_Q4_1 else "q8_0"
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(rows, K / 32, bytes per block)."""
+        return (sum(p.shape[0] for p in self.parts), *self.parts[0].shape[1:])
+
+    @property
+    def blocks(self) -> torch.Tensor:
+        """All rows' blocks, one tensor (a concatenation for a fused weight)."""
+        return self.parts[0] if len(self.parts) == 1 else torch.cat(self.parts)
+
+    def fuse(self, *others: GGUFBlocks) -> GGUFBlocks:
+        """These blocks followed by others' rows (same type)."""
+        return GGUFBlocks(self.ggml_type, *self.parts, *(p for o in others for p in o.parts),
+                          file_ranges=self._file_ranges + tuple(r for o in others for r in o._file_ranges),
+                          gguf=self._gguf)
+
+    def release(self) -> None:
+        """Done with the blocks: drop the mapping of their file pages from this process."""
+        if self._gguf is not None:
+            for offset, nbytes in self._file_ranges:
+                self._gguf.release_pages(offset, nbytes)
 
 
 def gguf_to_hf_name(name: str, model_type: str) -> str | None:
@@ -93,7 +119,10 @@ def _raw_tensor(gguf: GGUFFile, t: GGUFTensor) -> torch.Tensor:
 
 
 def dequantize_q4_1(blocks: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out[r, :] = (d * q) + m over the Q4_1 blocks [rows, K/32, 20] (float32, like gguf.quants)."""
+    """out[r, :] = (d * q) + m over the Q4_1 blocks [rows, K/32, 20] (float32, like gguf.quants).
+
+    The codes are converted into `out` itself and scaled in place: no float temporary the size of the tensor.
+    """
     rows, nb, _ = blocks.shape
     view = out.view(rows, nb, QK)
     for r0 in range(0, rows, _CHUNK_ROWS):
@@ -102,9 +131,9 @@ def dequantize_q4_1(blocks: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         m = b[..., 2:4].contiguous().view(torch.float16).float()
         qs = b[..., 4:]
         dst = view[r0:r0 + _CHUNK_ROWS]
-        q = torch.cat((qs & 15, qs >> 4), dim=-1)  # byte j: q[j] low nibble, q[j + 16] high nibble
-        torch.mul(q, d, out=dst)  # uint8 * float32 -> float32, rounded once
-        dst.add_(m)
+        dst[..., :QK // 2].copy_(qs & 15)  # byte j: q[j] in the low nibble, q[j + 16] in the high one
+        dst[..., QK // 2:].copy_(qs >> 4)
+        dst.mul_(d).add_(m)  # each rounded once, as numpy's (d * q) + m
     return out
 
 
@@ -115,8 +144,9 @@ def dequantize_q8_0(blocks: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     for r0 in range(0, rows, _CHUNK_ROWS):
         b = blocks[r0:r0 + _CHUNK_ROWS]
         d = b[..., 0:2].contiguous().view(torch.float16).float()
-        q = b[..., 2:].view(torch.int8)
-        torch.mul(q, d, out=view[r0:r0 + _CHUNK_ROWS])
+        dst = view[r0:r0 + _CHUNK_ROWS]
+        dst.copy_(b[..., 2:].view(torch.int8))
+        dst.mul_(d)
     return out
 
 
@@ -132,6 +162,49 @@ def single_threaded() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+class GGUFWeight:
+    """One tensor of the file under its HF name, decoded when asked: `load_into(out)` writes it into a float32
+    tensor (a model parameter, or a slice of a fused one) with no temporary copy for Q4_1 / Q8_0 / F32 / F16."""
+
+    def __init__(self, owner: GGUFWeights, tensor: GGUFTensor, hf_name: str) -> None:
+        self.owner, self.tensor, self.hf_name = owner, tensor, hf_name
+        self.shape = torch.Size(tensor.shape)
+
+    def materialize(self) -> torch.Tensor:
+        """The tensor as a new float32 tensor."""
+        return self.load_into(torch.empty(self.shape, dtype=torch.float32))
+
+    def load_into(self, out: torch.Tensor) -> torch.Tensor:
+        """Decode into `out` (float32, contiguous, this shape); also records the Q4_1 / Q8_0 blocks."""
+        t, cfg = self.tensor, self.owner.hf_config
+        if out.dtype != torch.float32 or out.shape != self.shape or not out.is_contiguous():
+            raise ValueError(f"{self.hf_name}: cannot decode into a {out.dtype} {tuple(out.shape)} tensor")
+        heads = _row_permutation(t.name, cfg)
+        raw = _raw_tensor(self.owner.gguf, t)
+        with single_threaded(), torch.no_grad():
+            if t.ggml_type in _BLOCK_BYTES and len(t.shape) == 2:
+                blocks = raw.view(t.shape[0], t.shape[1] // QK, _BLOCK_BYTES[t.ggml_type])
+                if heads is not None:
+                    blocks = _reverse_permute(blocks, heads)  # a copy (uint8), in HF row order
+                self.owner.blocks[self.hf_name] = GGUFBlocks(t.ggml_type, blocks, file_ranges=((t.offset, t.nbytes),),
+                                                             gguf=self.owner.gguf)
+                return (dequantize_q4_1 if t.ggml_type == GGML_Q4_1 else dequantize_q8_0)(blocks, out)
+            if t.ggml_type == GGML_F32:
+                arr = raw.view(torch.float32).reshape(t.shape)
+            elif t.ggml_type == GGML_F16:
+                arr = raw.view(torch.float16).reshape(t.shape)
+            else:
+                from gguf.quants import dequantize
+
+                arr = torch.from_numpy(np.asarray(dequantize(raw.numpy(), t.ggml_type), dtype=np.float32))
+                arr = arr.reshape(t.shape)
+            if heads is not None:
+                arr = _reverse_permute(arr, heads)
+            if cfg.model_type.startswith("gemma") and "norm" in t.name:
+                arr = arr.float() - 1.0  # GGUF stores Gemma's (1 + w) norm weights
+            return out.copy_(arr)
+
+
 class GGUFWeights:
     """The tensors of a GGUF file under their HF names; `blocks` collects the Q4_1 / Q8_0 blocks met on the way."""
 
@@ -140,43 +213,18 @@ class GGUFWeights:
         self.hf_config = hf_config
         self.blocks: dict[str, GGUFBlocks] = {}  # HF name -> blocks (2-D Q4_1 / Q8_0 weights)
 
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (HF name, float32 tensor) for every tensor the model uses."""
+    def lazy(self) -> Iterator[tuple[str, GGUFWeight]]:
+        """(HF name, GGUFWeight) for every tensor the model uses, nothing decoded yet."""
         model_type = self.hf_config.model_type
         for t in self.gguf.tensors.values():
             hf_name = gguf_to_hf_name(t.name, model_type)
-            if hf_name is None:
-                continue
-            with single_threaded():
-                tensor = self._load(t, hf_name)
-            yield hf_name, tensor
+            if hf_name is not None:
+                yield hf_name, GGUFWeight(self, t, hf_name)
 
-    def _load(self, t: GGUFTensor, hf_name: str) -> torch.Tensor:
-        heads = _row_permutation(t.name, self.hf_config)
-        raw = _raw_tensor(self.gguf, t)
-        if t.ggml_type in _BLOCK_BYTES and len(t.shape) == 2:
-            blocks = raw.view(t.shape[0], t.shape[1] // QK, _BLOCK_BYTES[t.ggml_type])
-            if heads is not None:
-                blocks = _reverse_permute(blocks, heads)  # a copy (uint8), in HF row order
-            self.blocks[hf_name] = GGUFBlocks(t.ggml_type, blocks)
-            out = torch.empty(t.shape, dtype=torch.float32)
-            if t.ggml_type == GGML_Q4_1:
-                return dequantize_q4_1(blocks, out)
-            return dequantize_q8_0(blocks, out)
-        if t.ggml_type == GGML_F32:
-            arr = raw.view(torch.float32).reshape(t.shape).clone()
-        elif t.ggml_type == GGML_F16:
-            arr = raw.view(torch.float16).reshape(t.shape).float()
-        else:
-            from gguf.quants import dequantize
-
-            arr = torch.from_numpy(np.asarray(dequantize(raw.numpy(), t.ggml_type), dtype=np.float32).copy())
-            arr = arr.reshape(t.shape)
-        if heads is not None:
-            arr = _reverse_permute(arr, heads).contiguous()
-        if self.hf_config.model_type.startswith("gemma") and "norm" in t.name:
-            arr = arr - 1.0  # GGUF stores Gemma's (1 + w) norm weights
-        return arr
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, float32 tensor) for every tensor the model uses."""
+        for hf_name, weight in self.lazy():
+            yield hf_name, weight.materialize()
 
 
 def iter_gguf_weights(path: str, hf_config) -> Iterator[tuple[str, torch.Tensor]]:

@@ -34,14 +34,21 @@ def load_model(model_config: ModelConfig) -> nn.Module:
     _rebuild_buffers(model, model_config)
     gguf_weights = None
     if model_config.gguf_file:
-        weights = gguf_weights = GGUFWeights(model_config.gguf_file, model_config.hf_config)
+        gguf_weights = GGUFWeights(model_config.gguf_file, model_config.hf_config)
+        if model_config.dtype == torch.float32:  # decoded straight into the parameters: no temporaries
+            model.load_weights(gguf_weights.lazy())
+        else:
+            model.load_weights((n, t.to(model_config.dtype)) for n, t in gguf_weights)
     else:
-        weights = iter_hf_weights(model_config.model)
-    model.load_weights((n, t.to(model_config.dtype)) for n, t in weights)
+        model.load_weights((n, t.to(model_config.dtype)) for n, t in iter_hf_weights(model_config.model))
     model.eval().requires_grad_(False)
+    if gguf_weights is not None:  # read again, one linear at a time, when packed below
+        gguf_weights.gguf.release_pages()
     loaded = time.perf_counter()
     blocks = _blocks_by_parameter(model, gguf_weights.blocks) if gguf_weights is not None else None
     convert_linears(model, model_config.linear_dtype, model_config.dtype, model_config.quantization, blocks)
+    if gguf_weights is not None:
+        gguf_weights.gguf.release_pages()  # the file no longer counts in the resident set
     logger.info("Loaded %s (%s) in %.1fs (weights %.1fs, linear packing %.1fs)", cls.__name__, model_config.dtype,
                 time.perf_counter() - start, loaded - start, time.perf_counter() - loaded)
     return model
@@ -50,8 +57,8 @@ def load_model(model_config: ModelConfig) -> nn.Module:
 def _blocks_by_parameter(model: nn.Module, blocks: dict) -> dict:
     """The GGUF blocks of each model parameter, from those of the checkpoint tensors (HF names) it is made of.
 
-    A fused parameter (qkv_proj, gate_up_proj) gets its parts' blocks stacked in row order when all its rows come
-    from blocks of one type; otherwise it gets none (its linear then fits the dequantized weight, as before).
+    A fused parameter (qkv_proj, gate_up_proj) gets its parts' blocks in row order when all its rows come from
+    blocks of one type; otherwise it gets none (its linear then fits the dequantized weight, as before).
     """
     target = getattr(model, "weight_target", None)
     if target is None or not blocks:
@@ -67,16 +74,12 @@ def _blocks_by_parameter(model: nn.Module, blocks: dict) -> dict:
     for name, pieces in parts.items():
         pieces.sort(key=lambda p: p[0])
         first = pieces[0][1]
-        rows, offsets_ok = 0, True
+        rows, ok = 0, True
         for offset, b in pieces:
-            offsets_ok &= offset == rows and b.ggml_type == first.ggml_type
-            rows += b.blocks.shape[0]
-        if not offsets_ok or name not in params or params[name].dim() != 2 or rows != params[name].shape[0]:
-            continue
-        if len(pieces) == 1:
-            out[name] = first
-        else:
-            out[name] = type(first)(first.ggml_type, torch.cat([b.blocks for _, b in pieces]))
+            ok &= offset == rows and b.ggml_type == first.ggml_type
+            rows += b.shape[0]
+        if ok and name in params and params[name].dim() == 2 and rows == params[name].shape[0]:
+            out[name] = first.fuse(*(b for _, b in pieces[1:]))
     return out
 
 

@@ -14,6 +14,11 @@ from pagemill.layers.norm import RMSNorm
 from pagemill.layers.rotary import RotaryEmbedding
 
 
+def input_dtype(linear: nn.Module) -> torch.dtype:
+    """The dtype a linear layer computes in (a converted layer may hold no plain weight to ask)."""
+    return linear.weight.dtype if isinstance(linear, nn.Linear) else linear.dtype
+
+
 class LlamaAttention(nn.Module):
     """Self-attention with a fused QKV projection, RoPE and paged KV."""
 
@@ -33,7 +38,7 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(h)
-        return self.o_proj(self.attn.forward_qkv(qkv, positions, self.rotary, self.o_proj.weight.dtype))
+        return self.o_proj(self.attn.forward_qkv(qkv, positions, self.rotary, input_dtype(self.o_proj)))
 
 
 class LlamaMLP(nn.Module):
@@ -47,7 +52,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=bias)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(h), self.down_proj.weight.dtype))
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(h), input_dtype(self.down_proj)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -77,7 +82,7 @@ class LlamaDecoderLayer(nn.Module):
 
     def _find_matmul_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
         """Input dtypes of the QKV and gate/up matmuls (fixed once the linears are converted; cached)."""
-        self._matmul_dtypes = (self.self_attn.qkv_proj.weight.dtype, self.mlp.gate_up_proj.weight.dtype)
+        self._matmul_dtypes = (input_dtype(self.self_attn.qkv_proj), input_dtype(self.mlp.gate_up_proj))
         return self._matmul_dtypes
 
 
@@ -125,7 +130,10 @@ class LlamaForCausalLM(nn.Module):
         return [layer.self_attn.attn for layer in self.layers]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors in, fusing q/k/v and gate/up into their packed projections."""
+        """Copy HF-named tensors in, fusing q/k/v and gate/up into their packed projections.
+
+        A tensor may also be any object with `shape` and `load_into(dst)` (it then writes its values itself).
+        """
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         for name, tensor in weights:
@@ -137,12 +145,13 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"weight {name!r} does not fit the {type(self).__name__} model.")
             param = params[target]
             with torch.no_grad():
-                if size is None:
-                    if param.shape != tensor.shape:
-                        raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}.")
-                    param.copy_(tensor)
-                else:
-                    param.narrow(0, offset, size).copy_(tensor)
+                dst = param if size is None else param.narrow(0, offset, size)
+                if dst.shape != tensor.shape:
+                    raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}.")
+                if isinstance(tensor, torch.Tensor):
+                    dst.copy_(tensor)
+                else:  # a lazily decoded checkpoint tensor (GGUF): written straight into the parameter
+                    tensor.load_into(dst)
             loaded.add(target if size is None else f"{target}:{offset}")
         missing = [n for n in params if n not in loaded and not any(k.startswith(n + ":") for k in loaded)]
         if missing:

@@ -67,3 +67,19 @@ def test_quantization_auto_is_none_for_safetensors(tiny_models):
     llm = LLM(tiny_models["llama"], kv_cache_memory="16MiB", max_model_len=128)
     assert llm.llm_engine.engine_core.executor.model_runner.config.model_config.quantization == "none"
     assert not _formats(llm)
+
+
+@pytest.mark.slow
+def test_reference_path_rebuilds_dropped_weights(smol_path, smol_hf):
+    """attention_backend="torch" runs F.linear on `.weight`, rebuilt from the Q4_1 / Q8_0 records the first time
+    (the load keeps no plain copy): greedy tokens still equal HF's float32 model."""
+    hf_model, tok = smol_hf
+    llm = LLM(smol_path, kv_cache_memory="64MiB", max_model_len=512, attention_backend="torch")
+    layer = llm.llm_engine.engine_core.executor.model_runner.model.layers[0].mlp.down_proj
+    assert "weight" not in layer._parameters
+    prompts = [tok.encode(p) for p in SMOL_PROMPTS[:2]]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    for p, o in zip(prompts, outs):
+        assert o.outputs[0].token_ids == hf_greedy(hf_model, p, 16), tok.decode(p)
+    assert "weight" in layer._parameters  # rebuilt once, then kept
