@@ -38,6 +38,10 @@ _EXACT = 1e-6  # a weight "is" Q4_1 / Q8_0 when re-encoding it misses by at most
 # Rows up to which the GEMV beats oneDNN (measured, per token at 8 rows: Q4 GEMV 9.0 ms, oneDNN fp16 13.1,
 # oneDNN fp32 29.6; at 16 rows the fp16 GEMM wins, the fp32 one does not).
 GEMV_MAX_ROWS = {torch.float16: 8, torch.float32: 16}
+# float32 Q4_1 / Q8_0 records: beyond 16 rows the kernels dequantize k blocks into L1 panels (an fp32 GEMM reading
+# 0.6-1.1 bytes per weight); measured per token (30 layers + head) on a Zen 5 at 32 / 64 rows: 31 / 55 ms vs
+# oneDNN fp32 75 / 125 ms (AVX-512 variant), 69 / 120 ms (AVX2 variant). Larger prefill chunks stay on oneDNN.
+RECORDS_MAX_ROWS = 64
 _MKLDNN_BATCH_HINT = 32  # oneDNN reorder hint; within 10% of the best layout from 8 to 128 rows
 
 
@@ -146,6 +150,8 @@ class ReducedPrecisionLinear(nn.Module):
                 self._gemv_weight = kernels.pack_gemv_weight_f16(self.weight)
         self._gemv_bias = None if self.bias is None else self.bias.float()
         self._gemv_max_rows = GEMV_MAX_ROWS.get(dtype, 0)
+        if dtype == torch.float32 and self.weight_format in ("q4_1", "q8_0"):
+            self._gemv_max_rows = RECORDS_MAX_ROWS
         if self._exact_records and self._mkldnn_weight is not None:
             # With the kernels, every matmul reads the records (<= GEMV_MAX_ROWS rows) or the oneDNN copy, so the
             # plain weight (a third copy, 4 bytes per weight in float32) is dropped; the torch reference path
