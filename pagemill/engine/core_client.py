@@ -19,7 +19,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from pagemill.config import EngineConfig
+from pagemill.config import EngineArgs, EngineConfig
 from pagemill.engine import core_proc
 from pagemill.engine.messages import EngineCoreOutputs, EngineCoreRequest
 
@@ -46,7 +46,8 @@ class CoreOutputBatch:
 class EngineCoreClient:
     """Spawns the engine core process and exchanges msgpack frames with it (async output side)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig | EngineArgs) -> None:
+        """Spawn the core with its configuration, or with the arguments it resolves its configuration from."""
         self._tmpdir = tempfile.mkdtemp(prefix="pagemill-zmq-")
         input_address, output_address = f"ipc://{self._tmpdir}/input", f"ipc://{self._tmpdir}/output"
         self.ctx = zmq.Context(1)

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from pagemill.config import EngineConfig
+from pagemill.config import EngineArgs, EngineConfig
 from pagemill.engine.messages import EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ _IDLE_POLL_MS = 1000  # how often the core checks that its parent (the front end
 class EngineCoreProc:
     """Runs an EngineCore and moves its inputs and outputs over ZMQ."""
 
-    def __init__(self, config: EngineConfig, input_address: str, output_address: str) -> None:
+    def __init__(self, config: EngineConfig | EngineArgs, input_address: str, output_address: str) -> None:
         self.ctx = zmq.Context(1)
         self.output = self.ctx.socket(zmq.PUSH)
         self.output.setsockopt(zmq.SNDHWM, 0)
@@ -54,6 +54,8 @@ class EngineCoreProc:
         try:
             from pagemill.engine.core import EngineCore
 
+            if isinstance(config, EngineArgs):  # started before the front end had resolved it (same result)
+                config = config.create_engine_config()
             # The front end logs stats; the core must not log them a second time.
             self.core = EngineCore(dataclasses.replace(config, log_stats=False))
         except BaseException as e:
@@ -150,7 +152,7 @@ def _exit_on_signal(signum: int, frame: Any) -> None:
     raise SystemExit(0)
 
 
-def run_engine_core(config: EngineConfig, input_address: str, output_address: str) -> None:
+def run_engine_core(config: EngineConfig | EngineArgs, input_address: str, output_address: str) -> None:
     """Process entry point (multiprocessing spawn target)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [engine core] %(message)s")
     # SIGINT goes to the whole process group on Ctrl-C: the front end decides when the core stops.

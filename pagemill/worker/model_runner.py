@@ -50,7 +50,7 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     (torch.zeros writes them all). The tensor keeps the mapping alive; it is page-aligned.
     """
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if nbytes == 0:
+    if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):  # (Windows: no anonymous-mapping flags)
         return torch.zeros(shape, dtype=dtype)
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
