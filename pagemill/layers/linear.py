@@ -153,7 +153,7 @@ class ReducedPrecisionLinear(nn.Module):
         if dtype == torch.float32 and self.weight_format in ("q4_1", "q8_0"):
             self._gemv_max_rows = RECORDS_MAX_ROWS
         if self._exact_records and self._mkldnn_weight is not None:
-            # With the kernels, every matmul reads the records (<= GEMV_MAX_ROWS rows) or the oneDNN copy, so the
+            # With the kernels, every matmul reads the records (<= _gemv_max_rows rows) or the oneDNN copy, so the
             # plain weight (a third copy, 4 bytes per weight in float32) is dropped; the torch reference path
             # rebuilds it from the records (bit-identical) the first time it runs.
             del self._parameters["weight"]
