@@ -28,6 +28,16 @@ inline void copy_row(O* out, const X* x, int64_t n) {
   for (int64_t i = 0; i < n; i += W) vstoren(out + i, vloadn(x + i, n - i), n - i);
 }
 
+// Calls f(xp, op): x and out as pointers to their element types.
+template <typename F>
+inline void with_io(DType x_dtype, const void* x, DType out_dtype, void* out, const F& f) {
+  with_float_type(x_dtype, [&](auto xt) {
+    with_float_type(out_dtype, [&](auto ot) {
+      f(static_cast<const decltype(xt)*>(x), static_cast<decltype(ot)*>(out));
+    });
+  });
+}
+
 // g = silu(g) * u, vectorised (libmvec expf).
 inline void silu_mul_inplace(float* __restrict g, const float* __restrict u, int64_t n) {
 #pragma omp simd
@@ -50,61 +60,43 @@ inline void rope_head(float* out, const X* x, const float* c, const float* s, in
 
 void rms_norm(void* out, DType out_dtype, const void* x, DType x_dtype, const float* w, int64_t T, int64_t H,
               float eps, int num_threads) {
-  with_float_type(x_dtype, [&](auto xt) {
-    with_float_type(out_dtype, [&](auto ot) {
-      using X = decltype(xt);
-      using O = decltype(ot);
-      const X* xp = static_cast<const X*>(x);
-      O* op = static_cast<O*>(out);
-      parallel_for(T, row_grain(H), num_threads, [&](int64_t b, int64_t e) {
-        Scratch row;
-        float* r = row.get(H);
-        for (int64_t t = b; t < e; ++t) {
-          copy_row(r, xp + t * H, H);
-          norm_row(op + t * H, r, w, H, eps);
-        }
-      });
+  with_io(x_dtype, x, out_dtype, out, [&](auto xp, auto op) {
+    parallel_for(T, row_grain(H), num_threads, [&](int64_t b, int64_t e) {
+      Scratch row;
+      float* r = row.get(H);
+      for (int64_t t = b; t < e; ++t) {
+        copy_row(r, xp + t * H, H);
+        norm_row(op + t * H, r, w, H, eps);
+      }
     });
   });
 }
 
 void fused_add_rms_norm(void* out, DType out_dtype, const void* x, DType x_dtype, float* residual, const float* w,
                         int64_t T, int64_t H, float eps, int num_threads) {
-  with_float_type(x_dtype, [&](auto xt) {
-    with_float_type(out_dtype, [&](auto ot) {
-      using X = decltype(xt);
-      using O = decltype(ot);
-      const X* xp = static_cast<const X*>(x);
-      O* op = static_cast<O*>(out);
-      parallel_for(T, row_grain(H), num_threads, [&](int64_t b, int64_t e) {
-        for (int64_t t = b; t < e; ++t) {
-          float* r = residual + t * H;
-          for (int64_t i = 0; i < H; i += W)
-            vstoren(r + i, vadd(vloadn(r + i, H - i), vloadn(xp + t * H + i, H - i)), H - i);
-          norm_row(op + t * H, r, w, H, eps);
-        }
-      });
+  with_io(x_dtype, x, out_dtype, out, [&](auto xp, auto op) {
+    parallel_for(T, row_grain(H), num_threads, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        float* r = residual + t * H;
+        for (int64_t i = 0; i < H; i += W)
+          vstoren(r + i, vadd(vloadn(r + i, H - i), vloadn(xp + t * H + i, H - i)), H - i);
+        norm_row(op + t * H, r, w, H, eps);
+      }
     });
   });
 }
 
 void silu_and_mul(void* out, DType out_dtype, const void* x, DType x_dtype, int64_t T, int64_t I, int num_threads) {
-  with_float_type(x_dtype, [&](auto xt) {
-    with_float_type(out_dtype, [&](auto ot) {
-      using X = decltype(xt);
-      using O = decltype(ot);
-      const X* xp = static_cast<const X*>(x);
-      O* op = static_cast<O*>(out);
-      parallel_for(T, row_grain(2 * I), num_threads, [&](int64_t b, int64_t e) {
-        Scratch buf;
-        float* gate = buf.get(2 * I);
-        float* up = gate + I;
-        for (int64_t t = b; t < e; ++t) {
-          copy_row(gate, xp + t * 2 * I, 2 * I);
-          silu_mul_inplace(gate, up, I);
-          copy_row(op + t * I, gate, I);
-        }
-      });
+  with_io(x_dtype, x, out_dtype, out, [&](auto xp, auto op) {
+    parallel_for(T, row_grain(2 * I), num_threads, [&](int64_t b, int64_t e) {
+      Scratch buf;
+      float* gate = buf.get(2 * I);
+      float* up = gate + I;
+      for (int64_t t = b; t < e; ++t) {
+        copy_row(gate, xp + t * 2 * I, 2 * I);
+        silu_mul_inplace(gate, up, I);
+        copy_row(op + t * I, gate, I);
+      }
     });
   });
 }
