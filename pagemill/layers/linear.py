@@ -2,9 +2,9 @@
 
 - `linear_dtype=float16|bfloat16`: weights and GEMMs in reduced precision, 3-4x faster than float32 from 32
   rows up on AVX512-FP16/BF16 CPUs; the residual stream, norms, attention and sampling stay float32.
-- Up to GEMV_MAX_ROWS rows (single streams, small batches), a weight-streaming GEMV kernel of ours
-  (csrc/gemv.cpp): from a GGUF file it streams the Q4_1 / Q8_0 records as stored (0.6-1.1 bytes per
-  weight, the same weight values as the dequantized float32 model), else the fp16 weight.
+- Up to GEMV_MAX_ROWS rows (single streams, small batches; RECORDS_MAX_ROWS for float32 Q4_1 / Q8_0 records), a
+  weight-streaming kernel of ours (csrc/variant/gemv.cpp): from a GGUF file it streams the Q4_1 / Q8_0 records as
+  stored (0.6-1.1 bytes per weight, the same weight values as the dequantized float32 model), else the fp16 weight.
 - More rows: oneDNN with the weight reordered once at load rather than on every call (1.3-1.7x faster).
 
 The GEMV layouts of GGUF weights are built from the file's Q4_1 / Q8_0 blocks by re-arranging bytes

@@ -1,5 +1,6 @@
-// Small-M linear layers (y = x W^T + b, M = 1..16 rows) for decode: the weights are streamed once from memory, so
-// the kernels are "vertical" GEMVs over a packed layout that needs no horizontal reductions.
+// Linear layers over packed weights (y = x W^T + b). Up to 16 rows (decode) the weights are streamed once from
+// memory, so the kernels are "vertical" GEMVs over a packed layout that needs no horizontal reductions; more rows
+// run an fp32 micro-kernel over panels dequantized once per k block (run_panel).
 //
 // Packed layout (the same for every ISA variant; packing.cpp writes it): W [N, K] -> tiles of NT = 64 output
 // channels, [N/NT (rounded up), K, NT], so a tile is one contiguous stream and each k step is one row of NT weights,
@@ -21,8 +22,11 @@ template <int MR>
 constexpr int vectors_per_pass() {
   return W == 16 || MR == 1 ? NV : 4;
 }
-constexpr int64_t KB = 256;
-constexpr int64_t kDirectMaxRows = 16;  // the direct kernels' accumulators live on the stack: acc[16 * NT]  // k block when x has several row blocks: one tile block stays in L1
+constexpr int64_t KB = 256;  // k block when x has several row blocks: one tile block stays in L1
+// Up to this many rows the direct kernels stream the weights inside the dot products (their accumulators live on
+// the stack, acc[16 * NT]); more rows go through fp32 panels (unpacked once). Measured for Q4: the direct kernel
+// wins up to 16 rows on AVX-512 and AVX2.
+constexpr int64_t kDirectMaxRows = 16;
 
 // Software prefetch across 4 KiB pages, which the hardware streamers do not cross: per core, it gives ~20% more
 // DRAM bandwidth at M = 1. Distances are in bytes ahead of row k; measured on the per-token weight set.
@@ -164,9 +168,6 @@ void run_panel(const GemvArgs& a, int64_t step, Dequant dequant) {
 // sum_k x_k w_k = 16 d * sum_k x_k f_k + (m - 16 d) * sum_k x_k, with the per-row group sums of x computed once.
 constexpr int64_t Q4_DM = 4 * NT;  // bytes of a record's d and m
 constexpr int MRQ_MAX = W == 16 ? 4 : 2;
-// Up to this many rows the records are unpacked inside the dot products (once per row block); more rows go through
-// an fp32 panel (unpacked once).
-constexpr int64_t Q4_DIRECT_MAX_ROWS = 16;  // measured: the direct kernel wins up to 16 rows on AVX-512 and AVX2
 
 #if defined(__AVX512VBMI__) && defined(__GFNI__)
 // A pair row (NT bytes, two nibbles each) -> 2 x NV vectors of f = 1 + q / 16: a GF(2) affine map moves each byte's
@@ -363,7 +364,7 @@ void dequant_q4(const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G, int
 
 void gemv_q4(const GemvArgs& a, const uint8_t* packed, int64_t G) {
   const int64_t M = a.M, K = a.K, ng = K / G, R = G / 2 * NT + Q4_DM;
-  if (M > Q4_DIRECT_MAX_ROWS) {
+  if (M > kDirectMaxRows) {
     const Q4Unpack u;
     run_panel(a, G, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
       dequant_q4(u, packed + t * ng * R, R, G, k0, k1, panel);
