@@ -193,7 +193,7 @@ class EngineArgs:
             raise ValueError(
                 f"max_model_len ({max_model_len}) is larger than the model's context length ({model_max})."
             )
-        from pagemill.layers.linear import check_linear_options, resolve_quantization
+        from pagemill.layers.quantization import check_linear_options, resolve_quantization
 
         check_linear_options(self.linear_dtype, self.quantization)
         max_batched = self.max_num_batched_tokens or max(2048, 0)

@@ -1,14 +1,12 @@
-"""Fused layer ops: the compiled kernel when it is loaded, else the pure-torch reference (HF's math).
+"""Fused layer ops, two ways: `TorchLayerOps` (pure torch, HF's math: the reference) and `KernelLayerOps` (the
+compiled CPU kernels). An engine picks one (`select_layer_ops`) and builds its layers with it, so engines with
+different choices live side by side in one process.
 
-Tensors are CPU tensors (the engine runs on CPUs only).
-
-`out_dtype` is the dtype the consumer (usually the next matmul) wants, so the cast is fused in too.
+`out_dtype` is the dtype the consumer (usually the next matmul) reads, so the cast is fused into the op.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import ModuleType
 
 import torch
@@ -16,55 +14,69 @@ import torch.nn.functional as F
 
 from pagemill.kernels.build import load_kernels
 
-_kernels: ModuleType | None = None
+
+class TorchLayerOps:
+    """The reference: each op in plain torch, computed as HF transformers computes it."""
+
+    kernels: ModuleType | None = None  # the compiled module behind the ops (none here)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+        """weight * x / rms(x), computed in float32, returned in `out_dtype`."""
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return (weight * h.to(x.dtype)).to(out_dtype)
+
+    def fused_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                           out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(residual + x), residual + x)."""
+        residual = residual + x.to(residual.dtype)
+        return self.rms_norm(residual, weight, eps, out_dtype), residual
+
+    def silu_and_mul(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """silu(gate) * up for x = [gate | up] along the last dim, in `out_dtype`."""
+        gate, up = x.chunk(2, dim=-1)
+        return (F.silu(gate) * up).to(out_dtype)
+
+    def gelu_tanh_and_mul(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """gelu_tanh(gate) * up for x = [gate | up] (Gemma's gated MLP), in `out_dtype`."""
+        gate, up = x.chunk(2, dim=-1)
+        return (F.gelu(gate, approximate="tanh") * up).to(out_dtype)
 
 
-@contextmanager
-def use_kernels(enabled: bool) -> Iterator[bool]:
-    """Within the block, route the fused ops to the compiled kernels (if they build) or the torch reference.
+class KernelLayerOps(TorchLayerOps):
+    """The compiled kernels for the float32-weight ops they implement; the reference math for the rest."""
 
-    Scoped rather than global so engines with different backends can live in one process.
-    """
-    global _kernels
-    previous, _kernels = _kernels, (load_kernels() if enabled else None)
-    try:
-        yield _kernels is not None
-    finally:
-        _kernels = previous
+    def __init__(self, kernels: ModuleType) -> None:
+        self.kernels = kernels
 
-
-def kernels() -> ModuleType | None:
-    """The loaded kernel module when the fused ops use it, else None."""
-    return _kernels
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
-    """weight * x / rms(x), computed in float32, returned in `out_dtype`."""
-    if _kernels is not None and weight.dtype == torch.float32:
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+        """weight * x / rms(x), computed in float32, returned in `out_dtype`."""
+        if weight.dtype != torch.float32:
+            return super().rms_norm(x, weight, eps, out_dtype)
         out = torch.empty(x.shape, dtype=out_dtype)
-        _kernels.rms_norm(out, x.contiguous(), weight, eps)
+        self.kernels.rms_norm(out, x.contiguous(), weight, eps)
         return out
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return (weight * h.to(x.dtype)).to(out_dtype)
 
-
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                       out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(residual + x), residual + x); the kernel updates `residual` in place."""
-    if _kernels is not None and residual.dtype == torch.float32 and weight.dtype == torch.float32:
+    def fused_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                           out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(residual + x), residual + x); the kernel updates `residual` in place."""
+        if residual.dtype != torch.float32 or weight.dtype != torch.float32:
+            return super().fused_add_rms_norm(x, residual, weight, eps, out_dtype)
         out = torch.empty(x.shape, dtype=out_dtype)
-        _kernels.fused_add_rms_norm(out, x.contiguous(), residual, weight, eps)
+        self.kernels.fused_add_rms_norm(out, x.contiguous(), residual, weight, eps)
         return out, residual
-    residual = residual + x.to(residual.dtype)
-    return rms_norm(residual, weight, eps, out_dtype), residual
 
-
-def silu_and_mul(x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """silu(gate) * up for x = [gate | up] along the last dim, in `out_dtype`."""
-    if _kernels is not None:
+    def silu_and_mul(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """silu(gate) * up for x = [gate | up] along the last dim, in `out_dtype`."""
         out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=out_dtype)
-        _kernels.silu_and_mul(out, x.contiguous())
+        self.kernels.silu_and_mul(out, x.contiguous())
         return out
-    gate, up = x.chunk(2, dim=-1)
-    return (F.silu(gate) * up).to(out_dtype)
+
+
+LayerOps = TorchLayerOps  # the interface: KernelLayerOps is a TorchLayerOps with kernels behind it
+
+
+def select_layer_ops(use_kernels: bool) -> TorchLayerOps:
+    """KernelLayerOps when asked for and the kernels are built, else the torch reference."""
+    kernels = load_kernels() if use_kernels else None
+    return KernelLayerOps(kernels) if kernels is not None else TorchLayerOps()

@@ -1,4 +1,4 @@
-"""The Attention layer models call; the backend and the KV cache behind it are the runner's business."""
+"""The Attention layer models call; the backend it was built with computes it over the KV cache the runner binds."""
 
 from __future__ import annotations
 
@@ -6,42 +6,49 @@ import torch
 from torch import nn
 
 from pagemill.forward_context import get_attn_metadata
+from pagemill.layers.context import LayerContext
+from pagemill.layers.norm import RMSNorm
 from pagemill.layers.rotary import RotaryEmbedding
 
 
 class Attention(nn.Module):
-    """Paged attention over this layer's KV cache, using the step's metadata from the forward context."""
+    """Paged attention from a fused QKV projection output: optional per-head QK norm, RoPE, cache write, attend.
 
-    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float,
-                 sliding_window: int | None = None, layer_idx: int = 0) -> None:
+    The path is chosen once, from the backend's declared capabilities: its fused RoPE + cache-write kernel when it
+    has one for this layer (dtype, full-width RoPE, and a QK norm only if the kernel takes one), else split, norm,
+    rotate and `backend.forward`.
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float, ctx: LayerContext,
+                 rotary: RotaryEmbedding, out_dtype: torch.dtype, sliding_window: int | None = None,
+                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None, layer_idx: int = 0) -> None:
         super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = head_dim
-        self.num_kv_heads = num_kv_heads
-        self.scale = scale
-        self.sliding_window = sliding_window
-        self.layer_idx = layer_idx
+        self.num_heads, self.head_dim, self.num_kv_heads = num_heads, head_dim, num_kv_heads
+        self.scale, self.sliding_window, self.layer_idx = scale, sliding_window, layer_idx
+        self.rotary, self.out_dtype = rotary, out_dtype
+        # The norms belong to the caller's module (their weights load there); a tuple keeps them unregistered here.
+        self.qk_norm = None if q_norm is None else (q_norm, k_norm)
+        self.backend = ctx.attn_backend
+        caps = self.backend.capabilities
+        if sliding_window is not None and not caps.sliding_window:
+            raise ValueError(f"the {self.backend.name} attention backend has no sliding-window attention.")
+        self.fused = (caps.fused_rope_cache_write and rotary.rotary_dim == head_dim
+                      and rotary.cos.dtype in caps.fused_dtypes and (q_norm is None or caps.qk_norm_hook))
+        self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner
-        self.backend = None  # bound by the model runner
 
-    def forward_qkv(self, qkv: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
-                    out_dtype: torch.dtype) -> torch.Tensor:
-        """Attention from a fused QKV projection output [T, (Hq + 2 Hk) * D]: RoPE, cache write, attend.
-
-        Returns [T, Hq * D] in `out_dtype`. Backends with a fused RoPE + cache-write kernel take it whole.
-        """
-        fused = getattr(self.backend, "forward_fused", None)
-        if fused is not None and rotary.cos.shape[-1] == self.head_dim:
-            out = fused(self, qkv, positions, rotary.cos, rotary.sin, self.kv_cache, get_attn_metadata(), out_dtype)
-            if out is not None:
-                return out.view(qkv.shape[0], self.num_heads * self.head_dim)
+    def forward(self, qkv: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """qkv [T, (Hq + 2 Hk) * D] -> [T, Hq * D] in out_dtype."""
         t = qkv.shape[0]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = qkv.to(rotary.cos.dtype).split([q_size, kv_size, kv_size], dim=-1)
-        q, k = rotary(positions, q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim))
-        return self.forward(q, k, v.view(t, self.num_kv_heads, self.head_dim)).to(out_dtype)
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: [T, Hq, D]; k, v: [T, Hk, D] -> [T, Hq * D]."""
-        out = self.backend.forward(self, q, k, v, self.kv_cache, get_attn_metadata())
-        return out.reshape(q.shape[0], self.num_heads * self.head_dim)
+        metadata = get_attn_metadata()
+        if self.fused:
+            out = self.backend.forward_fused(self, qkv, positions, self.rotary.cos, self.rotary.sin, self.kv_cache,
+                                             metadata, self.out_dtype)
+            return out.view(t, self.q_size)
+        q, k, v = qkv.to(self.rotary.cos.dtype).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm is not None:
+            q, k = self.qk_norm[0](q), self.qk_norm[1](k)
+        q, k = self.rotary(positions, q, k)
+        out = self.backend.forward(self, q, k, v.view(t, self.num_kv_heads, self.head_dim), self.kv_cache, metadata)
+        return out.reshape(t, self.q_size).to(self.out_dtype)

@@ -2,24 +2,38 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from pagemill.kernels import ops
+from pagemill.kernels.ops import TorchLayerOps
+from pagemill.layers.quantization.base import copy_into
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm with a learned scale; with `residual`, adds x into it first (vLLM style)."""
+    """Root-mean-square layer norm with a learned scale; with `residual`, adds x into it first (vLLM style).
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+    `out_dtype`: what the consumer reads (the next matmul's input dtype), cast inside the op. `one_plus`: the
+    scale is (1 + w) (Gemma), folded into the weight once at load.
+    """
+
+    def __init__(self, hidden_size: int, eps: float, ops: TorchLayerOps, out_dtype: torch.dtype | None = None,
+                 one_plus: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        self.eps, self.ops, self.out_dtype, self.one_plus = eps, ops, out_dtype, one_plus
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
-                out_dtype: torch.dtype | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """norm(x), or (norm(x + residual), x + residual) when a residual is given; output in `out_dtype`."""
-        out_dtype = out_dtype or x.dtype
+    def load_weight(self, param: str, loaded: Any, shard_id: Any = None) -> None:
+        """The checkpoint's w (the stored scale is 1 + w when one_plus)."""
+        copy_into(self.weight, loaded)
+        if self.one_plus:
+            self.weight.data += 1.0
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """norm(x), or (norm(x + residual), x + residual) when a residual is given."""
+        out_dtype = self.out_dtype or x.dtype
         if residual is None:
-            return ops.rms_norm(x, self.weight, self.eps, out_dtype)
-        return ops.fused_add_rms_norm(x, residual, self.weight, self.eps, out_dtype)
+            return self.ops.rms_norm(x, self.weight, self.eps, out_dtype)
+        return self.ops.fused_add_rms_norm(x, residual, self.weight, self.eps, out_dtype)

@@ -6,31 +6,37 @@ import torch
 from torch import nn
 
 
-def _inv_freq(hf_config) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies and attention scaling for the config's RoPE type (HF's own init functions)."""
+def _inv_freq(hf_config, layer_type: str | None) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and attention scaling for the config's RoPE type (HF's own init functions).
+
+    `layer_type`: for configs with RoPE parameters per layer type (Gemma 3: sliding / full attention).
+    """
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     params = getattr(hf_config, "rope_parameters", None) or {}
+    if layer_type is not None and layer_type in params:
+        params = params[layer_type]
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
         dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-        dim = int(dim * params.get("partial_rotary_factor", 1.0))
+        dim = int(dim * params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0)))
         return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
     if rope_type not in ROPE_INIT_FUNCTIONS or rope_type == "dynamic":
         raise ValueError(f"rope type {rope_type!r} is not supported.")
-    return ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+    return ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"), layer_type=layer_type)
 
 
 class RotaryEmbedding(nn.Module):
     """Applies RoPE (the non-interleaved "rotate_half" form HF Llama uses) to q and k."""
 
-    def __init__(self, hf_config, max_position: int, dtype: torch.dtype) -> None:
+    def __init__(self, hf_config, max_position: int, dtype: torch.dtype, layer_type: str | None = None) -> None:
         super().__init__()
-        inv_freq, scaling = _inv_freq(hf_config)
+        inv_freq, scaling = _inv_freq(hf_config, layer_type)
         pos = torch.arange(max_position, dtype=torch.float)
         freqs = pos[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
+        self.rotary_dim = emb.shape[-1]
         self.register_buffer("cos", (emb.cos() * scaling).to(dtype), persistent=False)
         self.register_buffer("sin", (emb.sin() * scaling).to(dtype), persistent=False)
 

@@ -2,9 +2,9 @@
 
 Q4_1, Q8_0, F16 and F32 tensors are decoded here with torch from the memory-mapped bytes, with the arithmetic of
 `gguf.quants.dequantize` (Q4_1: (d * q) + m, Q8_0: q * d, in float32, each product and sum rounded once), so the
-float32 weights are bit-identical to the ones transformers loads; other types go through `gguf.quants`. The raw
-Q4_1 / Q8_0 blocks of the 2-D weights are kept (rows in HF order) so the GEMV packing can re-lay them out instead
-of re-fitting the dequantized floats (`pagemill.layers.linear.pack_q4_1_blocks`).
+float32 weights are bit-identical to the ones transformers loads; other types go through `gguf.quants`. Layers
+that keep Q4_1 / Q8_0 weights as stored read their blocks (`GGUFWeight.blocks`) instead
+(`pagemill.layers.quantization.gguf`).
 """
 
 from __future__ import annotations
@@ -43,46 +43,6 @@ _BLOCK_BYTES = {GGML_Q4_1: 4 + QK // 2, GGML_Q8_0: 2 + QK}
 _CHUNK_ROWS = 4096  # rows decoded at a time: bounds the float temporaries of the 49152-row embedding
 
 
-class GGUFBlocks:
-    """A weight's Q4_1 or Q8_0 blocks as stored in the file: uint8 [rows, K / 32, bytes per block], HF row order.
-
-    A fused weight (q/k/v, gate/up) is several parts, concatenated in row order only when `blocks` is read (by the
-    packing, which frees it right after). `release()` says the blocks were consumed: the file pages they were
-    read from leave the process's resident set (they stay in the page cache).
-    """
-
-    def __init__(self, ggml_type: int, *parts: torch.Tensor, file_ranges: tuple = (), gguf: GGUFFile | None = None):
-        self.ggml_type, self.parts = ggml_type, parts
-        self._file_ranges, self._gguf = file_ranges, gguf
-
-    @property
-    def format(self) -> str:
-        """q4_1 or q8_0."""
-        return "q4_1" if self.ggml_type == GGML_Q4_1 else "q8_0"
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """(rows, K / 32, bytes per block)."""
-        return (sum(p.shape[0] for p in self.parts), *self.parts[0].shape[1:])
-
-    @property
-    def blocks(self) -> torch.Tensor:
-        """All rows' blocks, one tensor (a concatenation for a fused weight)."""
-        return self.parts[0] if len(self.parts) == 1 else torch.cat(self.parts)
-
-    def fuse(self, *others: GGUFBlocks) -> GGUFBlocks:
-        """These blocks followed by others' rows (same type)."""
-        return GGUFBlocks(self.ggml_type, *self.parts, *(p for o in others for p in o.parts),
-                          file_ranges=self._file_ranges + tuple(r for o in others for r in o._file_ranges),
-                          gguf=self._gguf)
-
-    def release(self) -> None:
-        """Done with the blocks: drop the mapping of their file pages from this process."""
-        if self._gguf is not None:
-            for offset, nbytes in self._file_ranges:
-                self._gguf.release_pages(offset, nbytes)
-
-
 def gguf_to_hf_name(name: str, model_type: str) -> str | None:
     """The HF parameter name of a GGUF tensor, or None if we do not use it."""
     m = _LAYER_RE.match(name)
@@ -104,11 +64,9 @@ def _reverse_permute(w, n_head: int):
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
-def _row_permutation(gguf_name: str, hf_config) -> int | None:
-    """The head count to un-permute this tensor's rows with (llama Q/K weights), else None."""
-    if hf_config.model_type == "llama" and (".attn_q." in gguf_name or ".attn_k." in gguf_name):
-        return hf_config.num_attention_heads if ".attn_q." in gguf_name else hf_config.num_key_value_heads
-    return None
+def _rope_permuted(gguf_name: str, model_type: str) -> bool:
+    """True for the Q/K weights llama.cpp's converter permuted (llama: it interleaves the two RoPE halves)."""
+    return model_type == "llama" and (".attn_q." in gguf_name or ".attn_k." in gguf_name)
 
 
 def _raw_tensor(gguf: GGUFFile, t: GGUFTensor) -> torch.Tensor:
@@ -164,31 +122,52 @@ def single_threaded() -> Iterator[None]:
 
 class GGUFWeight:
     """One tensor of the file under its HF name, decoded when asked: `load_into(out)` writes it into a float32
-    tensor (a model parameter, or a slice of a fused one) with no temporary copy for Q4_1 / Q8_0 / F32 / F16."""
+    tensor (a model parameter, or a slice of one) with no temporary copy for Q4_1 / Q8_0 / F32 / F16; `blocks`
+    are a Q4_1 / Q8_0 weight's blocks as stored, for layers that keep them.
 
-    def __init__(self, owner: GGUFWeights, tensor: GGUFTensor, hf_name: str) -> None:
-        self.owner, self.tensor, self.hf_name = owner, tensor, hf_name
+    `rope_permuted`: the rows are in llama.cpp's interleaved-RoPE order; the layer that owns the rows calls
+    `unpermute_rope(heads)` for a view in HF order.
+    """
+
+    def __init__(self, gguf: GGUFFile, tensor: GGUFTensor, hf_name: str, model_type: str,
+                 rope_heads: int | None = None) -> None:
+        self.gguf, self.tensor, self.hf_name, self.model_type = gguf, tensor, hf_name, model_type
         self.shape = torch.Size(tensor.shape)
+        self.rope_heads = rope_heads  # set: rows are un-permuted for this many heads when read
+        self.rope_permuted = rope_heads is None and _rope_permuted(tensor.name, model_type)
+
+    @property
+    def format(self) -> str | None:
+        """q4_1 / q8_0 for a 2-D weight stored in those block formats, else None."""
+        t = self.tensor
+        if len(t.shape) != 2 or t.ggml_type not in _BLOCK_BYTES:
+            return None
+        return "q4_1" if t.ggml_type == GGML_Q4_1 else "q8_0"
+
+    def unpermute_rope(self, heads: int) -> GGUFWeight:
+        """This tensor with its rows read in HF order (undoing llama.cpp's Q/K permutation for `heads` heads)."""
+        return GGUFWeight(self.gguf, self.tensor, self.hf_name, self.model_type, rope_heads=heads)
+
+    @property
+    def blocks(self) -> torch.Tensor:
+        """uint8 [rows, K / 32, bytes per block]: a view of the file map (a copy when rows are un-permuted)."""
+        t = self.tensor
+        blocks = _raw_tensor(self.gguf, t).view(t.shape[0], t.shape[1] // QK, _BLOCK_BYTES[t.ggml_type])
+        return blocks if self.rope_heads is None else _reverse_permute(blocks, self.rope_heads)
 
     def materialize(self) -> torch.Tensor:
         """The tensor as a new float32 tensor."""
         return self.load_into(torch.empty(self.shape, dtype=torch.float32))
 
     def load_into(self, out: torch.Tensor) -> torch.Tensor:
-        """Decode into `out` (float32, contiguous, this shape); also records the Q4_1 / Q8_0 blocks."""
-        t, cfg = self.tensor, self.owner.hf_config
+        """Decode into `out` (float32, contiguous, this shape)."""
+        t = self.tensor
         if out.dtype != torch.float32 or out.shape != self.shape or not out.is_contiguous():
             raise ValueError(f"{self.hf_name}: cannot decode into a {out.dtype} {tuple(out.shape)} tensor")
-        heads = _row_permutation(t.name, cfg)
-        raw = _raw_tensor(self.owner.gguf, t)
         with single_threaded(), torch.no_grad():
-            if t.ggml_type in _BLOCK_BYTES and len(t.shape) == 2:
-                blocks = raw.view(t.shape[0], t.shape[1] // QK, _BLOCK_BYTES[t.ggml_type])
-                if heads is not None:
-                    blocks = _reverse_permute(blocks, heads)  # a copy (uint8), in HF row order
-                self.owner.blocks[self.hf_name] = GGUFBlocks(t.ggml_type, blocks, file_ranges=((t.offset, t.nbytes),),
-                                                             gguf=self.owner.gguf)
-                return (dequantize_q4_1 if t.ggml_type == GGML_Q4_1 else dequantize_q8_0)(blocks, out)
+            if self.format is not None:
+                return (dequantize_q4_1 if t.ggml_type == GGML_Q4_1 else dequantize_q8_0)(self.blocks, out)
+            raw = _raw_tensor(self.gguf, t)
             if t.ggml_type == GGML_F32:
                 arr = raw.view(torch.float32).reshape(t.shape)
             elif t.ggml_type == GGML_F16:
@@ -198,20 +177,23 @@ class GGUFWeight:
 
                 arr = torch.from_numpy(np.asarray(dequantize(raw.numpy(), t.ggml_type), dtype=np.float32))
                 arr = arr.reshape(t.shape)
-            if heads is not None:
-                arr = _reverse_permute(arr, heads)
-            if cfg.model_type.startswith("gemma") and "norm" in t.name:
+            if self.rope_heads is not None:
+                arr = _reverse_permute(arr, self.rope_heads)
+            if self.model_type.startswith("gemma") and "norm" in t.name:
                 arr = arr.float() - 1.0  # GGUF stores Gemma's (1 + w) norm weights
             return out.copy_(arr)
 
+    def release(self) -> None:
+        """Done with this tensor: its file pages leave the process's resident set (they stay in the page cache)."""
+        self.gguf.release_pages(self.tensor.offset, self.tensor.nbytes)
+
 
 class GGUFWeights:
-    """The tensors of a GGUF file under their HF names; `blocks` collects the Q4_1 / Q8_0 blocks met on the way."""
+    """The tensors of a GGUF file under their HF names."""
 
     def __init__(self, path: str, hf_config) -> None:
         self.gguf = open_gguf(path)
         self.hf_config = hf_config
-        self.blocks: dict[str, GGUFBlocks] = {}  # HF name -> blocks (2-D Q4_1 / Q8_0 weights)
 
     def lazy(self) -> Iterator[tuple[str, GGUFWeight]]:
         """(HF name, GGUFWeight) for every tensor the model uses, nothing decoded yet."""
@@ -219,11 +201,19 @@ class GGUFWeights:
         for t in self.gguf.tensors.values():
             hf_name = gguf_to_hf_name(t.name, model_type)
             if hf_name is not None:
-                yield hf_name, GGUFWeight(self, t, hf_name)
+                yield hf_name, GGUFWeight(self.gguf, t, hf_name, model_type)
+
+    def tensor_types(self) -> dict[str, int]:
+        """HF name -> ggml type, from the tensor table (the quantization config is chosen from it)."""
+        return {name: w.tensor.ggml_type for name, w in self.lazy()}
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, float32 tensor) for every tensor the model uses."""
+        """(HF name, float32 tensor in HF row order) for every tensor the model uses."""
         for hf_name, weight in self.lazy():
+            if weight.rope_permuted:
+                heads = self.hf_config.num_attention_heads if ".q_proj." in hf_name else \
+                    self.hf_config.num_key_value_heads
+                weight = weight.unpermute_rope(heads)
             yield hf_name, weight.materialize()
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from pagemill.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+from pagemill.models.llama import LlamaForCausalLM
+from pagemill.models.mistral import MistralForCausalLM
+from pagemill.models.qwen2 import Qwen2ForCausalLM
 
 _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,

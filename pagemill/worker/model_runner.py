@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pagemill.attention.backend import CONTEXT_CHUNK, DECODE, FRESH_PREFILL
 from pagemill.attention.metadata import CommonAttentionMetadata
 from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
@@ -18,7 +19,7 @@ from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.engine.messages import LogprobsLists
 from pagemill.engine.step_profiler import StepProfiler
 from pagemill.forward_context import set_forward_context
-from pagemill.kernels import ops
+from pagemill.kernels.ops import select_layer_ops
 from pagemill.loader.model_loader import load_model
 from pagemill.sample.metadata import SamplingMetadata
 from pagemill.sample.sampler import Sampler, gather_logprobs
@@ -63,13 +64,16 @@ class ModelRunner:
         self.config = config
         mc, cc = config.model_config, config.cache_config
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
-        self.model = load_model(mc)
-        self.vocab_size = mc.hf_config.vocab_size
-        self.block_size = cc.block_size
         self.backend = get_attn_backend(config.attention_backend)
         # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.
-        self.use_kernels = config.attention_backend != "torch"
+        self.ops = select_layer_ops(use_kernels=self.backend.name != "torch")
+        self.model = load_model(mc, self.ops, self.backend)
+        self.vocab_size = mc.hf_config.vocab_size
+        self.block_size = cc.block_size
         self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)
+        if self.kv_dtype not in self.backend.capabilities.kv_cache_dtypes:
+            raise ValueError(f"kv_cache_dtype {self.kv_dtype} is not supported by the {self.backend.name} backend.")
+        self.batch_rank = np.asarray(self.backend.batch_order)  # request kind -> position class in the batch
         self.num_blocks = self._num_blocks()
         cc.num_blocks = self.num_blocks
         shape = self.backend.kv_cache_shape(self.num_blocks, cc.block_size, mc.num_kv_heads, mc.head_dim)
@@ -82,7 +86,7 @@ class ModelRunner:
         swap_shape = (mc.num_layers, 2, cc.num_swap_blocks, *shape[2:])
         self.swap_cache = torch.empty(swap_shape, dtype=self.kv_dtype) if cc.num_swap_blocks else None
         for layer, cache in zip(self.model.attention_layers(), self.kv_caches):
-            layer.kv_cache, layer.backend = cache, self.backend
+            layer.kv_cache = cache
         from pagemill.worker.input_batch import InputBatch
 
         self.input_batch = InputBatch(config.scheduler_config.max_num_seqs, mc.max_model_len, cc.block_size)
@@ -136,10 +140,9 @@ class ModelRunner:
             return ModelRunnerOutput({})
         with prof.section("prepare"):
             step = self._prepare(so)
-        with ops.use_kernels(self.use_kernels):
-            with prof.section("forward"), set_forward_context(step.attn_metadata):
-                hidden = self.model(step.input_ids, step.positions)
-            return self._sample(hidden, step)
+        with prof.section("forward"), set_forward_context(self.backend.build_metadata(step.attn_metadata)):
+            hidden = self.model(step.input_ids, step.positions)
+        return self._sample(hidden, step)
 
     def _prepare(self, so: SchedulerOutput) -> StepInputs:
         """Flattened input ids, positions and attention metadata for the step (vectorised numpy)."""
@@ -147,9 +150,9 @@ class ModelRunner:
         req_ids = list(so.num_scheduled_tokens)
         counts = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids))
         rows = np.fromiter((ib.req_id_to_row[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
-        # Order: decodes (one token), then chunks with cached context, then fresh prefills.
-        kind = np.where(counts == 1, 0, np.where(ib.num_computed_tokens[rows] > 0, 1, 2))
-        order = np.argsort(kind, kind="stable")
+        # The order the attention backend asks for, by kind: decode (one token), context chunk, fresh prefill.
+        kind = np.where(counts == 1, DECODE, np.where(ib.num_computed_tokens[rows] > 0, CONTEXT_CHUNK, FRESH_PREFILL))
+        order = np.argsort(self.batch_rank[kind], kind="stable")
         counts, rows = counts[order], rows[order]
         req_ids = [req_ids[i] for i in order]
         num_reqs = len(req_ids)

@@ -66,13 +66,13 @@ def test_cpu_kernel_matches_torch_reference(window, block_size, hq, hk):
     specs = [(5, 1), (40, 1), (0, 1), (17, 6), (3, 30), (0, 25), (0, 3)]  # decodes, context chunks, fresh prefills
     md, cache, q, k, v = _batch(rng, specs, block_size, 64, hk, 32, hq)
     layer = _Layer(hq, hk, 32, window)
-    ref = TorchPagedAttention().forward(layer, q, k, v, cache.clone(), md)
-    md.extra.clear()
+    torch_backend, cpu_backend = TorchPagedAttention(), CpuPagedAttention()
+    ref = torch_backend.forward(layer, q, k, v, cache.clone(), torch_backend.build_metadata(md))
     cache2 = _kernel_layout(cache)
-    out = CpuPagedAttention().forward(layer, q, k, v, cache2, md)
+    out = cpu_backend.forward(layer, q, k, v, cache2, cpu_backend.build_metadata(md))
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
     ref_cache = cache.clone()
-    TorchPagedAttention().forward(layer, q, k, v, ref_cache, md)
+    torch_backend.forward(layer, q, k, v, ref_cache, torch_backend.build_metadata(md))
     torch.testing.assert_close(_reference_layout(cache2), ref_cache)
 
 
@@ -96,14 +96,15 @@ def test_cpu_kernel_reduced_precision_cache_and_output(cache_dtype, out_dtype):
     positions = torch.from_numpy(np.concatenate([np.arange(c, c + n) for c, n in specs]))
     qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
     q_rot, k_rot = rotary(positions, q, k)
-    ref = TorchPagedAttention().forward(layer, q_rot, k_rot, v, cache.clone(), md)
-    md.extra.clear()
+    torch_backend, cpu_backend = TorchPagedAttention(), CpuPagedAttention()
+    ref = torch_backend.forward(layer, q_rot, k_rot, v, cache.clone(), torch_backend.build_metadata(md))
     cache2 = _kernel_layout(cache)
-    out = CpuPagedAttention().forward_fused(layer, qkv, positions, rotary.cos, rotary.sin, cache2, md, out_dtype)
+    out = cpu_backend.forward_fused(layer, qkv, positions, rotary.cos, rotary.sin, cache2,
+                                    cpu_backend.build_metadata(md), out_dtype)
     assert out.dtype == out_dtype
     # the kernel's RoPE differs from torch's in the last fp32 bit, which can flip a key's fp16/bf16 rounding
     tol = 2e-3 if out_dtype == torch.float16 else 5e-4
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
     ref_cache = cache.clone()
-    TorchPagedAttention().forward(layer, q_rot, k_rot, v, ref_cache, md)
+    torch_backend.forward(layer, q_rot, k_rot, v, ref_cache, torch_backend.build_metadata(md))
     torch.testing.assert_close(_reference_layout(cache2).float(), ref_cache.float(), atol=1e-2, rtol=1e-2)

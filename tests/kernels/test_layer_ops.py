@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from pagemill.kernels import load_kernels, ops
+from pagemill.kernels import load_kernels
+from pagemill.kernels.ops import KernelLayerOps, TorchLayerOps
 from pagemill.layers.rotary import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(load_kernels() is None, reason="CPU kernels not built")
@@ -21,13 +22,8 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
 
 
 def _both(fn):
-    """fn's result with the kernels and with the torch reference."""
-    with ops.use_kernels(True) as on:
-        assert on
-        fast = fn()
-    with ops.use_kernels(False):
-        ref = fn()
-    return fast, ref
+    """fn(ops) with the kernels and with the torch reference."""
+    return fn(KernelLayerOps(load_kernels())), fn(TorchLayerOps())
 
 
 @pytest.mark.parametrize("hidden", [576, 100])
@@ -36,7 +32,7 @@ def _both(fn):
 def test_rms_norm_matches_reference(hidden: int, in_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
     x = torch.randn(7, hidden).to(in_dtype)
     w = torch.rand(hidden) + 0.5
-    fast, ref = _both(lambda: ops.rms_norm(x, w, 1e-5, out_dtype))
+    fast, ref = _both(lambda ops: ops.rms_norm(x, w, 1e-5, out_dtype))
     # the reference rounds to the input dtype before scaling (HF does); tolerate the coarser of the two
     _close(fast, ref, max(in_dtype, out_dtype, key=lambda dt: TOL[dt]))
 
@@ -47,7 +43,7 @@ def test_fused_add_rms_norm_updates_residual(in_dtype: torch.dtype, out_dtype: t
     x = torch.randn(5, 576).to(in_dtype)
     residual = torch.randn(5, 576)
     w = torch.rand(576) + 0.5
-    fast, ref = _both(lambda: ops.fused_add_rms_norm(x, residual.clone(), w, 1e-6, out_dtype))
+    fast, ref = _both(lambda ops: ops.fused_add_rms_norm(x, residual.clone(), w, 1e-6, out_dtype))
     torch.testing.assert_close(fast[1], ref[1], rtol=1e-6, atol=1e-6)  # residual + x, exact in fp32
     torch.testing.assert_close(fast[1], residual + x.float(), rtol=1e-6, atol=1e-6)
     _close(fast[0], ref[0], out_dtype)
@@ -58,7 +54,7 @@ def test_fused_add_rms_norm_updates_residual(in_dtype: torch.dtype, out_dtype: t
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
 def test_silu_and_mul_matches_reference(inter: int, in_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
     x = (torch.randn(6, 2 * inter) * 3).to(in_dtype)
-    fast, ref = _both(lambda: ops.silu_and_mul(x, out_dtype))
+    fast, ref = _both(lambda ops: ops.silu_and_mul(x, out_dtype))
     _close(fast, ref.to(out_dtype), torch.float16 if torch.float16 in (in_dtype, out_dtype) else torch.float32)
 
 

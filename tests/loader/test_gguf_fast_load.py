@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from pagemill.layers.linear import pack_q4_1_blocks, pack_q8_0_blocks
+from pagemill.layers.quantization.gguf import pack_q4_1_blocks, pack_q8_0_blocks
 from pagemill.loader.gguf_file import GGML_Q4_1, GGML_Q8_0, GGUFFile, open_gguf
 from pagemill.loader.gguf_loader import (GGUFWeights, _reverse_permute, dequantize_q4_1, dequantize_q8_0,
                                          gguf_to_hf_name)
@@ -37,8 +37,14 @@ def smol_config(smol_path):
 
 @pytest.fixture(scope="module")
 def smol_weights(smol_path, smol_config):
+    """(HF name -> float32 tensor in HF row order, HF name -> GGUFWeight of the 2-D Q4_1 / Q8_0 weights in HF order)."""
     weights = GGUFWeights(smol_path, smol_config)
-    return dict(weights), weights.blocks
+    blocks = {}
+    for name, w in weights.lazy():
+        if w.format is not None:
+            heads = smol_config.num_attention_heads if ".q_proj." in name else smol_config.num_key_value_heads
+            blocks[name] = w.unpermute_rope(heads) if w.rope_permuted else w
+    return dict(weights), blocks
 
 
 def test_metadata_and_tensor_bytes_match_gguf_reader(smol_path):
@@ -160,12 +166,12 @@ def test_packs_equal_kernel_packers_on_smollm2(smol_weights):
     assert {b.format for b in blocks.values()} == {"q4_1", "q8_0"} and len(blocks) == 211
     for name, b in blocks.items():
         w = weights[name]
-        if b.ggml_type == GGML_Q4_1:
+        if b.tensor.ggml_type == GGML_Q4_1:
             packed, err = kernels.pack_gemv_weight_q4(w, 32)
             assert float(err) == 0.0
             assert torch.equal(pack_q4_1_blocks(b.blocks), packed), name
         else:
-            assert b.ggml_type == GGML_Q8_0
+            assert b.tensor.ggml_type == GGML_Q8_0
             q, scales = kernels.pack_gemv_weight_int8(w, 32)
             mine_q, mine_scales = pack_q8_0_blocks(b.blocks)
             assert torch.equal(mine_q, q) and torch.equal(mine_scales, scales), name
@@ -214,12 +220,12 @@ gguf.GGUFReader = gguf.gguf_reader.GGUFReader = Spy
 kernels = load_kernels()
 if kernels is not None:
     fit = kernels.pack_gemv_weight_q4
-    import pagemill.layers.linear as lin
+    import pagemill.kernels.ops as ops
     class K:
         def __getattr__(self, n): return getattr(kernels, n)
         def pack_gemv_weight_q4(self, *a):
             calls.append("fit"); return fit(*a)
-    lin.load_kernels = lambda: K()
+    ops.load_kernels = lambda: K()
 from pagemill import LLM
 llm = LLM({smol_path!r}, kv_cache_memory="64MiB", max_model_len=512)
 print("CALLS", calls)
@@ -245,15 +251,16 @@ def test_llm_default_load_peak_memory():
 
 
 def test_linear_weights_are_dropped_and_rebuilt_exactly(smol_llm, smol_weights):
-    """Q4_1 / Q8_0 linears hold no plain float32 weight; it is rebuilt bit for bit from their records."""
-    from pagemill.layers.linear import ReducedPrecisionLinear
+    """Q4_1 / Q8_0 linears hold no plain float32 weight; their records hold it bit for bit."""
+    from pagemill.layers.quantization.gguf import GGUFLinearMethod
+    from tests.layers.helpers import engine_model
 
     _kernels()
     weights, _ = smol_weights
-    model = smol_llm.llm_engine.engine_core.executor.model_runner.model
-    layers = [m for m in model.modules() if isinstance(m, ReducedPrecisionLinear)]
-    assert len(layers) == 121 and all("weight" not in m._parameters for m in layers)
-    attn, mlp = model.layers[3].self_attn, model.layers[3].mlp
+    model = engine_model(smol_llm)
+    layers = [m for m in model.modules() if isinstance(getattr(m, "quant_method", None), GGUFLinearMethod)]
+    assert len(layers) == 121 and all(m.weight is None for m in layers)
+    attn, mlp = model.model.layers[3].self_attn, model.model.layers[3].mlp
     pre = "model.layers.3."
     expected = {
         attn.qkv_proj: torch.cat([weights[pre + f"self_attn.{p}_proj.weight"] for p in "qkv"]),
@@ -263,5 +270,5 @@ def test_linear_weights_are_dropped_and_rebuilt_exactly(smol_llm, smol_weights):
         model.lm_head: weights["model.embed_tokens.weight"],
     }
     for layer, w in expected.items():
-        rebuilt = layer._decode_records()  # what `.weight` returns (and then keeps) for the reference path
+        rebuilt = layer.quant_method.dequantized_weight(layer)
         assert torch.equal(rebuilt.view(torch.int32), w.view(torch.int32))

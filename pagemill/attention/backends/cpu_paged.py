@@ -5,13 +5,27 @@ Fresh prefills (nothing cached yet) use torch SDPA on the new K/V directly, whic
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pagemill.kernels import load_kernels
-from pagemill.attention.backends.torch_paged import TorchPagedAttention
+from pagemill.attention.backend import AttentionCapabilities
+from pagemill.attention.backends.torch_paged import TorchAttentionMetadata, TorchPagedAttention
 from pagemill.attention.metadata import CommonAttentionMetadata
+from pagemill.kernels import load_kernels
+
+
+@dataclass
+class CpuAttentionMetadata(TorchAttentionMetadata):
+    """The kernel's inputs: its requests (decodes and context chunks, first in the batch) and their tokens."""
+
+    num_kernel_reqs: int = 0
+    num_kernel_tokens: int = 0
+    block_table: torch.Tensor | None = None  # [num_kernel_reqs, max_blocks]
+    query_start_loc: torch.Tensor | None = None  # [num_kernel_reqs + 1]
+    context_lens: torch.Tensor | None = None  # [num_kernel_reqs] tokens cached before the step
 
 
 class CpuPagedAttention(TorchPagedAttention):
@@ -19,34 +33,35 @@ class CpuPagedAttention(TorchPagedAttention):
 
     The cache has the reference shape, but each K block is stored transposed ([kv_heads, head_dim, block_size])
     so the kernel scores 16 keys per vector instruction; only whole-block copies (swap, copy-on-write) touch it
-    from outside.
+    from outside. A float16 / bfloat16 model (queries not in float32) takes the reference path throughout, with
+    the reference layout.
     """
 
     name = "cpu"
+    capabilities = AttentionCapabilities(fused_rope_cache_write=True, fused_dtypes=(torch.float32,))
+    batch_order = (0, 1, 2)  # decodes, context chunks, fresh prefills
 
     def __init__(self) -> None:
         self.kernel = load_kernels()
         if self.kernel is None:
             raise RuntimeError("the CPU paged-attention kernel is not available")
 
-    @staticmethod
-    def _kernel_inputs(md: CommonAttentionMetadata):
-        if "kernel" not in md.extra:
-            num = int(np.count_nonzero((md.num_computed_tokens > 0) | (np.diff(md.query_start_loc) == 1)))
-            md.extra["kernel"] = (
-                num,
-                int(md.query_start_loc[num]),
-                torch.from_numpy(np.ascontiguousarray(md.block_table[:num])),
-                torch.from_numpy(md.query_start_loc[: num + 1].astype(np.int64)),
-                torch.from_numpy(md.num_computed_tokens[:num].astype(np.int64)),
-            )
-        return md.extra["kernel"]
+    def build_metadata(self, common: CommonAttentionMetadata) -> CpuAttentionMetadata:
+        """The kernel takes every request with cached context or a single new token (they come first)."""
+        qsl, ctx = common.query_start_loc, common.num_computed_tokens
+        num = int(np.count_nonzero((ctx > 0) | (np.diff(qsl) == 1)))
+        return CpuAttentionMetadata(
+            common, num_kernel_reqs=num, num_kernel_tokens=int(qsl[num]),
+            block_table=torch.from_numpy(np.ascontiguousarray(common.block_table[:num])),
+            query_start_loc=torch.from_numpy(qsl[: num + 1].astype(np.int64)),
+            context_lens=torch.from_numpy(ctx[:num].astype(np.int64)))
 
     def forward(self, layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, md: CommonAttentionMetadata) -> torch.Tensor:
+                kv_cache: torch.Tensor, metadata: CpuAttentionMetadata) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hk, D] -> [T, Hq, D]."""
         if q.dtype != torch.float32:
-            return super().forward(layer, q, k, v, kv_cache, md)
+            return super().forward(layer, q, k, v, kv_cache, metadata)
+        md = metadata.common
         n = md.num_actual_tokens
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         slots = md.slot_mapping
@@ -54,45 +69,44 @@ class CpuPagedAttention(TorchPagedAttention):
         k_blocks = k_cache.view(k_cache.shape[0], layer.num_kv_heads, layer.head_dim, bs)  # K stored transposed
         k_blocks[slots // bs, :, :, slots % bs] = k[:n].to(k_cache.dtype)
         v_cache.view(-1, layer.num_kv_heads, layer.head_dim).index_copy_(0, slots, v[:n].to(v_cache.dtype))
-        k, v = self._as_stored(k, v, k_cache.dtype, md)
+        k, v = self._as_stored(k, v, k_cache.dtype, metadata)
         out = torch.empty_like(q)
-        self._attend(layer, q.contiguous(), k, v, k_cache, v_cache, md, out)
+        self._attend(layer, q.contiguous(), k, v, k_cache, v_cache, metadata, out)
         return out
 
     def forward_fused(self, layer, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
-                      sin: torch.Tensor, kv_cache: torch.Tensor, md: CommonAttentionMetadata,
-                      out_dtype: torch.dtype) -> torch.Tensor | None:
-        """RoPE + cache write in one kernel from the QKV projection output, then attention into `out_dtype`.
-
-        None when this layer's dtypes are not the kernel's (the caller then takes the unfused path).
-        """
-        if cos.dtype != torch.float32:
-            return None
+                      sin: torch.Tensor, kv_cache: torch.Tensor, metadata: CpuAttentionMetadata,
+                      out_dtype: torch.dtype) -> torch.Tensor:
+        """RoPE + cache write in one kernel from the QKV projection output, then attention into `out_dtype`."""
         t = qkv.shape[0]
         q = torch.empty(t, layer.num_heads, layer.head_dim)
         k = torch.empty(t, layer.num_kv_heads, layer.head_dim)
         v = torch.empty(t, layer.num_kv_heads, layer.head_dim)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        self.kernel.rope_and_cache(q, k, v, qkv.contiguous(), positions, cos, sin, k_cache, v_cache, md.slot_mapping)
-        k, v = self._as_stored(k, v, k_cache.dtype, md)
+        self.kernel.rope_and_cache(q, k, v, qkv.contiguous(), positions, cos, sin, k_cache, v_cache,
+                                   metadata.common.slot_mapping)
+        k, v = self._as_stored(k, v, k_cache.dtype, metadata)
         out = torch.empty(t, layer.num_heads, layer.head_dim, dtype=out_dtype)
-        self._attend(layer, q, k, v, k_cache, v_cache, md, out)
+        self._attend(layer, q, k, v, k_cache, v_cache, metadata, out)
         return out
 
-    def _as_stored(self, k: torch.Tensor, v: torch.Tensor, cache_dtype: torch.dtype,
-                   md: CommonAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    @staticmethod
+    def _as_stored(k: torch.Tensor, v: torch.Tensor, cache_dtype: torch.dtype,
+                   metadata: CpuAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v rounded as the cache stores them, so fresh prefills (SDPA on k, v) see what decodes see."""
-        if cache_dtype == k.dtype or self._kernel_inputs(md)[0] == md.num_reqs:  # same dtype, or no fresh prefill
+        if cache_dtype == k.dtype or metadata.num_kernel_reqs == metadata.common.num_reqs:  # no fresh prefill
             return k, v
         return k.to(cache_dtype).to(k.dtype), v.to(cache_dtype).to(v.dtype)
 
     def _attend(self, layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, md: CommonAttentionMetadata, out: torch.Tensor) -> None:
+                v_cache: torch.Tensor, metadata: CpuAttentionMetadata, out: torch.Tensor) -> None:
         """Attention for K/V already in the cache: the kernel for decodes and chunks, SDPA for fresh prefills."""
-        num, num_tokens, block_table, qsl, ctx = self._kernel_inputs(md)
+        num, num_tokens = metadata.num_kernel_reqs, metadata.num_kernel_tokens
         if num:
-            self.kernel.paged_attention(out[:num_tokens], q[:num_tokens], k_cache, v_cache, block_table,
-                                        qsl, ctx, layer.scale, layer.sliding_window or 0)
+            self.kernel.paged_attention(out[:num_tokens], q[:num_tokens], k_cache, v_cache, metadata.block_table,
+                                        metadata.query_start_loc, metadata.context_lens, layer.scale,
+                                        layer.sliding_window or 0)
+        md = metadata.common
         starts = md.query_start_loc
         for i in range(num, md.num_reqs):
             s, e = int(starts[i]), int(starts[i + 1])

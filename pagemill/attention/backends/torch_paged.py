@@ -5,10 +5,13 @@ It is the correctness reference that faster backends are tested against.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pagemill.attention.backend import AttentionBackend, AttentionCapabilities
 from pagemill.attention.metadata import CommonAttentionMetadata
 
 
@@ -18,19 +21,19 @@ def _slots(block_table: np.ndarray, length: int, block_size: int) -> np.ndarray:
     return block_table[:, j // block_size] * block_size + (j % block_size)
 
 
-class TorchPagedAttention:
-    """Pure-torch paged attention backend (decodes batched in one SDPA call, prefills one by one)."""
+@dataclass
+class TorchAttentionMetadata:
+    """The common metadata plus gather indices and masks, built on first use per sliding window (layers of one
+    model may differ) and shared by every layer of the step."""
 
-    name = "torch"
+    common: CommonAttentionMetadata
+    _decode: dict = field(default_factory=dict)
+    _prefill: dict = field(default_factory=dict)
 
-    @staticmethod
-    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        """Layout of one layer's cache: [2 (K/V), num_blocks, block_size, kv_heads, head_dim]."""
-        return (2, num_blocks, block_size, num_kv_heads, head_dim)
-
-    def _decode_inputs(self, md: CommonAttentionMetadata, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        key = ("decode", window)
-        if key not in md.extra:
+    def decode_inputs(self, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slot indices [D, max_kv], mask [D, 1, 1, max_kv]) of the decodes' cached keys."""
+        if window not in self._decode:
+            md = self.common
             d = md.num_decodes
             seq_lens = md.seq_lens[:d]
             max_kv = int(seq_lens.max())
@@ -39,27 +42,46 @@ class TorchPagedAttention:
             allowed = pos < seq_lens[:, None]
             if window is not None:
                 allowed &= pos > (seq_lens[:, None] - 1 - window)
-            md.extra[key] = (idx, torch.from_numpy(allowed)[:, None, None, :])
-        return md.extra[key]
+            self._decode[window] = (idx, torch.from_numpy(allowed)[:, None, None, :])
+        return self._decode[window]
 
-    def _prefill_inputs(self, md: CommonAttentionMetadata, i: int, window: int | None):
-        key = ("prefill", i, window)
-        if key not in md.extra:
+    def prefill_inputs(self, i: int, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slot indices [seq], causal mask [q_len, seq]) of request i's cached and new keys."""
+        key = (i, window)
+        if key not in self._prefill:
+            md = self.common
             ctx = int(md.num_computed_tokens[i])
             seq = int(md.seq_lens[i])
-            q_len = seq - ctx
             idx = torch.from_numpy(_slots(md.block_table[i : i + 1], seq, md.block_size)[0].astype(np.int64))
-            qpos = ctx + np.arange(q_len)[:, None]
+            qpos = ctx + np.arange(seq - ctx)[:, None]
             kpos = np.arange(seq)[None, :]
             allowed = kpos <= qpos
             if window is not None:
                 allowed &= kpos > qpos - window
-            md.extra[key] = (idx, torch.from_numpy(allowed))
-        return md.extra[key]
+            self._prefill[key] = (idx, torch.from_numpy(allowed))
+        return self._prefill[key]
+
+
+class TorchPagedAttention(AttentionBackend):
+    """Pure-torch paged attention backend (decodes batched in one SDPA call, prefills one by one)."""
+
+    name = "torch"
+    capabilities = AttentionCapabilities()
+    batch_order = (0, 1, 1)  # decodes first; chunks and prefills in any order
+
+    @staticmethod
+    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        """Layout of one layer's cache: [2 (K/V), num_blocks, block_size, kv_heads, head_dim]."""
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+    def build_metadata(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
+        """Gather indices and masks are built lazily, once per step and window."""
+        return TorchAttentionMetadata(common)
 
     def forward(self, layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, md: CommonAttentionMetadata) -> torch.Tensor:
+                kv_cache: torch.Tensor, metadata: TorchAttentionMetadata) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hk, D] -> [T, Hq, D]."""
+        md = metadata.common
         n = md.num_actual_tokens
         k_cache = kv_cache[0].view(-1, layer.num_kv_heads, layer.head_dim)
         v_cache = kv_cache[1].view(-1, layer.num_kv_heads, layer.head_dim)
@@ -71,7 +93,7 @@ class TorchPagedAttention:
             k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)
         d = md.num_decodes
         if d:
-            idx, mask = self._decode_inputs(md, window)
+            idx, mask = metadata.decode_inputs(window)
             kd = k_cache[idx].transpose(1, 2).to(q.dtype)  # [D, Hk, max_kv, hd]
             vd = v_cache[idx].transpose(1, 2).to(q.dtype)
             qd = q[:d].unsqueeze(2)  # [D, Hq, 1, hd]
@@ -86,7 +108,7 @@ class TorchPagedAttention:
                 vi = v[s:e].transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scale, enable_gqa=True)
             else:
-                idx, mask = self._prefill_inputs(md, i, window)
+                idx, mask = metadata.prefill_inputs(i, window)
                 ki = k_cache[idx].transpose(0, 1).unsqueeze(0).to(q.dtype)
                 vi = v_cache[idx].transpose(0, 1).unsqueeze(0).to(q.dtype)
                 o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=layer.scale, enable_gqa=True)

@@ -1,0 +1,27 @@
+"""What every layer is built with: the engine's choices that decide how the model computes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from pagemill.attention.backend import AttentionBackend
+    from pagemill.kernels.ops import TorchLayerOps
+    from pagemill.layers.quantization.base import QuantConfig
+
+
+@dataclass(frozen=True)
+class LayerContext:
+    """The model dtype, the fused-op implementation, the linear methods' chooser, the attention backend, and this
+    process's tensor-parallel rank (vLLM passes the same through `vllm_config` and `quant_config`)."""
+
+    dtype: torch.dtype  # the residual stream, norms, embeddings, attention
+    max_position: int  # RoPE tables cover positions below this
+    ops: TorchLayerOps
+    quant_config: QuantConfig
+    attn_backend: AttentionBackend
+    tp_rank: int = 0
+    tp_size: int = 1

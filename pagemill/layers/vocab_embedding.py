@@ -1,0 +1,95 @@
+"""The token embedding and the LM head, their vocabulary rows split over tensor-parallel ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagemill.layers.context import LayerContext
+from pagemill.layers.quantization.base import copy_into
+from pagemill.layers.quantization.dense import UnquantizedLinearMethod
+
+
+def vocab_range(vocab_size: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
+    """[start, end) of the vocabulary rows this rank holds (equal shares; vLLM's vocabulary padding is not here)."""
+    if vocab_size % tp_size:
+        raise ValueError(f"a vocabulary of {vocab_size} does not split evenly over {tp_size} tensor-parallel ranks.")
+    per_rank = vocab_size // tp_size
+    return tp_rank * per_rank, (tp_rank + 1) * per_rank
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token ids -> embeddings from this rank's vocabulary rows (ids elsewhere give zeros, summed over ranks)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, ctx: LayerContext) -> None:
+        super().__init__()
+        self.vocab_size, self.tp_size = vocab_size, ctx.tp_size
+        self.vocab_start, self.vocab_end = vocab_range(vocab_size, ctx.tp_rank, ctx.tp_size)
+        self.weight = nn.Parameter(torch.empty(self.vocab_end - self.vocab_start, hidden_size, dtype=ctx.dtype),
+                                   requires_grad=False)
+
+    def load_weight(self, param: str, loaded: Any, shard_id: Any = None) -> None:
+        """This rank's rows of the checkpoint's [vocab, hidden] table."""
+        if isinstance(loaded, torch.Tensor) and self.tp_size > 1:
+            loaded = loaded[self.vocab_start:self.vocab_end]
+        copy_into(self.weight, loaded)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] ids -> [T, hidden]."""
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        mine = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
+        out = F.embedding(torch.where(mine, input_ids - self.vocab_start, 0), self.weight)
+        out.masked_fill_(~mine[:, None], 0)
+        torch.distributed.all_reduce(out)
+        return out
+
+
+class ParallelLMHead(nn.Module):
+    """Hidden states -> logits over this rank's vocabulary rows, through a linear method (GGUF records, prepacked
+    or plain float). Tied to the embedding, it reads the embedding's weight: shared when its method is plain float
+    in the model dtype, else its own copy in the method's form."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, ctx: LayerContext, checkpoint_name: str,
+                 tied_to: VocabParallelEmbedding | None = None) -> None:
+        super().__init__()
+        self.vocab_start, self.vocab_end = vocab_range(vocab_size, ctx.tp_rank, ctx.tp_size)
+        self.tp_size = ctx.tp_size
+        self.quant_method = ctx.quant_config.get_linear_method([checkpoint_name], hidden_size)
+        self.weight_format = self.quant_method.weight_format
+        self.bias = None
+        self.shares_embedding = (tied_to is not None and type(self.quant_method) is UnquantizedLinearMethod
+                                 and self.quant_method.input_dtype == ctx.dtype)
+        if self.shares_embedding:
+            self.weight = tied_to.weight
+        else:
+            self.quant_method.create_weights(self, hidden_size, self.vocab_end - self.vocab_start)
+
+    def load_weight(self, param: str, loaded: Any, shard_id: Any = None) -> None:
+        """This rank's rows of the checkpoint's [vocab, hidden] table (a no-op when it shares the embedding's)."""
+        if self.shares_embedding:
+            return
+        if isinstance(loaded, torch.Tensor) and self.tp_size > 1:
+            loaded = loaded[self.vocab_start:self.vocab_end]
+        self.quant_method.load_weight(self, loaded, 0, 0)
+
+    def expected_weights(self) -> set[tuple[str, Any]]:
+        """The weight, unless it is the embedding's."""
+        return set() if self.shares_embedding else {("weight", None)}
+
+    def process_weights_after_loading(self) -> None:
+        """The method's form of the weight (nothing to do when shared)."""
+        if not self.shares_embedding:
+            self.quant_method.process_weights_after_loading(self)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> [N, vocab] logits in the hidden states' dtype (gathered over ranks)."""
+        logits = self.quant_method.apply(self, hidden).to(hidden.dtype)
+        if self.tp_size > 1:
+            parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
+            torch.distributed.all_gather(parts, logits)
+            logits = torch.cat(parts, dim=-1)
+        return logits
