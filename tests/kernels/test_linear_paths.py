@@ -6,10 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from pagemill.kernels import load_kernels, ops
+from pagemill.kernels import ops
 from pagemill.layers.linear import GEMV_MAX_ROWS, ReducedPrecisionLinear
+from tests.conftest import requires_kernels
 
-pytestmark = pytest.mark.skipif(load_kernels() is None, reason="CPU kernels not built")
+pytestmark = requires_kernels
 
 
 @pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS[torch.float16], GEMV_MAX_ROWS[torch.float16] + 1, 33])

@@ -9,11 +9,10 @@ import torch
 from torch import nn
 
 from pagemill import LLM, SamplingParams
-from pagemill.kernels import load_kernels
 from pagemill.layers.linear import ReducedPrecisionLinear
-from tests.conftest import SMOL_PROMPTS, hf_greedy
+from tests.conftest import SMOL_PROMPTS, hf_greedy, requires_kernels
 
-pytestmark = pytest.mark.skipif(load_kernels() is None, reason="CPU kernels not built")
+pytestmark = requires_kernels
 
 
 def _formats(llm: LLM) -> Counter:
