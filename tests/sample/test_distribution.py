@@ -46,10 +46,12 @@ EXPECTED = torch.stack([reference_probs(row, p) for row, p in zip(LOGITS, PARAMS
 
 
 def _md() -> SamplingMetadata:
+    """The batch's metadata, one row per case, built by the model runner's code."""
     return build_metadata([Req(p) for p in PARAMS], VOCAB)
 
 
 def _failing(sample: SampleFn | None = None) -> dict[str, str]:
+    """Rows whose REPS draws (by `sample`, default the real Sampler) fail the distribution check."""
     return failing_rows(draw_counts(LOGITS, _md(), REPS, sample), EXPECTED, NAMES)
 
 
@@ -94,18 +96,22 @@ def _nucleus_off_by(shift: int):
 
 
 def _top_k_plus_one(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Broken: top-k keeps k + 1 tokens."""
     return _TOP_K_TOP_P(logits, None if top_k is None else torch.where(top_k > 0, top_k + 1, top_k), top_p)
 
 
 def _temperature_ignored(logits: torch.Tensor, md: SamplingMetadata):
+    """Broken: a sampler that ignores temperature."""
     return Sampler()(logits, replace(md, temperature=torch.ones_like(md.temperature)))
 
 
 def _one_top_k_for_the_batch(logits: torch.Tensor, md: SamplingMetadata):
+    """Broken: one top_k (the largest) for every row instead of each row's own."""
     return Sampler()(logits, replace(md, top_k=torch.full_like(md.top_k, int(md.top_k.max()))))
 
 
 def _min_p_after_top_p(logits: torch.Tensor, md: SamplingMetadata):
+    """Broken: min-p applied after top-k / top-p (HF's order, pagemill's before the fix) instead of before."""
     min_p = md.min_p
     with pytest.MonkeyPatch.context() as m:
         m.setattr(sampler_mod, "apply_top_k_top_p", lambda x, k, p: _MIN_P(_TOP_K_TOP_P(x, k, p), min_p))
