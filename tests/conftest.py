@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
+from types import ModuleType
 
 import pytest
 import torch
@@ -23,6 +26,39 @@ SMOL_PROMPTS = [
     "import numpy as np\nx = np.arange(10)\n",
     "Dear Sir or Madam, I am writing to",
 ]
+
+
+def cxx_compiler() -> str | None:
+    """The C++ compiler `python -m pagemill.kernels.build` uses ($CXX, else c++), if one is installed."""
+    cxx = shlex.split(os.environ.get("CXX", "c++") or "c++")
+    return shutil.which(cxx[0]) if cxx else None
+
+
+def require_kernels() -> ModuleType:
+    """The built CPU kernels; FAILS (with the build error) when missing where a C++ compiler exists, skips only
+    where none is installed (a platform that legitimately runs without compiled kernels)."""
+    from pagemill.kernels import kernel_info, load_kernels
+
+    kernels = load_kernels()
+    if kernels is not None:
+        return kernels
+    cxx = cxx_compiler()
+    if cxx is None:
+        pytest.skip("no C++ compiler installed: this platform runs without pagemill's compiled kernels")
+    reason = kernel_info()["build_error"] or "they were never built for this source tree"
+    pytest.fail(f"pagemill's CPU kernels are missing although a C++ compiler is installed ({cxx}): {reason}. "
+                "Build them with `make kernels` (python -m pagemill.kernels.build --strict shows the full error).",
+                pytrace=False)
+
+
+@pytest.fixture
+def kernels_required() -> ModuleType:
+    """Fixture form of require_kernels (used through the `requires_kernels` mark)."""
+    return require_kernels()
+
+
+# The one rule for kernel tests: `pytestmark = requires_kernels` or `@requires_kernels`.
+requires_kernels = pytest.mark.usefixtures("kernels_required")
 
 
 def kernel_isas() -> list[str]:

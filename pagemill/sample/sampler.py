@@ -1,4 +1,4 @@
-"""Batched sampler: penalties, min_tokens, temperature, top-k / top-p / min-p, greedy or seeded random."""
+"""Batched sampler: min_tokens, penalties, temperature, min-p, top-k / top-p (vLLM's order), greedy or seeded random."""
 
 from __future__ import annotations
 
@@ -66,11 +66,13 @@ class Sampler:
         greedy = logits.max(dim=-1).indices  # same first-max tie rule as argmax, 2.5x faster on CPU
         if md.all_greedy:
             return greedy, raw_logprobs
+        # vLLM's order: temperature, then min-p (on the whole tempered distribution), then top-k / top-p (the
+        # nucleus is taken of what min-p left, renormalized).
         logits = logits / md.temperature.unsqueeze(1)
-        if md.top_k is not None or md.top_p is not None:
-            logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
         if md.min_p is not None:
             logits = apply_min_p(logits, md.min_p)
+        if md.top_k is not None or md.top_p is not None:
+            logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
         probs = logits.softmax(dim=-1)
         q = torch.empty_like(probs)
         if len(md.generators) < probs.shape[0]:

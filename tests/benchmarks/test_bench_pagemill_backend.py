@@ -1,15 +1,11 @@
 """`bench throughput/latency --backend pagemill --compare hf` end to end on a tiny random Llama."""
 
-import importlib.util
 import json
 
 import pytest
 
 from pagemill.benchmarks.cli import build_parser
 from pagemill.benchmarks.pagemill_backend import engine_kwargs, parse_engine_args
-
-HAS_LLM = importlib.util.find_spec("pagemill.llm") is not None
-needs_llm = pytest.mark.skipif(not HAS_LLM, reason="pagemill.llm (the offline LLM) not present yet")
 
 
 def test_engine_kwargs_pass_only_given_flags():
@@ -23,7 +19,6 @@ def test_engine_kwargs_pass_only_given_flags():
         parse_engine_args(["novalue"])
 
 
-@needs_llm
 def test_throughput_compare_hf_matches_greedy_tokens(tiny_model, tmp_path):
     out = tmp_path / "tp.json"
     args = build_parser().parse_args([
@@ -42,7 +37,6 @@ def test_throughput_compare_hf_matches_greedy_tokens(tiny_model, tmp_path):
     assert data["agreement"]["identical_requests"] == 6  # fp32 greedy == transformers
 
 
-@needs_llm
 def test_latency_compare_hf(tiny_model, tmp_path):
     out = tmp_path / "lat.json"
     args = build_parser().parse_args([

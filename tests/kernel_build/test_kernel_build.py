@@ -14,9 +14,9 @@ import pytest
 
 from pagemill.kernels import build
 from pagemill.kernels.build import load_kernels
+from tests.conftest import requires_kernels
 
 kernels = load_kernels()
-needs_kernels = pytest.mark.skipif(kernels is None, reason="CPU kernels not built")
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 
@@ -26,13 +26,13 @@ def _python(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.
                           cwd=ROOT)
 
 
-@needs_kernels
+@requires_kernels
 def test_every_variant_is_compiled():
     assert list(kernels.compiled_isas()) == list(build.variant_flags())
     assert kernels.supported_isas()[-1] == "generic"
 
 
-@needs_kernels
+@requires_kernels
 @pytest.mark.skipif(not (X86 and os.path.exists("/proc/cpuinfo")), reason="x86 Linux: compares with /proc/cpuinfo")
 def test_supported_variants_follow_cpu_flags():
     with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -44,7 +44,7 @@ def test_supported_variants_follow_cpu_flags():
     assert list(kernels.supported_isas()) == [name for name in kernels.compiled_isas() if expected[name]]
 
 
-@needs_kernels
+@requires_kernels
 def test_variant_objects_share_no_symbols():
     """An inline function compiled for AVX-512 must not stand in for the generic one: each variant's objects may
     define only symbols of their own namespace (no std:: template instantiations, nothing shared)."""
@@ -63,7 +63,7 @@ def test_variant_objects_share_no_symbols():
                 f"{name}: exported symbol outside its namespace: {parts[2]}"
 
 
-@needs_kernels
+@requires_kernels
 def test_second_process_loads_without_compiling():
     """No compiler reachable (PATH emptied, CXX broken): the built module still loads, fast, and is not rebuilt."""
     path = build.module_path()
@@ -98,7 +98,7 @@ def test_failed_build_is_remembered(tmp_path):
     assert not glob.glob(os.path.join(str(tmp_path), "*", "ext", "*.so"))
 
 
-@needs_kernels
+@requires_kernels
 def test_forcing_a_variant_the_cpu_lacks_is_an_error():
     env = {**os.environ, "PAGEMILL_CPU_ISA": "sse9", "PYTHONPATH": ROOT}
     proc = _python("from pagemill.kernels import load_kernels; load_kernels()", env)

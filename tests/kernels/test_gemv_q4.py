@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from pagemill.kernels.build import load_kernels
+from tests.conftest import requires_kernels
 from tests.kernels.conftest import assert_gemv_close
 
 kernels = load_kernels()
-pytestmark = pytest.mark.skipif(kernels is None, reason="pagemill kernels could not be built")
+pytestmark = requires_kernels
 
 TILE, GROUP = 64, 32
 # Odd N (partial tiles) with K a multiple of the group, then SmolLM2's qkv, o_proj, gate_up, down and LM head.

@@ -9,8 +9,9 @@ from transformers import LlamaConfig
 from pagemill.kernels import load_kernels
 from pagemill.kernels.ops import KernelLayerOps, TorchLayerOps
 from pagemill.layers.rotary import RotaryEmbedding
+from tests.conftest import requires_kernels
 
-pytestmark = pytest.mark.skipif(load_kernels() is None, reason="CPU kernels not built")
+pytestmark = requires_kernels
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}

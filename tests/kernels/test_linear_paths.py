@@ -6,12 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from pagemill.kernels import load_kernels
 from pagemill.layers.linear import ColumnParallelLinear
 from pagemill.layers.quantization.dense import F16_GEMV_MAX_ROWS, PrepackedLinearMethod, UnquantizedLinearMethod
+from tests.conftest import requires_kernels
 from tests.layers.helpers import layer_context
 
-pytestmark = pytest.mark.skipif(load_kernels() is None, reason="CPU kernels not built")
+pytestmark = requires_kernels
 
 
 def _loaded(layer: ColumnParallelLinear, lin: nn.Linear) -> ColumnParallelLinear:

@@ -16,6 +16,7 @@ from pagemill.loader.gguf_loader import (GGUFWeights, _reverse_permute, dequanti
                                          gguf_to_hf_name)
 from pagemill.loader.model_files import gguf_hf_config
 from pagemill.loader.tokenizer import load_tokenizer
+from tests.conftest import require_kernels
 
 
 def _hf_config(path: str):
@@ -155,7 +156,7 @@ def _kernels():
 
     kernels = load_kernels()
     if kernels is None:
-        pytest.skip("CPU kernels not built")
+        require_kernels()
     return kernels
 
 

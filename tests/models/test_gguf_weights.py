@@ -7,11 +7,10 @@ from collections import Counter
 import pytest
 
 from pagemill import LLM, SamplingParams
-from pagemill.kernels import load_kernels
-from tests.conftest import SMOL_PROMPTS, hf_greedy
+from tests.conftest import SMOL_PROMPTS, hf_greedy, requires_kernels
 from tests.layers.helpers import engine_model
 
-pytestmark = pytest.mark.skipif(load_kernels() is None, reason="CPU kernels not built")
+pytestmark = requires_kernels
 
 
 def _formats(llm: LLM) -> Counter:
