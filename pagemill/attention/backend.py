@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from pagemill.attention.metadata import CommonAttentionMetadata
@@ -19,6 +20,14 @@ from pagemill.attention.metadata import CommonAttentionMetadata
 DECODE = 0  # one new token (whatever the context)
 CONTEXT_CHUNK = 1  # several new tokens after cached context (a prefill chunk, a prefix-cache hit)
 FRESH_PREFILL = 2  # several new tokens, nothing cached yet
+
+
+def batch_permutation(num_scheduled: np.ndarray, num_computed: np.ndarray,
+                      batch_order: tuple[int, int, int]) -> np.ndarray:
+    """The order (indices) to put a step's requests in for a backend: by the rank its `batch_order` gives each
+    request's kind, keeping the scheduler's order within a rank."""
+    kind = np.where(num_scheduled == 1, DECODE, np.where(num_computed > 0, CONTEXT_CHUNK, FRESH_PREFILL))
+    return np.argsort(np.asarray(batch_order)[kind], kind="stable")
 
 
 @dataclass(frozen=True)

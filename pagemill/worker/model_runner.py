@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pagemill.attention.backend import CONTEXT_CHUNK, DECODE, FRESH_PREFILL
+from pagemill.attention.backend import batch_permutation
 from pagemill.attention.metadata import CommonAttentionMetadata
 from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
@@ -73,7 +73,6 @@ class ModelRunner:
         self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)
         if self.kv_dtype not in self.backend.capabilities.kv_cache_dtypes:
             raise ValueError(f"kv_cache_dtype {self.kv_dtype} is not supported by the {self.backend.name} backend.")
-        self.batch_rank = np.asarray(self.backend.batch_order)  # request kind -> position class in the batch
         self.num_blocks = self._num_blocks()
         cc.num_blocks = self.num_blocks
         shape = self.backend.kv_cache_shape(self.num_blocks, cc.block_size, mc.num_kv_heads, mc.head_dim)
@@ -150,9 +149,7 @@ class ModelRunner:
         req_ids = list(so.num_scheduled_tokens)
         counts = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids))
         rows = np.fromiter((ib.req_id_to_row[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
-        # The order the attention backend asks for, by kind: decode (one token), context chunk, fresh prefill.
-        kind = np.where(counts == 1, DECODE, np.where(ib.num_computed_tokens[rows] > 0, CONTEXT_CHUNK, FRESH_PREFILL))
-        order = np.argsort(self.batch_rank[kind], kind="stable")
+        order = batch_permutation(counts, ib.num_computed_tokens[rows], self.backend.batch_order)
         counts, rows = counts[order], rows[order]
         req_ids = [req_ids[i] for i in order]
         num_reqs = len(req_ids)

@@ -1,0 +1,98 @@
+"""GGUF Q4_1 / Q8_0 linear methods on a real GGUF file: chosen from the tensor table, computing F.linear of the
+file's dequantized weights on every path (GEMV records, L1 panels, oneDNN)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from pagemill.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pagemill.layers.quantization.dense import PrepackedLinearMethod, UnquantizedLinearMethod
+from pagemill.layers.quantization.gguf import RECORDS_MAX_ROWS, GGUFLinearMethod
+from pagemill.loader.gguf_loader import GGUFWeights
+from pagemill.models.decoder import DecoderForCausalLM
+from pagemill.models.weights import load_checkpoint_weights
+from tests.conftest import requires_kernels
+from tests.layers.helpers import layer_context
+
+HIDDEN, INTER = 64, 96
+# GGUF name -> (format, rows, cols); q/k/v mix formats, so their fused layer cannot keep records.
+TENSORS = {
+    "blk.0.ffn_gate.weight": ("Q4_1", INTER, HIDDEN), "blk.0.ffn_up.weight": ("Q4_1", INTER, HIDDEN),
+    "blk.0.ffn_down.weight": ("Q8_0", HIDDEN, INTER), "blk.0.attn_q.weight": ("Q4_1", HIDDEN, HIDDEN),
+    "blk.0.attn_k.weight": ("Q8_0", 32, HIDDEN), "blk.0.attn_v.weight": ("Q4_1", 32, HIDDEN),
+}
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory) -> tuple[str, dict[str, np.ndarray]]:
+    """A qwen2 GGUF with the tensors above (quantized by gguf's own quantizer) and their dequantized values."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    path = str(tmp_path_factory.mktemp("gguf") / "layers.gguf")
+    writer = gguf.GGUFWriter(path, "qwen2")
+    rng = np.random.default_rng(0)
+    values = {}
+    for name, (fmt, rows, cols) in TENSORS.items():
+        qtype = getattr(gguf.GGMLQuantizationType, fmt)
+        raw = quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
+        writer.add_tensor(name, raw, raw_dtype=qtype)
+        values[name] = dequantize(raw, qtype).reshape(rows, cols)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, values
+
+
+class _Block(nn.Module):
+    def __init__(self, ctx) -> None:
+        super().__init__()
+        p = "model.layers.0"
+        self.qkv_proj = QKVParallelLinear(HIDDEN, 16, 4, 2, False, ctx, [f"{p}.self_attn.{s}_proj" for s in "qkv"])
+        self.gate_up_proj = MergedColumnParallelLinear(HIDDEN, [INTER, INTER], False, ctx,
+                                                       [f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"])
+        self.down_proj = RowParallelLinear(INTER, HIDDEN, False, ctx, f"{p}.mlp.down_proj")
+
+
+def _load(path: str, kernels: bool) -> _Block:
+    weights = GGUFWeights(path, SimpleNamespace(model_type="qwen2"))
+    block = _Block(layer_context(kernels, quantization="gguf", gguf_tensor_types=weights.tensor_types()))
+    named = ((name.rsplit(".", 2)[-2] + ".weight", w) for name, w in weights.lazy())
+    load_checkpoint_weights(block, named, DecoderForCausalLM.packed_modules_mapping)
+    return block
+
+
+@requires_kernels
+def test_methods_follow_the_tensor_table_and_compute_the_file_weights(gguf_file):
+    path, values = gguf_file
+    block = _load(path, kernels=True)
+    assert isinstance(block.gate_up_proj.quant_method, GGUFLinearMethod) and block.gate_up_proj.weight_format == "q4_1"
+    assert isinstance(block.down_proj.quant_method, GGUFLinearMethod) and block.down_proj.weight_format == "q8_0"
+    assert type(block.qkv_proj.quant_method) is PrepackedLinearMethod  # mixed formats: the dequantized weight
+    expected = {
+        block.gate_up_proj: np.concatenate([values["blk.0.ffn_gate.weight"], values["blk.0.ffn_up.weight"]]),
+        block.down_proj: values["blk.0.ffn_down.weight"],
+        block.qkv_proj: np.concatenate([values[f"blk.0.attn_{s}.weight"] for s in "qkv"]),
+    }
+    torch.manual_seed(0)
+    for layer, w in expected.items():
+        w = torch.from_numpy(w)
+        assert torch.equal(layer.quant_method.dequantized_weight(layer), w)  # bit for bit
+        for rows in (1, 5, 16, 17, RECORDS_MAX_ROWS, RECORDS_MAX_ROWS + 1, 130):  # GEMV, panels, oneDNN
+            x = torch.randn(rows, layer.input_size)
+            torch.testing.assert_close(layer(x), x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_reference_engine_gets_dequantized_float32(gguf_file):
+    """Without the kernels every layer is F.linear on the file's dequantized values, bit for bit."""
+    path, values = gguf_file
+    block = _load(path, kernels=False)
+    for layer in (block.qkv_proj, block.gate_up_proj, block.down_proj):
+        assert type(layer.quant_method) is UnquantizedLinearMethod and layer.weight_format == "float32"
+    assert torch.equal(block.down_proj.weight, torch.from_numpy(values["blk.0.ffn_down.weight"]))
