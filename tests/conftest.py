@@ -131,8 +131,9 @@ def _save_tiny(kind: str, root: str, tokenizer) -> str:
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                   initializer_range=0.2, tie_word_embeddings=False)
     extra = {"llama": dict(rope_theta=10000.0), "qwen2": dict(rope_theta=1e6),
-             "mistral": dict(sliding_window=None, rope_theta=1e4)}[kind]
-    config = AutoConfig.for_model(kind, **common, **extra)
+             "mistral": dict(sliding_window=None, rope_theta=1e4),
+             "qwen3": dict(rope_theta=1e6, head_dim=32, tie_word_embeddings=True)}[kind]
+    config = AutoConfig.for_model(kind, **{**common, **extra})
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     path = os.path.join(root, f"tiny-{kind}")
     model.save_pretrained(path)
@@ -142,6 +143,6 @@ def _save_tiny(kind: str, root: str, tokenizer) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory, smol_hf) -> dict[str, str]:
-    """Tiny random Llama, Qwen2 and Mistral models saved with save_pretrained (SmolLM2's tokenizer)."""
+    """Tiny random Llama, Qwen2, Mistral and Qwen3 models saved with save_pretrained (SmolLM2's tokenizer)."""
     root = str(tmp_path_factory.mktemp("tiny"))
-    return {k: _save_tiny(k, root, smol_hf[1]) for k in ("llama", "qwen2", "mistral")}
+    return {k: _save_tiny(k, root, smol_hf[1]) for k in ("llama", "qwen2", "mistral", "qwen3")}

@@ -7,16 +7,19 @@ from torch import nn
 from pagemill.models.llama import LlamaForCausalLM
 from pagemill.models.mistral import MistralForCausalLM
 from pagemill.models.qwen2 import Qwen2ForCausalLM
+from pagemill.models.qwen3 import Qwen3ForCausalLM
 
 _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
 }
 _MODEL_TYPES: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "mistral": MistralForCausalLM,
     "qwen2": Qwen2ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
 }
 
 
