@@ -132,7 +132,9 @@ def _save_tiny(kind: str, root: str, tokenizer) -> str:
                   initializer_range=0.2, tie_word_embeddings=False)
     extra = {"llama": dict(rope_theta=10000.0), "qwen2": dict(rope_theta=1e6),
              "mistral": dict(sliding_window=None, rope_theta=1e4),
-             "qwen3": dict(rope_theta=1e6, head_dim=32, tie_word_embeddings=True)}[kind]
+             "qwen3": dict(rope_theta=1e6, head_dim=32, tie_word_embeddings=True),
+             "gemma3_text": dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8, tie_word_embeddings=True,
+                                 layer_types=["sliding_attention", "full_attention"])}[kind]
     config = AutoConfig.for_model(kind, **{**common, **extra})
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     path = os.path.join(root, f"tiny-{kind}")
@@ -143,6 +145,6 @@ def _save_tiny(kind: str, root: str, tokenizer) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory, smol_hf) -> dict[str, str]:
-    """Tiny random Llama, Qwen2, Mistral and Qwen3 models saved with save_pretrained (SmolLM2's tokenizer)."""
+    """Tiny random Llama, Qwen2, Mistral, Qwen3 and Gemma 3 models saved with save_pretrained (SmolLM2's tokenizer)."""
     root = str(tmp_path_factory.mktemp("tiny"))
-    return {k: _save_tiny(k, root, smol_hf[1]) for k in ("llama", "qwen2", "mistral", "qwen3")}
+    return {k: _save_tiny(k, root, smol_hf[1]) for k in ("llama", "qwen2", "mistral", "qwen3", "gemma3_text")}

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from torch import nn
 
+from pagemill.models.gemma3 import Gemma3ForCausalLM
 from pagemill.models.llama import LlamaForCausalLM
 from pagemill.models.mistral import MistralForCausalLM
 from pagemill.models.qwen2 import Qwen2ForCausalLM
 from pagemill.models.qwen3 import Qwen3ForCausalLM
 
 _ARCHITECTURES: dict[str, type[nn.Module]] = {
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
 }
 _MODEL_TYPES: dict[str, type[nn.Module]] = {
+    "gemma3_text": Gemma3ForCausalLM,
     "llama": LlamaForCausalLM,
     "mistral": MistralForCausalLM,
     "qwen2": Qwen2ForCausalLM,
