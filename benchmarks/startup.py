@@ -30,7 +30,7 @@ t0 = time.perf_counter()
 import pagemill
 from pagemill import LLM
 import pagemill.engine.llm_engine as le, pagemill.loader.model_files as mf, pagemill.worker.model_runner as mr
-import pagemill.loader.model_loader as ml
+import pagemill.models.weights as mw
 phases = {"import": time.perf_counter() - t0}
 def timed(mod, name, label):
     f = getattr(mod, name)
@@ -45,7 +45,7 @@ def timed(mod, name, label):
 timed(mf, "resolve_model", "config")
 timed(le, "load_tokenizer", "tokenizer")
 timed(mr, "load_model", "model")
-timed(ml, "convert_linears", "linear_packing")
+timed(mw, "process_weights_after_loading", "linear_packing")
 t1 = time.perf_counter()
 llm = LLM(**json.loads(sys.argv[1]))
 phases["LLM()"] = time.perf_counter() - t1

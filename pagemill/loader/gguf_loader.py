@@ -215,8 +215,3 @@ class GGUFWeights:
                     self.hf_config.num_key_value_heads
                 weight = weight.unpermute_rope(heads)
             yield hf_name, weight.materialize()
-
-
-def iter_gguf_weights(path: str, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield every tensor of the GGUF file under its HF name, dequantized to float32."""
-    yield from GGUFWeights(path, hf_config)

@@ -45,7 +45,12 @@ def load_checkpoint_weights(model: nn.Module, weights: Iterable[tuple[str, Any]]
                      for m, p, s in _expected(modules) - loaded)
     if missing:
         raise ValueError(f"weights missing from the checkpoint: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-    for module in modules.values():
+    process_weights_after_loading(model)
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Every layer turns its loaded weights into the form it computes with (prepacked copies, GEMV records)."""
+    for module in model.modules():
         if hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()
 
