@@ -43,6 +43,28 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return getattr(torch, _DTYPES[dtype])
 
 
+LINEAR_DTYPES = ("auto", "float32", "float16", "bfloat16")
+QUANTIZATIONS = ("auto", "none", "gguf")
+
+
+def check_linear_options(linear_dtype: str, quantization: str) -> None:
+    """Raise a ValueError naming the field for an unknown linear_dtype or quantization."""
+    if linear_dtype not in LINEAR_DTYPES:
+        raise ValueError(f"linear_dtype must be one of {', '.join(LINEAR_DTYPES)}, got {linear_dtype!r}.")
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}.")
+
+
+def resolve_quantization(quantization: str, from_gguf: bool) -> str:
+    """auto = keep GGUF weights in their block formats (it changes no weight value), else none; gguf needs a GGUF
+    file (the blocks are read from it)."""
+    if quantization == "auto":
+        return "gguf" if from_gguf else "none"
+    if quantization == "gguf" and not from_gguf:
+        raise ValueError("quantization='gguf' needs a GGUF model file (the blocks are read from it).")
+    return quantization
+
+
 @dataclass
 class ModelConfig:
     """Which model to run and how: path, dtype, context length, and the HF config it was loaded with."""
@@ -193,8 +215,6 @@ class EngineArgs:
             raise ValueError(
                 f"max_model_len ({max_model_len}) is larger than the model's context length ({model_max})."
             )
-        from pagemill.layers.quantization import check_linear_options, resolve_quantization
-
         check_linear_options(self.linear_dtype, self.quantization)
         max_batched = self.max_num_batched_tokens or max(2048, 0)
         kv_bytes = parse_size(self.kv_cache_memory) if self.kv_cache_memory is not None else _default_kv_bytes()
