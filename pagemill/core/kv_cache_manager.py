@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pagemill.core.block_pool import BlockPool, KVCacheBlock
 from pagemill.core.kv_cache_utils import extend_block_hashes, get_hash_fn
-from pagemill.engine.request import Request
+from pagemill.request import Request
 
 
 def cdiv(a: int, b: int) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pagemill.engine.messages import LogprobsLists
+from pagemill.messages import LogprobsLists
 from pagemill.sampling_params import SamplingParams
 
 

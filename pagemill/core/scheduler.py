@@ -16,8 +16,9 @@ from pagemill.core.kv_cache_manager import KVCacheManager, cdiv
 from pagemill.core.swap_space import SwapSpace
 from pagemill.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                         SchedulerOutput)
-from pagemill.engine.messages import EngineCoreOutput, SchedulerStats
-from pagemill.engine.request import Request, RequestStatus
+from pagemill.messages import EngineCoreOutput
+from pagemill.metrics.stats import SchedulerStats
+from pagemill.request import Request, RequestStatus
 
 
 class _WaitingQueue:

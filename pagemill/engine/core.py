@@ -7,8 +7,9 @@ import time
 
 from pagemill.config import EngineConfig
 from pagemill.core.scheduler import Scheduler
-from pagemill.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
-from pagemill.engine.request import Request, RequestStatus
+from pagemill.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from pagemill.metrics.stats import SchedulerStats
+from pagemill.request import Request, RequestStatus
 from pagemill.engine.step_profiler import StepProfiler
 from pagemill.worker.executor import UniProcExecutor
 

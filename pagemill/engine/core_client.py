@@ -21,7 +21,7 @@ import zmq.asyncio
 
 from pagemill.config import EngineArgs, EngineConfig
 from pagemill.engine import core_proc
-from pagemill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from pagemill.messages import EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import msgspec
 import zmq
 
 from pagemill.config import EngineArgs, EngineConfig
-from pagemill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from pagemill.messages import EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from pagemill.config import EngineArgs, EngineConfig
 from pagemill.engine.core import EngineCore
-from pagemill.engine.messages import EngineCoreRequest
+from pagemill.messages import EngineCoreRequest
 from pagemill.engine.output_processor import OutputProcessor, ParentRequest
 from pagemill.engine.processor import Processor, PromptType
 from pagemill.loader.tokenizer import load_tokenizer

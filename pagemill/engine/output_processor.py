@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagemill.engine.detokenizer import IncrementalDetokenizer
-from pagemill.engine.messages import EngineCoreOutput, LogprobsLists
+from pagemill.messages import EngineCoreOutput, LogprobsLists
 from pagemill.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from pagemill.sampling_params import RequestOutputKind, SamplingParams
 

@@ -15,7 +15,7 @@ from pagemill.attention.metadata import CommonAttentionMetadata
 from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from pagemill.engine.messages import LogprobsLists
+from pagemill.messages import LogprobsLists
 from pagemill.engine.step_profiler import StepProfiler
 from pagemill.forward_context import set_forward_context
 from pagemill.kernels import ops

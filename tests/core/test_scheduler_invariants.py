@@ -10,7 +10,7 @@ import pytest
 from pagemill.config import CacheConfig, SchedulerConfig
 from pagemill.core.sched_output import ModelRunnerOutput
 from pagemill.core.scheduler import Scheduler
-from pagemill.engine.request import Request, RequestStatus
+from pagemill.request import Request, RequestStatus
 from pagemill.sampling_params import SamplingParams
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from pagemill.metrics.stats import SchedulerStats
 from pagemill.sampling_params import SamplingParams
 
 
@@ -38,23 +39,6 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
-
-
-class SchedulerStats(msgspec.Struct, omit_defaults=True):
-    """Snapshot of the scheduler and KV cache after a step (for logs and /metrics)."""
-
-    num_running_reqs: int = 0
-    num_waiting_reqs: int = 0
-    kv_cache_usage: float = 0.0
-    memory: dict[str, float] | None = None  # KV memory accounting (blocks shared, fragmentation, saving)
-    num_blocks_total: int = 0
-    num_blocks_free: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    num_preemptions: int = 0
-    num_swapped_reqs: int = 0
-    num_prompt_tokens: int = 0
-    num_generation_tokens: int = 0
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from pagemill.engine.messages import EngineCoreRequest
+from pagemill.messages import EngineCoreRequest
 from pagemill.sampling_params import SamplingParams
 
 
