@@ -99,9 +99,7 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "builtin"
     num_gpu_blocks_override: int | None = None  # exact number of blocks (tests)
-    num_blocks: int = 0  # set once the KV cache is sized
     swap_space: int = 4 * 2**30  # bytes of host memory for swapped-out blocks (preemption_mode="swap")
-    num_swap_blocks: int = 0  # set once the KV cache is sized
     kv_cache_dtype: str = "auto"  # auto = the model dtype; float16/bfloat16 halve attention's memory traffic
 
     def __post_init__(self) -> None:

@@ -19,7 +19,7 @@ class KVCacheManager:
                  hash_algo: str = "builtin") -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.block_pool = BlockPool(num_blocks)
         self.hash_fn = get_hash_fn(hash_algo)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}

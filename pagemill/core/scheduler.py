@@ -13,6 +13,7 @@ from collections import deque
 
 from pagemill.config import CacheConfig, SchedulerConfig
 from pagemill.core.kv_cache_manager import KVCacheManager, cdiv
+from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.swap_space import SwapSpace
 from pagemill.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                         SchedulerOutput)
@@ -62,10 +63,12 @@ class _WaitingQueue:
 class Scheduler:
     """Decides each step's batch and applies the model's results to the requests."""
 
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int) -> None:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 kv_cache_config: KVCacheConfig) -> None:
         self.config = scheduler_config
-        self.block_size = cache_config.block_size
-        self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
+        self.kv_cache_config = kv_cache_config
+        self.block_size = kv_cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(kv_cache_config.num_blocks, kv_cache_config.block_size,
                                                cache_config.enable_prefix_caching,
                                                cache_config.prefix_caching_hash_algo)
         self.requests: dict[str, Request] = {}
@@ -75,7 +78,7 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self.num_swapped_out = 0  # preemptions by swapping (counter)
-        self.swap_space = SwapSpace(cache_config.num_swap_blocks)
+        self.swap_space = SwapSpace(kv_cache_config.num_swap_blocks)
         self._swap_out: list[tuple[int, int]] = []
         self.num_prompt_tokens = 0  # computed prompt tokens (counter)
         self.num_generation_tokens = 0
@@ -297,7 +300,7 @@ class Scheduler:
             memory=self.kv_cache_manager.memory_stats() if include_memory else None,
             num_swapped_reqs=self.swap_space.num_blocks and sum(1 for r in self.waiting if r.swapped_blocks),
             num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
-            kv_cache_usage=pool.get_usage(), num_blocks_total=pool.num_blocks - 1,
+            kv_cache_usage=pool.get_usage(), num_blocks_total=self.kv_cache_config.usable_blocks,
             num_blocks_free=pool.get_num_free_blocks(),
             prefix_cache_queries=self.kv_cache_manager.prefix_cache_queries,
             prefix_cache_hits=self.kv_cache_manager.prefix_cache_hits, num_preemptions=self.num_preemptions,

@@ -22,12 +22,13 @@ class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.executor = UniProcExecutor(config)
-        capacity = (self.executor.num_blocks - 1) * config.cache_config.block_size
+        self.kv_cache_config = self.executor.kv_cache_config
+        capacity = self.kv_cache_config.usable_tokens
         if capacity < config.scheduler_config.max_model_len:
             raise ValueError(
                 f"kv_cache_memory holds {capacity} tokens, fewer than max_model_len "
                 f"({config.scheduler_config.max_model_len}): raise kv_cache_memory or lower max_model_len.")
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.executor.num_blocks)
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.kv_cache_config)
         self._last_log = time.monotonic()
         self.profiler = StepProfiler(config.profile)
         self.executor.model_runner.profiler = self.profiler

@@ -20,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from pagemill.config import EngineArgs, EngineConfig
+from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.engine import core_proc
 from pagemill.messages import EngineCoreOutputs, EngineCoreRequest
 
@@ -64,6 +65,7 @@ class EngineCoreClient:
         self.outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
         self.scheduled_decoder = msgspec.msgpack.Decoder(list[tuple[str, float]])
         self.info: dict[str, Any] = {}
+        self.kv_cache_config: KVCacheConfig | None = None  # from the core's READY message
         self.dead_message: str | None = None
         self._shutting_down = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -84,9 +86,10 @@ class EngineCoreClient:
                 frames = self._output_sync.recv_multipart()
                 if frames[0] == core_proc.READY:
                     self.info = msgspec.msgpack.decode(frames[1])
+                    self.kv_cache_config = KVCacheConfig(**self.info["kv_cache_config"])
                     threading.Thread(target=self._monitor, name="pagemill-core-monitor", daemon=True).start()
                     logger.info("Engine core process ready (pid %d, %d KV blocks of %d tokens).",
-                                self.info["pid"], self.info["num_blocks"], self.info["block_size"])
+                                self.info["pid"], self.kv_cache_config.usable_blocks, self.kv_cache_config.block_size)
                     return self.info
                 if frames[0] == core_proc.DEAD:
                     self.shutdown()

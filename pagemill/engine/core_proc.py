@@ -63,9 +63,7 @@ class EngineCoreProc:
             self.close()
             raise
         self.unscheduled: dict[str, Any] = {}  # request_id -> Request not yet scheduled
-        pool = self.core.scheduler.kv_cache_manager.block_pool
-        self._send(READY, {"pid": os.getpid(), "num_blocks": pool.num_blocks - 1,
-                           "block_size": config.cache_config.block_size})
+        self._send(READY, {"pid": os.getpid(), "kv_cache_config": dataclasses.asdict(self.core.kv_cache_config)})
 
     def _send(self, kind: bytes, *payloads: Any) -> None:
         self.output.send_multipart([kind, *(self.encoder.encode(p) for p in payloads)], copy=False)

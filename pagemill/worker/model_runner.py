@@ -14,6 +14,7 @@ import torch
 from pagemill.attention.metadata import CommonAttentionMetadata
 from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
+from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.messages import LogprobsLists
 from pagemill.engine.step_profiler import StepProfiler
@@ -71,16 +72,20 @@ class ModelRunner:
         self.use_kernels = config.attention_backend != "torch"
         self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)
         self.num_blocks = self._num_blocks()
-        cc.num_blocks = self.num_blocks
         shape = self.backend.kv_cache_shape(self.num_blocks, cc.block_size, mc.num_kv_heads, mc.head_dim)
         # One allocation for all layers, so a copy-on-write of blocks is one indexed copy for every layer.
         self.kv_cache = lazy_zeros((mc.num_layers, *shape), self.kv_dtype)
         self.kv_caches = list(self.kv_cache.unbind(0))
         per_block = self.kv_cache[:, :, 0].numel() * self.kv_cache.element_size()
-        cc.num_swap_blocks = int(cc.swap_space // per_block) if config.scheduler_config.preemption_mode == "swap" else 0
+        num_swap_blocks = int(cc.swap_space // per_block) if config.scheduler_config.preemption_mode == "swap" else 0
         # Host swap space for preempted requests' blocks (pages are only touched when used).
-        swap_shape = (mc.num_layers, 2, cc.num_swap_blocks, *shape[2:])
-        self.swap_cache = torch.empty(swap_shape, dtype=self.kv_dtype) if cc.num_swap_blocks else None
+        swap_shape = (mc.num_layers, 2, num_swap_blocks, *shape[2:])
+        self.swap_cache = torch.empty(swap_shape, dtype=self.kv_dtype) if num_swap_blocks else None
+        # What the engine core builds the scheduler from (the config stays read-only).
+        self.kv_cache_config = KVCacheConfig(self.num_blocks, cc.block_size, num_swap_blocks)
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB), %d swap blocks",
+                    self.kv_cache_config.usable_blocks, cc.block_size, self.kv_cache_config.usable_tokens,
+                    self.num_blocks * per_block / 2**30, num_swap_blocks)
         for layer, cache in zip(self.model.attention_layers(), self.kv_caches):
             layer.kv_cache, layer.backend = cache, self.backend
         from pagemill.worker.input_batch import InputBatch
@@ -96,8 +101,6 @@ class ModelRunner:
         elem = torch.tensor([], dtype=self.kv_dtype).element_size()
         per_block = mc.num_layers * 2 * cc.block_size * mc.num_kv_heads * mc.head_dim * elem
         num_blocks = max(2, cc.kv_cache_memory // per_block)
-        logger.info("KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB)", num_blocks - 1, cc.block_size,
-                    (num_blocks - 1) * cc.block_size, num_blocks * per_block / 2**30)
         return int(num_blocks)
 
     # ---- per step ----

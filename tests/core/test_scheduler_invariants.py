@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 
 from pagemill.config import CacheConfig, SchedulerConfig
+from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput
 from pagemill.core.scheduler import Scheduler
 from pagemill.request import Request, RequestStatus
@@ -18,7 +19,8 @@ def make_scheduler(num_blocks: int, block_size: int = 4, budget: int = 32, max_s
                    policy: str = "fcfs", caching: bool = True, max_len: int = 256) -> Scheduler:
     return Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_len,
                                      policy=policy),
-                     CacheConfig(block_size=block_size, enable_prefix_caching=caching), num_blocks)
+                     CacheConfig(block_size=block_size, enable_prefix_caching=caching),
+                     KVCacheConfig(num_blocks, block_size))
 
 
 def check_invariants(s: Scheduler) -> None:
