@@ -17,7 +17,7 @@ from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.swap_space import SwapSpace
 from pagemill.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                         SchedulerOutput)
-from pagemill.messages import EngineCoreOutput
+from pagemill.messages import EngineCoreEventType, EngineCoreOutput
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.request import Request, RequestStatus
 
@@ -189,7 +189,7 @@ class Scheduler:
             self.waiting.pop()
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_hit
-                req.first_scheduled_time = now
+            req.record_event(EngineCoreEventType.SCHEDULED, now)
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens += num_hit
             self.running.append(req)
@@ -226,6 +226,7 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         """Preempt by swapping the request's blocks out (if configured and there is room) or by recompute."""
         req.status = RequestStatus.PREEMPTED
+        req.record_event(EngineCoreEventType.PREEMPTED)
         req.num_preemptions += 1
         self.num_preemptions += 1
         block_ids = self.kv_cache_manager.get_block_ids(req.request_id)
@@ -261,7 +262,7 @@ class Scheduler:
             token = out.sampled.get(rid)
             if token is None:
                 if prompt_lp is not None:
-                    outputs.append(EngineCoreOutput(rid, [], new_prompt_logprobs=prompt_lp))
+                    outputs.append(EngineCoreOutput(rid, [], new_prompt_logprobs=prompt_lp, events=req.take_events()))
                 continue
             req.append_output_token(token)
             self.num_generation_tokens += 1
@@ -269,7 +270,7 @@ class Scheduler:
                 self._fork(req, self.pending_forks.pop(rid))
             status = self._check_stop(req, token)
             eco = EngineCoreOutput(rid, [token], new_logprobs=out.logprobs.get(rid), new_prompt_logprobs=prompt_lp,
-                                   num_cached_tokens=max(req.num_cached_tokens, 0))
+                                   num_cached_tokens=max(req.num_cached_tokens, 0), events=req.take_events())
             if status is not None:
                 req.status = status
                 eco.finish_reason = status.finish_reason

@@ -11,7 +11,7 @@ from typing import Any
 from pagemill.config import EngineArgs, EngineConfig
 from pagemill.engine.core_client import CoreOutputBatch, EngineCoreClient, EngineDeadError
 from pagemill.engine.llm_engine import LLMEngine
-from pagemill.engine.output_processor import OutputProcessor, ParentRequest
+from pagemill.engine.output_processor import OutputProcessor, ParentRequest, first_scheduled_time
 from pagemill.engine.processor import Processor, PromptType
 from pagemill.loader.tokenizer import load_tokenizer
 from pagemill.metrics.logger import LoggingStatLogger
@@ -304,14 +304,15 @@ class AsyncLLM:
         """Queue times, TTFT, inter-token latencies and token counts of a batch (before it is applied)."""
         states = self.output_processor.states
         iteration = IterationStats()
-        for rid, t in batch.scheduled:
-            state = states.get(rid)
-            if state is not None:
-                state.metrics.first_scheduled_time = t
-                iteration.queue_times.append(max(0.0, t - state.metrics.arrival_time))
         for eco in outputs:
             state = states.get(eco.request_id)
-            if state is None or not eco.new_token_ids:
+            if state is None:
+                continue
+            if state.metrics.first_scheduled_time is None and eco.events:
+                scheduled = first_scheduled_time(eco.events)
+                if scheduled is not None:
+                    iteration.queue_times.append(max(0.0, scheduled - state.metrics.arrival_time))
+            if not eco.new_token_ids:
                 continue
             iteration.num_generation_tokens += len(eco.new_token_ids)
             m = state.metrics

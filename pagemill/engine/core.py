@@ -31,7 +31,6 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.kv_cache_config)
         self._last_log = time.monotonic()
         self.profiler = StepProfiler(config.profile)
-        self.executor.model_runner.profiler = self.profiler
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request for scheduling."""
@@ -51,12 +50,13 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         """One engine step."""
         if not self.scheduler.has_unfinished_requests():
-            return EngineCoreOutputs([], self.scheduler.make_stats(), time.monotonic())
+            return EngineCoreOutputs([], self.make_stats(), time.monotonic())
         prof = self.profiler
         prof.steps += 1
         with prof.section("schedule"):
             so = self.scheduler.schedule()
         out = self.executor.execute_model(so)
+        prof.add(out.timings)
         with prof.section("update"):
             outputs = self.scheduler.update_from_output(so, out)
         log_now = self.config.log_stats and time.monotonic() - self._last_log > 5.0
@@ -71,6 +71,15 @@ class EngineCore:
                         100 * stats.prefix_cache_hits / max(1, stats.prefix_cache_queries), mem["blocks_shared"],
                         100 * mem["sharing_saving"], mem["slots_reserved_unused"])
         return EngineCoreOutputs(outputs, stats, time.monotonic())
+
+    def make_stats(self) -> SchedulerStats:
+        """Scheduler and KV cache counters now (cheap: no memory accounting)."""
+        return self.scheduler.make_stats()
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """KV blocks requests can use (all but the null block)."""
+        return self.kv_cache_config.usable_blocks
 
     def get_stats(self) -> SchedulerStats:
         """Scheduler and KV memory statistics now, including the memory accounting."""

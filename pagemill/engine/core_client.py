@@ -40,7 +40,6 @@ class CoreOutputBatch:
     """What one message from the core carries for the output handler."""
 
     outputs: EngineCoreOutputs
-    scheduled: list[tuple[str, float]] = field(default_factory=list)  # (request_id, first_scheduled_time)
     errors: list[tuple[str, str]] = field(default_factory=list)  # (request_id, message) of rejected adds
 
 
@@ -63,7 +62,6 @@ class EngineCoreClient:
         self._output: zmq.asyncio.Socket | None = None
         self.encoder = msgspec.msgpack.Encoder()
         self.outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
-        self.scheduled_decoder = msgspec.msgpack.Decoder(list[tuple[str, float]])
         self.info: dict[str, Any] = {}
         self.kv_cache_config: KVCacheConfig | None = None  # from the core's READY message
         self.dead_message: str | None = None
@@ -202,8 +200,7 @@ class EngineCoreClient:
             frames = await self._output.recv_multipart(copy=False)
             kind = frames[0].bytes
             if kind == core_proc.OUTPUTS:
-                return CoreOutputBatch(self.outputs_decoder.decode(frames[1].buffer),
-                                       self.scheduled_decoder.decode(frames[2].buffer))
+                return CoreOutputBatch(self.outputs_decoder.decode(frames[1].buffer))
             if kind == core_proc.UTILITY:
                 call_id, ok, result = msgspec.msgpack.decode(frames[1].buffer)
                 fut = self._pending_calls.pop(call_id, None)

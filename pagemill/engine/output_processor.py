@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagemill.engine.detokenizer import IncrementalDetokenizer
-from pagemill.messages import EngineCoreOutput, LogprobsLists
+from pagemill.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, LogprobsLists
 from pagemill.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from pagemill.sampling_params import RequestOutputKind, SamplingParams
 
@@ -34,6 +34,11 @@ class ParentRequest:
             if not self.keep_logprobs:
                 c.logprobs = c.cumulative_logprob = None
         return outs
+
+
+def first_scheduled_time(events: list[EngineCoreEvent]) -> float | None:
+    """The time of the first SCHEDULED event, if any."""
+    return next((e.timestamp for e in events if e.type == EngineCoreEventType.SCHEDULED), None)
 
 
 class RequestState:
@@ -65,6 +70,12 @@ class RequestState:
         self.num_cached_tokens = 0
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.max_stop_len = max((len(s) for s in params.stop), default=0)
+
+    def update_from_events(self, events: list[EngineCoreEvent]) -> None:
+        """Record scheduling and preemption times the engine core reported."""
+        if self.metrics.first_scheduled_time is None:
+            self.metrics.first_scheduled_time = first_scheduled_time(events)
+        self.metrics.num_preemptions += sum(e.type == EngineCoreEventType.PREEMPTED for e in events)
 
     def _check_stop_strings(self, new_text_len: int) -> bool:
         """Truncate at the first stop string that the new text completes."""
@@ -152,6 +163,8 @@ class OutputProcessor:
             if eco.new_prompt_logprobs is not None and state.prompt_logprobs is not None:
                 state.prompt_logprobs.extend(self._to_dicts(eco.new_prompt_logprobs))
             state.num_cached_tokens = eco.num_cached_tokens
+            if eco.events:
+                state.update_from_events(eco.events)
             if eco.new_token_ids:
                 if state.metrics.first_token_time is None:
                     state.metrics.first_token_time = now

@@ -20,5 +20,7 @@ class UniProcExecutor:
         return self.model_runner.kv_cache_config
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step on the worker."""
-        return self.model_runner.execute_model(scheduler_output)
+        """Run one step on the worker; the runner's section timings come back in the output."""
+        out = self.model_runner.execute_model(scheduler_output)
+        out.timings = self.model_runner.profiler.take()
+        return out

@@ -17,12 +17,12 @@ from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.messages import LogprobsLists
-from pagemill.engine.step_profiler import StepProfiler
 from pagemill.forward_context import set_forward_context
 from pagemill.kernels import ops
 from pagemill.loader.model_loader import load_model
 from pagemill.sample.metadata import SamplingMetadata
 from pagemill.sample.sampler import Sampler, gather_logprobs
+from pagemill.worker.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class ModelRunner:
 
         self.input_batch = InputBatch(config.scheduler_config.max_num_seqs, mc.max_model_len, cc.block_size)
         self.sampler = Sampler()
-        self.profiler = StepProfiler(False)  # the engine core may replace it with an enabled one
+        self.profiler = StepTimer(config.profile)  # its timings go back in ModelRunnerOutput.timings
 
     def _num_blocks(self) -> int:
         mc, cc = self.config.model_config, self.config.cache_config

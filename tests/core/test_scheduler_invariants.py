@@ -147,3 +147,14 @@ def test_priority_policy_preempts_lowest_priority():
         sampled = {r: 5 for r in so.num_scheduled_tokens if s.requests[r].num_computed_tokens == s.requests[r].num_tokens}
         s.update_from_output(so, ModelRunnerOutput(sampled))
     assert preempted == {"low"}
+
+
+def test_scheduler_takes_blocks_and_swap_blocks_from_kv_cache_config():
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=32,
+                                  preemption_mode="swap"),
+                  CacheConfig(block_size=4), KVCacheConfig(num_blocks=9, block_size=4, num_swap_blocks=5))
+    assert s.make_stats().num_blocks_total == 8 and s.swap_space.num_free == 5
+    for i in range(4):
+        s.add_request(Request(f"r{i}", list(range(3, 11)), SamplingParams(max_tokens=12, ignore_eos=True), None, i))
+    run_to_completion(s, random.Random(0))
+    assert s.num_swapped_out > 0 and s.swap_space.num_free == 5
