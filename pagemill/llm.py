@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 from pagemill.config import EngineArgs
 from pagemill.engine.llm_engine import LLMEngine
 from pagemill.engine.processor import PromptType
+from pagemill.metrics.stats import SchedulerStats
 from pagemill.outputs import RequestOutput
 from pagemill.sampling_params import SamplingParams
 
@@ -40,6 +41,14 @@ class LLM:
     def get_tokenizer(self) -> Any:
         """The model's tokenizer."""
         return self.llm_engine.tokenizer
+
+    def get_stats(self) -> SchedulerStats:
+        """Scheduler and KV cache statistics now: blocks free, prefix-cache hits, preemptions, swaps, ..."""
+        return self.llm_engine.get_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop cached prefixes (only possible while idle)."""
+        return self.llm_engine.reset_prefix_cache()
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

@@ -300,6 +300,8 @@ class Scheduler:
         return SchedulerStats(
             memory=self.kv_cache_manager.memory_stats() if include_memory else None,
             num_swapped_reqs=self.swap_space.num_blocks and sum(1 for r in self.waiting if r.swapped_blocks),
+            num_swapped_out=self.num_swapped_out, num_swap_blocks_total=self.swap_space.num_blocks,
+            num_swap_blocks_free=self.swap_space.num_free, num_cow_copies=self.kv_cache_manager.num_cow_copies,
             num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
             kv_cache_usage=pool.get_usage(), num_blocks_total=self.kv_cache_config.usable_blocks,
             num_blocks_free=pool.get_num_free_blocks(),

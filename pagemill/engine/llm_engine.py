@@ -11,6 +11,7 @@ from pagemill.engine.output_processor import OutputProcessor
 from pagemill.engine.processor import Processor, PromptType
 from pagemill.loader.tokenizer import load_tokenizer
 from pagemill.messages import EngineCoreRequest
+from pagemill.metrics.stats import SchedulerStats
 from pagemill.outputs import RequestOutput
 from pagemill.sampling_params import SamplingParams
 
@@ -68,6 +69,14 @@ class LLMEngine:
         if to_abort:
             self.engine_core.abort_requests(to_abort)
         return outputs
+
+    def get_stats(self) -> SchedulerStats:
+        """The engine core's scheduler and KV cache statistics now (with the memory accounting)."""
+        return self.engine_core.get_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop cached prefixes (only possible while idle)."""
+        return self.engine_core.reset_prefix_cache()
 
     def next_request_id(self) -> str:
         """A fresh request id."""

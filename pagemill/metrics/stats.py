@@ -21,6 +21,10 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
     num_swapped_reqs: int = 0
+    num_swapped_out: int = 0  # preemptions by swapping (counter)
+    num_swap_blocks_total: int = 0
+    num_swap_blocks_free: int = 0
+    num_cow_copies: int = 0  # copy-on-write block copies (counter)
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
 

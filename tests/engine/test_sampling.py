@@ -156,18 +156,18 @@ def test_parallel_sampling_shares_prompt_blocks_with_copy_on_write(smol_path):
     prompt = "The quick brown fox jumps over the lazy dog. The"  # not a multiple of 8 tokens
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     single = llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].token_ids
-    mgr = llm.llm_engine.engine_core.scheduler.kv_cache_manager
-    before = mgr.num_cow_copies
+    before = llm.get_stats().num_cow_copies
     multi = llm.generate(prompt, greedy.clone(n=3), use_tqdm=False)[0]
     assert [c.token_ids for c in multi.outputs] == [single] * 3  # shared blocks were copied before writes
-    assert mgr.num_cow_copies > before
+    assert llm.get_stats().num_cow_copies > before
     seeded = llm.generate(prompt, SamplingParams(n=3, temperature=1.0, seed=10, max_tokens=16, ignore_eos=True),
                           use_tqdm=False)[0]
     for i in range(3):
         one = llm.generate(prompt, SamplingParams(temperature=1.0, seed=10 + i, max_tokens=16, ignore_eos=True),
                            use_tqdm=False)[0]
         assert seeded.outputs[i].token_ids == one.outputs[0].token_ids
-    assert mgr.block_pool.get_num_free_blocks() == mgr.block_pool.num_blocks - 1
+    stats = llm.get_stats()
+    assert stats.num_blocks_free == stats.num_blocks_total
 
 
 def test_best_of_returns_the_most_likely_of_more_samples(smol_llm):
