@@ -107,6 +107,17 @@ def test_min_tokens_holds_back_eos(smol_llm):
     assert len(longer.outputs[0].token_ids) >= 20
 
 
+def test_chat_uses_the_shared_renderer(smol_llm):
+    from pagemill.entrypoints.chat_utils import ChatRenderer, ChatTemplateError
+
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! I"}]
+    ids = smol_llm.render_chat(msgs, continue_final_message=True)
+    assert ids == ChatRenderer(smol_llm.get_tokenizer()).render(msgs, continue_final_message=True)
+    assert smol_llm.get_tokenizer().decode(ids).endswith("<|im_start|>assistant\nHello! I")
+    with pytest.raises(ChatTemplateError, match="continue_final_message"):  # the server's checks apply offline
+        smol_llm.chat(msgs[:1], continue_final_message=True, use_tqdm=False)
+
+
 def test_n_samples(smol_llm):
     out = smol_llm.generate("Once upon a time", SamplingParams(n=3, temperature=0.9, seed=7, max_tokens=16),
                             use_tqdm=False)

@@ -171,6 +171,10 @@ class ChatMessage(OpenAIBaseModel):
             return self.content
         return "\n".join(p.text for p in self.content)
 
+    def to_dict(self) -> dict[str, str]:
+        """The message as the chat renderer takes it: role and text content."""
+        return {"role": self.role, "content": self.text()}
+
 
 class ResponseFormat(OpenAIBaseModel):
     """`response_format` (only plain text is supported)."""
