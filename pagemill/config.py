@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -172,12 +172,11 @@ class EngineArgs:
     quantization: str = "auto"  # gguf (auto for GGUF files): small-batch GEMVs stream the Q4_1/Q8_0 weights as stored
     profile: bool = False  # time each part of the engine step (StepProfiler)
     disable_log_stats: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def field_names(cls) -> list[str]:
         """The argument names (used to build CLI flags and to filter kwargs)."""
-        return [f.name for f in fields(cls) if f.name != "extra"]
+        return [f.name for f in fields(cls)]
 
     def create_engine_config(self) -> EngineConfig:
         """Load the model's config and resolve every default."""

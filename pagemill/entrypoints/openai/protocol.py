@@ -98,7 +98,7 @@ class SamplingRequest(OpenAIBaseModel):
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # accepted as vLLM does; fast tokenizers have no such option
     include_stop_str_in_output: bool = False
     stop_token_ids: list[int] | None = None
     priority: int = 0
