@@ -9,8 +9,8 @@ from tqdm.auto import tqdm
 
 from pagemill.config import EngineArgs
 from pagemill.engine.llm_engine import LLMEngine
-from pagemill.entrypoints.chat_utils import ChatRenderer
 from pagemill.engine.processor import PromptType
+from pagemill.entrypoints.chat_utils import ChatRenderer
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.outputs import RequestOutput
 from pagemill.sampling_params import SamplingParams

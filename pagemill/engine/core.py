@@ -7,10 +7,10 @@ import time
 
 from pagemill.config import EngineConfig
 from pagemill.core.scheduler import Scheduler
+from pagemill.engine.step_profiler import StepProfiler
 from pagemill.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.request import Request, RequestStatus
-from pagemill.engine.step_profiler import StepProfiler
 from pagemill.worker.executor import UniProcExecutor
 
 logger = logging.getLogger(__name__)

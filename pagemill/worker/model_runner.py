@@ -16,10 +16,10 @@ from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from pagemill.messages import LogprobsLists
 from pagemill.forward_context import set_forward_context
 from pagemill.kernels import ops
 from pagemill.loader.model_loader import load_model
+from pagemill.messages import LogprobsLists
 from pagemill.sample.metadata import SamplingMetadata
 from pagemill.sample.sampler import Sampler, gather_logprobs
 from pagemill.worker.step_timer import StepTimer
