@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -121,9 +121,7 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "builtin"
     num_gpu_blocks_override: int | None = None  # exact number of blocks (tests)
-    num_blocks: int = 0  # set once the KV cache is sized
     swap_space: int = 4 * 2**30  # bytes of host memory for swapped-out blocks (preemption_mode="swap")
-    num_swap_blocks: int = 0  # set once the KV cache is sized
     kv_cache_dtype: str = "auto"  # auto = the model dtype; float16/bfloat16 halve attention's memory traffic
 
     def __post_init__(self) -> None:
@@ -196,12 +194,11 @@ class EngineArgs:
     quantization: str = "auto"  # gguf (auto for GGUF files): small-batch GEMVs stream the Q4_1/Q8_0 weights as stored
     profile: bool = False  # time each part of the engine step (StepProfiler)
     disable_log_stats: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def field_names(cls) -> list[str]:
         """The argument names (used to build CLI flags and to filter kwargs)."""
-        return [f.name for f in fields(cls) if f.name != "extra"]
+        return [f.name for f in fields(cls)]
 
     def create_engine_config(self) -> EngineConfig:
         """Load the model's config and resolve every default."""

@@ -10,6 +10,8 @@ from tqdm.auto import tqdm
 from pagemill.config import EngineArgs
 from pagemill.engine.llm_engine import LLMEngine
 from pagemill.engine.processor import PromptType
+from pagemill.entrypoints.chat_utils import ChatRenderer
+from pagemill.metrics.stats import SchedulerStats
 from pagemill.outputs import RequestOutput
 from pagemill.sampling_params import SamplingParams
 
@@ -36,10 +38,19 @@ class LLM:
                           block_size=block_size, kv_cache_memory=kv_cache_memory,
                           enable_prefix_caching=enable_prefix_caching, **kwargs)
         self.llm_engine = LLMEngine.from_engine_args(args)
+        self._chat_renderer = ChatRenderer(self.llm_engine.tokenizer)
 
     def get_tokenizer(self) -> Any:
         """The model's tokenizer."""
         return self.llm_engine.tokenizer
+
+    def get_stats(self) -> SchedulerStats:
+        """Scheduler and KV cache statistics now: blocks free, prefix-cache hits, preemptions, swaps, ..."""
+        return self.llm_engine.get_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop cached prefixes (only possible while idle)."""
+        return self.llm_engine.reset_prefix_cache()
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -114,13 +125,7 @@ class LLM:
     def render_chat(self, conversation: ChatMessages, chat_template: str | None = None,
                     add_generation_prompt: bool = True, continue_final_message: bool = False) -> list[int]:
         """Token ids of a conversation rendered with the model's (or the given) chat template."""
-        if not conversation:
-            raise ValueError("messages must not be empty.")
-        tok = self.get_tokenizer()
-        text = tok.apply_chat_template(conversation, chat_template=chat_template, tokenize=False,
-                                       add_generation_prompt=add_generation_prompt and not continue_final_message,
-                                       continue_final_message=continue_final_message)
-        return tok.encode(text, add_special_tokens=False)
+        return self._chat_renderer.render(conversation, chat_template, add_generation_prompt, continue_final_message)
 
     def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool,
              priority: list[int] | None) -> list[RequestOutput]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -45,6 +45,7 @@ class RequestMetrics:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    num_preemptions: int = 0
 
 
 @dataclass
@@ -59,4 +60,3 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
-    kv_transfer_params: dict | None = field(default=None, repr=False)

@@ -39,7 +39,6 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     detokenize: bool = True
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
     # Filled in by the engine from the model's generation config; not user input.

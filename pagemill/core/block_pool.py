@@ -67,13 +67,13 @@ class FreeKVCacheBlockQueue:
 class BlockPool:
     """All KV blocks of the cache. Block 0 is a reserved null block used to pad block tables."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
             raise ValueError(f"The KV cache needs at least 2 blocks, got {num_blocks}.")
         self.num_blocks = num_blocks
-        self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])
+        self.num_usable_blocks = self.free_block_queue.num_free_blocks  # all but the null block
         self.null_block = self.blocks[0]
         self.null_block.ref_cnt = 1
         self.cached_block_hash_to_block: dict[int, KVCacheBlock] = {}
@@ -131,12 +131,11 @@ class BlockPool:
 
     def get_usage(self) -> float:
         """Fraction of usable blocks in use."""
-        total = self.num_blocks - 1
-        return 1.0 - self.get_num_free_blocks() / total
+        return 1.0 - self.get_num_free_blocks() / self.num_usable_blocks
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; only possible when no block is in use."""
-        if self.get_num_free_blocks() != self.num_blocks - 1:
+        if self.get_num_free_blocks() != self.num_usable_blocks:
             return False
         self.cached_block_hash_to_block.clear()
         for b in self.blocks:

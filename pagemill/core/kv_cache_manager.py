@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pagemill.core.block_pool import BlockPool, KVCacheBlock
 from pagemill.core.kv_cache_utils import extend_block_hashes, get_hash_fn
-from pagemill.engine.request import Request
+from pagemill.request import Request
 
 
 def cdiv(a: int, b: int) -> int:
@@ -19,7 +19,7 @@ class KVCacheManager:
                  hash_algo: str = "builtin") -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.block_pool = BlockPool(num_blocks)
         self.hash_fn = get_hash_fn(hash_algo)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}

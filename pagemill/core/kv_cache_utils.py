@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 NONE_HASH = 0x5EED  # parent hash of a request's first block
 
@@ -35,3 +36,22 @@ def extend_block_hashes(hash_fn: Callable[[object], int], block_hashes: list[int
         parent = block_hashes[-1] if block_hashes else NONE_HASH
         block_hashes.append(hash_block_tokens(hash_fn, parent, token_ids[i * block_size:(i + 1) * block_size],
                                               extra_keys))
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    """The KV cache the worker allocated: blocks (block 0 is the null block), host swap blocks, block size."""
+
+    num_blocks: int
+    block_size: int
+    num_swap_blocks: int = 0
+
+    @property
+    def usable_blocks(self) -> int:
+        """Blocks requests can use: all but the reserved null block."""
+        return self.num_blocks - 1
+
+    @property
+    def usable_tokens(self) -> int:
+        """Tokens the usable blocks hold."""
+        return self.usable_blocks * self.block_size

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pagemill.engine.messages import LogprobsLists
+from pagemill.messages import LogprobsLists
 from pagemill.sampling_params import SamplingParams
 
 
@@ -53,3 +53,4 @@ class ModelRunnerOutput:
     sampled: dict[str, int]
     logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per runner section (with --profile)

@@ -13,11 +13,13 @@ from collections import deque
 
 from pagemill.config import CacheConfig, SchedulerConfig
 from pagemill.core.kv_cache_manager import KVCacheManager, cdiv
+from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.swap_space import SwapSpace
 from pagemill.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                         SchedulerOutput)
-from pagemill.engine.messages import EngineCoreOutput, SchedulerStats
-from pagemill.engine.request import Request, RequestStatus
+from pagemill.messages import EngineCoreEventType, EngineCoreOutput
+from pagemill.metrics.stats import SchedulerStats
+from pagemill.request import Request, RequestStatus
 
 
 class _WaitingQueue:
@@ -61,10 +63,12 @@ class _WaitingQueue:
 class Scheduler:
     """Decides each step's batch and applies the model's results to the requests."""
 
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int) -> None:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 kv_cache_config: KVCacheConfig) -> None:
         self.config = scheduler_config
-        self.block_size = cache_config.block_size
-        self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
+        self.kv_cache_config = kv_cache_config
+        self.block_size = kv_cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(kv_cache_config.num_blocks, kv_cache_config.block_size,
                                                cache_config.enable_prefix_caching,
                                                cache_config.prefix_caching_hash_algo)
         self.requests: dict[str, Request] = {}
@@ -74,7 +78,7 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self.num_swapped_out = 0  # preemptions by swapping (counter)
-        self.swap_space = SwapSpace(cache_config.num_swap_blocks)
+        self.swap_space = SwapSpace(kv_cache_config.num_swap_blocks)
         self._swap_out: list[tuple[int, int]] = []
         self.num_prompt_tokens = 0  # computed prompt tokens (counter)
         self.num_generation_tokens = 0
@@ -185,7 +189,7 @@ class Scheduler:
             self.waiting.pop()
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_hit
-                req.first_scheduled_time = now
+            req.record_event(EngineCoreEventType.SCHEDULED, now)
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens += num_hit
             self.running.append(req)
@@ -222,6 +226,7 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         """Preempt by swapping the request's blocks out (if configured and there is room) or by recompute."""
         req.status = RequestStatus.PREEMPTED
+        req.record_event(EngineCoreEventType.PREEMPTED)
         req.num_preemptions += 1
         self.num_preemptions += 1
         block_ids = self.kv_cache_manager.get_block_ids(req.request_id)
@@ -257,7 +262,7 @@ class Scheduler:
             token = out.sampled.get(rid)
             if token is None:
                 if prompt_lp is not None:
-                    outputs.append(EngineCoreOutput(rid, [], new_prompt_logprobs=prompt_lp))
+                    outputs.append(EngineCoreOutput(rid, [], new_prompt_logprobs=prompt_lp, events=req.take_events()))
                 continue
             req.append_output_token(token)
             self.num_generation_tokens += 1
@@ -265,7 +270,7 @@ class Scheduler:
                 self._fork(req, self.pending_forks.pop(rid))
             status = self._check_stop(req, token)
             eco = EngineCoreOutput(rid, [token], new_logprobs=out.logprobs.get(rid), new_prompt_logprobs=prompt_lp,
-                                   num_cached_tokens=max(req.num_cached_tokens, 0))
+                                   num_cached_tokens=max(req.num_cached_tokens, 0), events=req.take_events())
             if status is not None:
                 req.status = status
                 eco.finish_reason = status.finish_reason
@@ -295,8 +300,10 @@ class Scheduler:
         return SchedulerStats(
             memory=self.kv_cache_manager.memory_stats() if include_memory else None,
             num_swapped_reqs=self.swap_space.num_blocks and sum(1 for r in self.waiting if r.swapped_blocks),
+            num_swapped_out=self.num_swapped_out, num_swap_blocks_total=self.swap_space.num_blocks,
+            num_swap_blocks_free=self.swap_space.num_free, num_cow_copies=self.kv_cache_manager.num_cow_copies,
             num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
-            kv_cache_usage=pool.get_usage(), num_blocks_total=pool.num_blocks - 1,
+            kv_cache_usage=pool.get_usage(), num_blocks_total=self.kv_cache_config.usable_blocks,
             num_blocks_free=pool.get_num_free_blocks(),
             prefix_cache_queries=self.kv_cache_manager.prefix_cache_queries,
             prefix_cache_hits=self.kv_cache_manager.prefix_cache_hits, num_preemptions=self.num_preemptions,

@@ -10,8 +10,7 @@ from typing import Any
 
 from pagemill.config import EngineArgs, EngineConfig
 from pagemill.engine.core_client import CoreOutputBatch, EngineCoreClient, EngineDeadError
-from pagemill.engine.llm_engine import LLMEngine
-from pagemill.engine.output_processor import OutputProcessor, ParentRequest
+from pagemill.engine.output_processor import OutputProcessor, first_scheduled_time
 from pagemill.engine.processor import Processor, PromptType
 from pagemill.loader.tokenizer import load_tokenizer
 from pagemill.metrics.logger import LoggingStatLogger
@@ -104,7 +103,6 @@ class AsyncLLM:
         self.stat_loggers: list[StatLogger] = list(stat_loggers or [])
         if log_stats:
             self.stat_loggers.append(LoggingStatLogger(now=time.monotonic()))
-        self._children: dict[str, list[str]] = {}  # n > 1: parent request id -> child sequence ids
         self._collectors: dict[str, RequestOutputCollector] = {}
         self._handler: asyncio.Task | None = None
         self._shut_down = False
@@ -162,18 +160,11 @@ class AsyncLLM:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         text, req = self.processor.process(request_id, prompt, params, arrival_time, priority, cache_salt)
         collector = RequestOutputCollector(params.output_kind)
-        parent = LLMEngine.make_parent(request_id, params)
-        children = []
-        for child_id, index, child_req in LLMEngine.fan_out(req):
-            self.output_processor.add_request(child_id, text, req.prompt_token_ids, child_req.sampling_params,
-                                              parent, index, collector, req.arrival_time)
-            children.append(child_id)
+        children = self.output_processor.add_request(text, req, collector)
         self._collectors[request_id] = collector
-        if parent is not None:
-            self._children[request_id] = children
         try:
-            for child_id, _, child_req in LLMEngine.fan_out(req):
-                self.client.add_request(child_req)
+            for child in children:
+                self.client.add_request(child)
         except EngineDeadError:
             self._forget(request_id)
             raise
@@ -207,7 +198,7 @@ class AsyncLLM:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         for rid in ids:
             collector = self._collectors.get(rid)
-            seqs = [s for sid in self._children.get(rid, [rid]) if (s := self.output_processor.states.get(sid))]
+            seqs = [self.output_processor.states[sid] for sid in self.output_processor.sequence_ids([rid])]
             if collector is not None and seqs:
                 outs = [CompletionOutput(s.index, "", [], finish_reason="abort") for s in seqs]
                 collector.put_nowait(RequestOutput(rid, seqs[0].prompt, seqs[0].prompt_token_ids, None, outs, True))
@@ -228,9 +219,8 @@ class AsyncLLM:
     def _forget(self, request_id: str) -> list[str]:
         """Drop a request's bookkeeping; returns its sequence ids."""
         self._collectors.pop(request_id, None)
-        children = self._children.pop(request_id, None)
-        seq_ids = children if children is not None else [request_id]
-        self.output_processor.abort_requests(seq_ids)
+        seq_ids = self.output_processor.sequence_ids([request_id])
+        self.output_processor.abort_requests([request_id])
         return seq_ids
 
     # ---- utility calls ----
@@ -277,19 +267,13 @@ class AsyncLLM:
         _, to_abort = op.process_outputs(outputs)
         if to_abort:
             self.client.abort_requests(to_abort)
-        for state in touched:
-            if state.finish_reason is None:
-                continue
-            parent = state.parent
-            if parent is not None and parent.num_finished == parent.n:
-                self._children.pop(parent.request_id, None)
-            if iteration is not None and state.finish_reason != "abort":
-                iteration.finished.append(FinishedRequestStats(
-                    state.finish_reason, now - state.metrics.arrival_time, len(state.prompt_token_ids),
-                    len(state.token_ids)))
-        if iteration is not None:
-            for stat_logger in self.stat_loggers:
-                stat_logger.record(batch.outputs.scheduler_stats, iteration, now)
+        if iteration is None:
+            return
+        iteration.finished.extend(
+            FinishedRequestStats(s.finish_reason, now - s.metrics.arrival_time, len(s.prompt_token_ids),
+                                 len(s.token_ids)) for s in touched if s.finish_reason not in (None, "abort"))
+        for stat_logger in self.stat_loggers:
+            stat_logger.record(batch.outputs.scheduler_stats, iteration, now)
 
     def _fail_request(self, seq_id: str, error: BaseException) -> None:
         """Abort the request a sequence belongs to and hand `error` to its consumer."""
@@ -304,14 +288,15 @@ class AsyncLLM:
         """Queue times, TTFT, inter-token latencies and token counts of a batch (before it is applied)."""
         states = self.output_processor.states
         iteration = IterationStats()
-        for rid, t in batch.scheduled:
-            state = states.get(rid)
-            if state is not None:
-                state.metrics.first_scheduled_time = t
-                iteration.queue_times.append(max(0.0, t - state.metrics.arrival_time))
         for eco in outputs:
             state = states.get(eco.request_id)
-            if state is None or not eco.new_token_ids:
+            if state is None:
+                continue
+            if state.metrics.first_scheduled_time is None and eco.events:
+                scheduled = first_scheduled_time(eco.events)
+                if scheduled is not None:
+                    iteration.queue_times.append(max(0.0, scheduled - state.metrics.arrival_time))
+            if not eco.new_token_ids:
                 continue
             iteration.num_generation_tokens += len(eco.new_token_ids)
             m = state.metrics
@@ -327,8 +312,7 @@ class AsyncLLM:
         err = self.dead_error
         for collector in self._collectors.values():
             collector.put_nowait(err)
-        self.output_processor.states.clear()
-        self._children.clear()
+        self.output_processor.clear()
         if self._handler is not None and self._handler is not asyncio.current_task():
             self._handler.cancel()
 
@@ -345,4 +329,4 @@ class AsyncLLM:
         for collector in self._collectors.values():
             collector.put_nowait(err)
         self._collectors.clear()
-        self.output_processor.states.clear()
+        self.output_processor.clear()

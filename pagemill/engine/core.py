@@ -7,9 +7,10 @@ import time
 
 from pagemill.config import EngineConfig
 from pagemill.core.scheduler import Scheduler
-from pagemill.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
-from pagemill.engine.request import Request, RequestStatus
 from pagemill.engine.step_profiler import StepProfiler
+from pagemill.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from pagemill.metrics.stats import SchedulerStats
+from pagemill.request import Request, RequestStatus
 from pagemill.worker.executor import UniProcExecutor
 
 logger = logging.getLogger(__name__)
@@ -21,15 +22,15 @@ class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.executor = UniProcExecutor(config)
-        capacity = (self.executor.num_blocks - 1) * config.cache_config.block_size
+        self.kv_cache_config = self.executor.kv_cache_config
+        capacity = self.kv_cache_config.usable_tokens
         if capacity < config.scheduler_config.max_model_len:
             raise ValueError(
                 f"kv_cache_memory holds {capacity} tokens, fewer than max_model_len "
                 f"({config.scheduler_config.max_model_len}): raise kv_cache_memory or lower max_model_len.")
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.executor.num_blocks)
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.kv_cache_config)
         self._last_log = time.monotonic()
         self.profiler = StepProfiler(config.profile)
-        self.executor.model_runner.profiler = self.profiler
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request for scheduling."""
@@ -49,12 +50,13 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         """One engine step."""
         if not self.scheduler.has_unfinished_requests():
-            return EngineCoreOutputs([], self.scheduler.make_stats(), time.monotonic())
+            return EngineCoreOutputs([], self.make_stats(), time.monotonic())
         prof = self.profiler
         prof.steps += 1
         with prof.section("schedule"):
             so = self.scheduler.schedule()
         out = self.executor.execute_model(so)
+        prof.add(out.timings)
         with prof.section("update"):
             outputs = self.scheduler.update_from_output(so, out)
         log_now = self.config.log_stats and time.monotonic() - self._last_log > 5.0
@@ -69,6 +71,15 @@ class EngineCore:
                         100 * stats.prefix_cache_hits / max(1, stats.prefix_cache_queries), mem["blocks_shared"],
                         100 * mem["sharing_saving"], mem["slots_reserved_unused"])
         return EngineCoreOutputs(outputs, stats, time.monotonic())
+
+    def make_stats(self) -> SchedulerStats:
+        """Scheduler and KV cache counters now (cheap: no memory accounting)."""
+        return self.scheduler.make_stats()
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """KV blocks requests can use (all but the null block)."""
+        return self.kv_cache_config.usable_blocks
 
     def get_stats(self) -> SchedulerStats:
         """Scheduler and KV memory statistics now, including the memory accounting."""

@@ -20,8 +20,9 @@ import zmq
 import zmq.asyncio
 
 from pagemill.config import EngineArgs, EngineConfig
+from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.engine import core_proc
-from pagemill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from pagemill.messages import EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,6 @@ class CoreOutputBatch:
     """What one message from the core carries for the output handler."""
 
     outputs: EngineCoreOutputs
-    scheduled: list[tuple[str, float]] = field(default_factory=list)  # (request_id, first_scheduled_time)
     errors: list[tuple[str, str]] = field(default_factory=list)  # (request_id, message) of rejected adds
 
 
@@ -62,8 +62,8 @@ class EngineCoreClient:
         self._output: zmq.asyncio.Socket | None = None
         self.encoder = msgspec.msgpack.Encoder()
         self.outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
-        self.scheduled_decoder = msgspec.msgpack.Decoder(list[tuple[str, float]])
         self.info: dict[str, Any] = {}
+        self.kv_cache_config: KVCacheConfig | None = None  # from the core's READY message
         self.dead_message: str | None = None
         self._shutting_down = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -84,9 +84,10 @@ class EngineCoreClient:
                 frames = self._output_sync.recv_multipart()
                 if frames[0] == core_proc.READY:
                     self.info = msgspec.msgpack.decode(frames[1])
+                    self.kv_cache_config = KVCacheConfig(**self.info["kv_cache_config"])
                     threading.Thread(target=self._monitor, name="pagemill-core-monitor", daemon=True).start()
                     logger.info("Engine core process ready (pid %d, %d KV blocks of %d tokens).",
-                                self.info["pid"], self.info["num_blocks"], self.info["block_size"])
+                                self.info["pid"], self.kv_cache_config.usable_blocks, self.kv_cache_config.block_size)
                     return self.info
                 if frames[0] == core_proc.DEAD:
                     self.shutdown()
@@ -199,8 +200,7 @@ class EngineCoreClient:
             frames = await self._output.recv_multipart(copy=False)
             kind = frames[0].bytes
             if kind == core_proc.OUTPUTS:
-                return CoreOutputBatch(self.outputs_decoder.decode(frames[1].buffer),
-                                       self.scheduled_decoder.decode(frames[2].buffer))
+                return CoreOutputBatch(self.outputs_decoder.decode(frames[1].buffer))
             if kind == core_proc.UTILITY:
                 call_id, ok, result = msgspec.msgpack.decode(frames[1].buffer)
                 fut = self._pending_calls.pop(call_id, None)

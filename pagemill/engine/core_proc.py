@@ -1,9 +1,9 @@
 """The engine core in its own process: a busy loop between two ZMQ sockets (msgpack on the wire).
 
 Frames front end -> core: [ADD, EngineCoreRequest] | [ABORT, list[str]] | [UTILITY, (call_id, method, args)]
-| [SHUTDOWN].  Core -> front end: [READY, info] | [OUTPUTS, EngineCoreOutputs, scheduled]
+| [SHUTDOWN].  Core -> front end: [READY, {pid, kv_cache_config}] | [OUTPUTS, EngineCoreOutputs]
 | [UTILITY, (call_id, ok, result)] | [REQUEST_ERROR, (request_id, message)] | [DEAD, message].
-`scheduled` lists (request_id, first_scheduled_time) for requests scheduled for the first time.
+Scheduling and preemption times travel as events on the outputs (EngineCoreOutput.events).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import msgspec
 import zmq
 
 from pagemill.config import EngineArgs, EngineConfig
-from pagemill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from pagemill.messages import EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +62,7 @@ class EngineCoreProc:
             self._send(DEAD, f"Engine core failed to start: {type(e).__name__}: {e}")
             self.close()
             raise
-        self.unscheduled: dict[str, Any] = {}  # request_id -> Request not yet scheduled
-        pool = self.core.scheduler.kv_cache_manager.block_pool
-        self._send(READY, {"pid": os.getpid(), "num_blocks": pool.num_blocks - 1,
-                           "block_size": config.cache_config.block_size})
+        self._send(READY, {"pid": os.getpid(), "kv_cache_config": dataclasses.asdict(self.core.kv_cache_config)})
 
     def _send(self, kind: bytes, *payloads: Any) -> None:
         self.output.send_multipart([kind, *(self.encoder.encode(p) for p in payloads)], copy=False)
@@ -102,15 +99,10 @@ class EngineCoreProc:
                 self.core.add_request(req)
             except ValueError as e:
                 self._send(REQUEST_ERROR, (req.request_id, str(e)))
-                return
-            self.unscheduled[req.request_id] = self.core.scheduler.requests[req.request_id]
         elif kind == ABORT:
             ids = msgspec.msgpack.decode(payloads[0], type=list[str])
             done = self.core.abort_requests(ids)
-            for rid in ids:
-                self.unscheduled.pop(rid, None)
-            stats = self.core.scheduler.make_stats()
-            self._send(OUTPUTS, EngineCoreOutputs(done, stats), [])
+            self._send(OUTPUTS, EngineCoreOutputs(done, self.core.make_stats()))
         elif kind == UTILITY:
             call_id, method, args = msgspec.msgpack.decode(payloads[0])
             self._send(UTILITY, self._call_utility(call_id, method, args))
@@ -132,14 +124,7 @@ class EngineCoreProc:
             return call_id, False, f"{type(e).__name__}: {e}"
 
     def _step(self) -> None:
-        outputs = self.core.step()
-        scheduled = []
-        if self.unscheduled:
-            for rid, req in list(self.unscheduled.items()):
-                if req.first_scheduled_time is not None:
-                    scheduled.append((rid, req.first_scheduled_time))
-                    del self.unscheduled[rid]
-        self._send(OUTPUTS, outputs, scheduled)
+        self._send(OUTPUTS, self.core.step())
 
     def close(self) -> None:
         """Close the sockets (pending outputs are flushed for up to the linger time)."""

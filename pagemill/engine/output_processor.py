@@ -1,39 +1,20 @@
-"""Front-end output processing: detokenize, stop strings, logprobs, and n > 1 aggregation."""
+"""Front-end output processing: detokenize, stop strings, logprobs; n > 1 goes through parallel_sampling."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from pagemill.engine.detokenizer import IncrementalDetokenizer
-from pagemill.engine.messages import EngineCoreOutput, LogprobsLists
+from pagemill.engine.parallel_sampling import ParentRequest
+from pagemill.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, EngineCoreRequest, LogprobsLists
 from pagemill.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from pagemill.sampling_params import RequestOutputKind, SamplingParams
 
 
-@dataclass
-class ParentRequest:
-    """A user request with n > 1: its child sequences' latest outputs, by index."""
-
-    request_id: str
-    n: int  # sequences generated
-    completions: dict[int, CompletionOutput] = field(default_factory=dict)
-    num_finished: int = 0
-    num_return: int | None = None  # best_of: keep only the num_return most likely sequences
-    keep_logprobs: bool = True  # False when logprobs were turned on only to rank best_of sequences
-
-    def best(self) -> list[CompletionOutput]:
-        """The finished completions in index order, or the best num_return of them by cumulative logprob."""
-        outs = [self.completions[i] for i in sorted(self.completions)]
-        if self.num_return is None or self.num_return >= self.n:
-            return outs
-        outs = sorted(outs, key=lambda c: c.cumulative_logprob, reverse=True)[: self.num_return]
-        for i, c in enumerate(outs):
-            c.index = i
-            if not self.keep_logprobs:
-                c.logprobs = c.cumulative_logprob = None
-        return outs
+def first_scheduled_time(events: list[EngineCoreEvent]) -> float | None:
+    """The time of the first SCHEDULED event, if any."""
+    return next((e.timestamp for e in events if e.type == EngineCoreEventType.SCHEDULED), None)
 
 
 class RequestState:
@@ -65,6 +46,12 @@ class RequestState:
         self.num_cached_tokens = 0
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.max_stop_len = max((len(s) for s in params.stop), default=0)
+
+    def update_from_events(self, events: list[EngineCoreEvent]) -> None:
+        """Record scheduling and preemption times the engine core reported."""
+        if self.metrics.first_scheduled_time is None:
+            self.metrics.first_scheduled_time = first_scheduled_time(events)
+        self.metrics.num_preemptions += sum(e.type == EngineCoreEventType.PREEMPTED for e in events)
 
     def _check_stop_strings(self, new_text_len: int) -> bool:
         """Truncate at the first stop string that the new text completes."""
@@ -106,23 +93,44 @@ class OutputProcessor:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.states: dict[str, RequestState] = {}
+        self.states: dict[str, RequestState] = {}  # by sequence id
+        self.parent_requests: dict[str, ParentRequest] = {}  # n > 1: by user request id
         self._token_text: dict[int, str] = {}
 
-    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-                    parent: ParentRequest | None = None, index: int = 0, queue: Any = None,
-                    arrival_time: float | None = None) -> None:
-        """Start tracking a sequence."""
-        self.states[request_id] = RequestState(request_id, parent, index, prompt, prompt_token_ids, params,
-                                               self.tokenizer, queue, arrival_time or time.monotonic())
+    def add_request(self, prompt: str | None, req: EngineCoreRequest, queue: Any = None) -> list[EngineCoreRequest]:
+        """Start tracking a request (n > 1: one state per sequence); returns the requests to send to the core."""
+        parent = ParentRequest.from_params(req.request_id, req.sampling_params)
+        children = [req] if parent is None else parent.child_requests(req)
+        if parent is not None:
+            self.parent_requests[req.request_id] = parent
+        for index, child in enumerate(children):
+            self.states[child.request_id] = RequestState(child.request_id, parent, index, prompt, req.prompt_token_ids,
+                                                         child.sampling_params, self.tokenizer, queue, req.arrival_time)
+        return children
 
     def has_unfinished_requests(self) -> bool:
         """True while any sequence is tracked."""
         return bool(self.states)
 
+    def sequence_ids(self, request_ids: list[str]) -> list[str]:
+        """The sequence ids of user requests (their children for n > 1) that are still tracked."""
+        out = []
+        for rid in request_ids:
+            parent = self.parent_requests.get(rid)
+            out.extend(sid for sid in (parent.child_ids if parent is not None else [rid]) if sid in self.states)
+        return out
+
     def abort_requests(self, request_ids: list[str]) -> list[RequestState]:
-        """Stop tracking sequences; returns their states."""
-        return [s for rid in request_ids if (s := self.states.pop(rid, None)) is not None]
+        """Stop tracking user requests (all their sequences) or single sequences; returns the dropped states."""
+        seq_ids = self.sequence_ids(request_ids)
+        for rid in request_ids:
+            self.parent_requests.pop(rid, None)
+        return [s for sid in seq_ids if (s := self.states.pop(sid, None)) is not None]
+
+    def clear(self) -> None:
+        """Forget everything (the engine is gone)."""
+        self.states.clear()
+        self.parent_requests.clear()
 
     def _decode_token(self, tok: int) -> str:
         text = self._token_text.get(tok)
@@ -152,6 +160,8 @@ class OutputProcessor:
             if eco.new_prompt_logprobs is not None and state.prompt_logprobs is not None:
                 state.prompt_logprobs.extend(self._to_dicts(eco.new_prompt_logprobs))
             state.num_cached_tokens = eco.num_cached_tokens
+            if eco.events:
+                state.update_from_events(eco.events)
             if eco.new_token_ids:
                 if state.metrics.first_token_time is None:
                     state.metrics.first_token_time = now
@@ -191,15 +201,10 @@ class OutputProcessor:
                 return None
             return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, state.prompt_logprobs,
                                  [state.completion(kind)], finished, state.metrics, state.num_cached_tokens)
-        if finished:
-            parent.num_finished += 1
-        all_done = parent.num_finished == parent.n
-        if kind == RequestOutputKind.FINAL_ONLY:
-            parent.completions[state.index] = state.completion(kind)
-            if not all_done:
-                return None
-            outs = parent.best()
-        else:
-            outs = [state.completion(kind)]
+        outs = parent.add_output(state.completion(kind), finished, kind)
+        if parent.finished:
+            self.parent_requests.pop(parent.request_id, None)
+        if outs is None:
+            return None
         return RequestOutput(parent.request_id, state.prompt, state.prompt_token_ids, state.prompt_logprobs,
-                             outs, all_done, state.metrics, state.num_cached_tokens)
+                             outs, parent.finished, state.metrics, state.num_cached_tokens)

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from pagemill.config import ModelConfig
-from pagemill.engine.messages import EngineCoreRequest
+from pagemill.messages import EngineCoreRequest
 from pagemill.sampling_params import RequestOutputKind, SamplingParams
 
 PromptType = str | dict | list[int]

@@ -28,6 +28,11 @@ class StepProfiler:
         """Context manager timing one section (a no-op when disabled)."""
         return self._timed(name) if self.enabled else nullcontext()
 
+    def add(self, timings: dict[str, float]) -> None:
+        """Add seconds measured elsewhere (the model runner's sections, from ModelRunnerOutput.timings)."""
+        for name, seconds in timings.items():
+            self.totals[name] += seconds
+
     def reset(self) -> None:
         """Forget what was measured."""
         self.totals.clear()

@@ -64,7 +64,7 @@ def cmd_chat(args: argparse.Namespace) -> None:
     llm = _make_llm(args)
     chat_template = None
     if args.chat_template:
-        from pagemill.entrypoints.openai.chat_utils import load_chat_template
+        from pagemill.entrypoints.chat_utils import load_chat_template
 
         chat_template = load_chat_template(args.chat_template)
     _print_outputs(llm.chat(messages, _sampling_params(args), use_tqdm=False, chat_template=chat_template))

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from pagemill.engine.messages import SchedulerStats
-from pagemill.metrics.stats import IterationStats
+from pagemill.metrics.stats import IterationStats, SchedulerStats
 
 logger = logging.getLogger("pagemill.metrics")
 

@@ -5,7 +5,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pagemill.engine.messages import SchedulerStats
+import msgspec
+
+
+class SchedulerStats(msgspec.Struct, omit_defaults=True):
+    """Snapshot of the scheduler and KV cache after a step (for logs and /metrics)."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    memory: dict[str, float] | None = None  # KV memory accounting (blocks shared, fragmentation, saving)
+    num_blocks_total: int = 0
+    num_blocks_free: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    num_swapped_reqs: int = 0
+    num_swapped_out: int = 0  # preemptions by swapping (counter)
+    num_swap_blocks_total: int = 0
+    num_swap_blocks_free: int = 0
+    num_cow_copies: int = 0  # copy-on-write block copies (counter)
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
 
 
 @dataclass

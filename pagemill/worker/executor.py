@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pagemill.config import EngineConfig
+from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.worker.model_runner import ModelRunner
 
@@ -14,10 +15,12 @@ class UniProcExecutor:
         self.model_runner = ModelRunner(config)
 
     @property
-    def num_blocks(self) -> int:
-        """KV blocks the worker allocated (including the null block)."""
-        return self.model_runner.num_blocks
+    def kv_cache_config(self) -> KVCacheConfig:
+        """The KV cache the worker allocated (blocks, swap blocks, block size)."""
+        return self.model_runner.kv_cache_config
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step on the worker."""
-        return self.model_runner.execute_model(scheduler_output)
+        """Run one step on the worker; the runner's section timings come back in the output."""
+        out = self.model_runner.execute_model(scheduler_output)
+        out.timings = self.model_runner.profiler.take()
+        return out

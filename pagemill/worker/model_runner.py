@@ -15,14 +15,15 @@ from pagemill.attention.backend import batch_permutation
 from pagemill.attention.metadata import CommonAttentionMetadata
 from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
+from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from pagemill.engine.messages import LogprobsLists
-from pagemill.engine.step_profiler import StepProfiler
 from pagemill.forward_context import set_forward_context
 from pagemill.kernels.ops import select_layer_ops
 from pagemill.loader.model_loader import load_model
+from pagemill.messages import LogprobsLists
 from pagemill.sample.metadata import SamplingMetadata
 from pagemill.sample.sampler import Sampler, gather_logprobs
+from pagemill.worker.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
 
@@ -74,23 +75,27 @@ class ModelRunner:
         if self.kv_dtype not in self.backend.capabilities.kv_cache_dtypes:
             raise ValueError(f"kv_cache_dtype {self.kv_dtype} is not supported by the {self.backend.name} backend.")
         self.num_blocks = self._num_blocks()
-        cc.num_blocks = self.num_blocks
         shape = self.backend.kv_cache_shape(self.num_blocks, cc.block_size, mc.num_kv_heads, mc.head_dim)
         # One allocation for all layers, so a copy-on-write of blocks is one indexed copy for every layer.
         self.kv_cache = lazy_zeros((mc.num_layers, *shape), self.kv_dtype)
         self.kv_caches = list(self.kv_cache.unbind(0))
         per_block = self.kv_cache[:, :, 0].numel() * self.kv_cache.element_size()
-        cc.num_swap_blocks = int(cc.swap_space // per_block) if config.scheduler_config.preemption_mode == "swap" else 0
+        num_swap_blocks = int(cc.swap_space // per_block) if config.scheduler_config.preemption_mode == "swap" else 0
         # Host swap space for preempted requests' blocks (pages are only touched when used).
-        swap_shape = (mc.num_layers, 2, cc.num_swap_blocks, *shape[2:])
-        self.swap_cache = torch.empty(swap_shape, dtype=self.kv_dtype) if cc.num_swap_blocks else None
+        swap_shape = (mc.num_layers, 2, num_swap_blocks, *shape[2:])
+        self.swap_cache = torch.empty(swap_shape, dtype=self.kv_dtype) if num_swap_blocks else None
+        # What the engine core builds the scheduler from (the config stays read-only).
+        self.kv_cache_config = KVCacheConfig(self.num_blocks, cc.block_size, num_swap_blocks)
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB), %d swap blocks",
+                    self.kv_cache_config.usable_blocks, cc.block_size, self.kv_cache_config.usable_tokens,
+                    self.num_blocks * per_block / 2**30, num_swap_blocks)
         for layer, cache in zip(self.model.attention_layers(), self.kv_caches):
             layer.kv_cache = cache
         from pagemill.worker.input_batch import InputBatch
 
         self.input_batch = InputBatch(config.scheduler_config.max_num_seqs, mc.max_model_len, cc.block_size)
         self.sampler = Sampler()
-        self.profiler = StepProfiler(False)  # the engine core may replace it with an enabled one
+        self.profiler = StepTimer(config.profile)  # its timings go back in ModelRunnerOutput.timings
 
     def _num_blocks(self) -> int:
         mc, cc = self.config.model_config, self.config.cache_config
@@ -99,8 +104,6 @@ class ModelRunner:
         elem = torch.tensor([], dtype=self.kv_dtype).element_size()
         per_block = mc.num_layers * 2 * cc.block_size * mc.num_kv_heads * mc.head_dim * elem
         num_blocks = max(2, cc.kv_cache_memory // per_block)
-        logger.info("KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB)", num_blocks - 1, cc.block_size,
-                    (num_blocks - 1) * cc.block_size, num_blocks * per_block / 2**30)
         return int(num_blocks)
 
     # ---- per step ----

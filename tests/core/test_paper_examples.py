@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagemill.core.kv_cache_manager import KVCacheManager
-from pagemill.engine.request import Request
+from pagemill.request import Request
 from pagemill.sampling_params import SamplingParams
 from tests.core.test_scheduler_invariants import check_invariants_of_manager
 

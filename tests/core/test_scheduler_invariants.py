@@ -8,9 +8,10 @@ from collections import Counter
 import pytest
 
 from pagemill.config import CacheConfig, SchedulerConfig
+from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput
 from pagemill.core.scheduler import Scheduler
-from pagemill.engine.request import Request, RequestStatus
+from pagemill.request import Request, RequestStatus
 from pagemill.sampling_params import SamplingParams
 
 
@@ -18,7 +19,8 @@ def make_scheduler(num_blocks: int, block_size: int = 4, budget: int = 32, max_s
                    policy: str = "fcfs", caching: bool = True, max_len: int = 256) -> Scheduler:
     return Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_len,
                                      policy=policy),
-                     CacheConfig(block_size=block_size, enable_prefix_caching=caching), num_blocks)
+                     CacheConfig(block_size=block_size, enable_prefix_caching=caching),
+                     KVCacheConfig(num_blocks, block_size))
 
 
 def check_invariants(s: Scheduler) -> None:
@@ -145,3 +147,14 @@ def test_priority_policy_preempts_lowest_priority():
         sampled = {r: 5 for r in so.num_scheduled_tokens if s.requests[r].num_computed_tokens == s.requests[r].num_tokens}
         s.update_from_output(so, ModelRunnerOutput(sampled))
     assert preempted == {"low"}
+
+
+def test_scheduler_takes_blocks_and_swap_blocks_from_kv_cache_config():
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=32,
+                                  preemption_mode="swap"),
+                  CacheConfig(block_size=4), KVCacheConfig(num_blocks=9, block_size=4, num_swap_blocks=5))
+    assert s.make_stats().num_blocks_total == 8 and s.swap_space.num_free == 5
+    for i in range(4):
+        s.add_request(Request(f"r{i}", list(range(3, 11)), SamplingParams(max_tokens=12, ignore_eos=True), None, i))
+    run_to_completion(s, random.Random(0))
+    assert s.num_swapped_out > 0 and s.swap_space.num_free == 5

@@ -16,17 +16,17 @@ def test_shared_500_token_prefix_computes_only_the_suffix(smol_path, smol_hf):
     cold_b = cold.generate({"prompt_token_ids": b}, greedy, use_tqdm=False)[0].outputs[0].token_ids
     del cold
     llm = LLM(smol_path, kv_cache_memory="128MiB", max_model_len=1024)
-    sched = llm.llm_engine.engine_core.scheduler
     llm.generate({"prompt_token_ids": a}, greedy, use_tqdm=False)
-    computed_before = sched.num_prompt_tokens
-    hits_before = sched.kv_cache_manager.prefix_cache_hits
+    before = llm.get_stats()
     out = llm.generate({"prompt_token_ids": b}, greedy, use_tqdm=False)[0]
     assert out.outputs[0].token_ids == cold_b  # identical to a cold run
-    hit = sched.kv_cache_manager.prefix_cache_hits - hits_before
+    after = llm.get_stats()
+    hit = after.prefix_cache_hits - before.prefix_cache_hits
     assert hit == 496 == out.num_cached_tokens  # 31 full blocks of 16
-    assert sched.num_prompt_tokens - computed_before == len(b) - 496  # only the suffix was computed
-    assert llm.llm_engine.engine_core.reset_prefix_cache()
-    assert not sched.kv_cache_manager.block_pool.cached_block_hash_to_block
+    assert after.num_prompt_tokens - before.num_prompt_tokens == len(b) - 496  # only the suffix was computed
+    assert llm.reset_prefix_cache()
+    again = llm.generate({"prompt_token_ids": b}, greedy, use_tqdm=False)[0]
+    assert again.num_cached_tokens == 0 and llm.get_stats().prefix_cache_hits == after.prefix_cache_hits
 
 
 def test_cache_salt_isolates_and_sha256_works(smol_path):
@@ -37,13 +37,12 @@ def test_cache_salt_isolates_and_sha256_works(smol_path):
     engine.add_request("a", prompt, sp, cache_salt="tenant-a")
     while engine.has_unfinished_requests():
         engine.step()
-    mgr = engine.engine_core.scheduler.kv_cache_manager
-    hits = mgr.prefix_cache_hits
+    hits = engine.get_stats().prefix_cache_hits
     engine.add_request("b", prompt, sp, cache_salt="tenant-b")
     while engine.has_unfinished_requests():
         engine.step()
-    assert mgr.prefix_cache_hits == hits  # different salt: no sharing
+    assert engine.get_stats().prefix_cache_hits == hits  # different salt: no sharing
     engine.add_request("c", prompt, sp, cache_salt="tenant-a")
     while engine.has_unfinished_requests():
         engine.step()
-    assert mgr.prefix_cache_hits - hits == 96  # same salt: 6 full blocks shared
+    assert engine.get_stats().prefix_cache_hits - hits == 96  # same salt: 6 full blocks shared

@@ -107,6 +107,17 @@ def test_min_tokens_holds_back_eos(smol_llm):
     assert len(longer.outputs[0].token_ids) >= 20
 
 
+def test_chat_uses_the_shared_renderer(smol_llm):
+    from pagemill.entrypoints.chat_utils import ChatRenderer, ChatTemplateError
+
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! I"}]
+    ids = smol_llm.render_chat(msgs, continue_final_message=True)
+    assert ids == ChatRenderer(smol_llm.get_tokenizer()).render(msgs, continue_final_message=True)
+    assert smol_llm.get_tokenizer().decode(ids).endswith("<|im_start|>assistant\nHello! I")
+    with pytest.raises(ChatTemplateError, match="continue_final_message"):  # the server's checks apply offline
+        smol_llm.chat(msgs[:1], continue_final_message=True, use_tqdm=False)
+
+
 def test_n_samples(smol_llm):
     out = smol_llm.generate("Once upon a time", SamplingParams(n=3, temperature=0.9, seed=7, max_tokens=16),
                             use_tqdm=False)
@@ -156,18 +167,18 @@ def test_parallel_sampling_shares_prompt_blocks_with_copy_on_write(smol_path):
     prompt = "The quick brown fox jumps over the lazy dog. The"  # not a multiple of 8 tokens
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     single = llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].token_ids
-    mgr = llm.llm_engine.engine_core.scheduler.kv_cache_manager
-    before = mgr.num_cow_copies
+    before = llm.get_stats().num_cow_copies
     multi = llm.generate(prompt, greedy.clone(n=3), use_tqdm=False)[0]
     assert [c.token_ids for c in multi.outputs] == [single] * 3  # shared blocks were copied before writes
-    assert mgr.num_cow_copies > before
+    assert llm.get_stats().num_cow_copies > before
     seeded = llm.generate(prompt, SamplingParams(n=3, temperature=1.0, seed=10, max_tokens=16, ignore_eos=True),
                           use_tqdm=False)[0]
     for i in range(3):
         one = llm.generate(prompt, SamplingParams(temperature=1.0, seed=10 + i, max_tokens=16, ignore_eos=True),
                            use_tqdm=False)[0]
         assert seeded.outputs[i].token_ids == one.outputs[0].token_ids
-    assert mgr.block_pool.get_num_free_blocks() == mgr.block_pool.num_blocks - 1
+    stats = llm.get_stats()
+    assert stats.num_blocks_free == stats.num_blocks_total
 
 
 def test_best_of_returns_the_most_likely_of_more_samples(smol_llm):

@@ -81,11 +81,19 @@ def test_delta_and_final_outputs_agree(live):
     assert [o.finished for o in delta] == [False] * (len(delta) - 1) + [True]
     assert "".join(o.outputs[0].text for o in delta) == final[0].outputs[0].text
     assert sum(len(o.outputs[0].token_ids) for o in delta) == len(final[0].outputs[0].token_ids)
-    assert final[0].metrics.first_scheduled_time is not None
+    m = final[0].metrics  # first_scheduled_time comes from the core's SCHEDULED event
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time
     # the same greedy text over HTTP
     r = httpx.post(live.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0},
                    timeout=120)
     assert r.json()["choices"][0]["text"] == final[0].outputs[0].text
+
+
+def test_kv_cache_config_comes_from_the_core_process(live):
+    kv = live.engine.client.kv_cache_config  # sent in the core's READY message
+    stats = live.run(_wait_free(live.engine))
+    assert kv.block_size == 16 and kv.num_swap_blocks == 0
+    assert stats["num_blocks_total"] == kv.usable_blocks > 0
 
 
 def test_n2_and_duplicate_request_id(live):

@@ -6,8 +6,9 @@ import logging
 
 from prometheus_client import CollectorRegistry
 
-from pagemill.engine.messages import SchedulerStats
-from pagemill.metrics import FinishedRequestStats, IterationStats, LoggingStatLogger, PrometheusStatLogger
+from pagemill.metrics.logger import LoggingStatLogger
+from pagemill.metrics.prometheus import PrometheusStatLogger
+from pagemill.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
 from tests.entrypoints.conftest import parse_metrics
 
 

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 import pagemill
 from pagemill.engine.async_llm import AsyncLLM
 from pagemill.engine.core_client import EngineDeadError
-from pagemill.entrypoints.openai.chat_utils import ChatRenderer, load_chat_template
+from pagemill.entrypoints.chat_utils import ChatRenderer, ChatTemplateError, load_chat_template
 from pagemill.entrypoints.openai.errors import OpenAIError, error_body, from_validation_error
 from pagemill.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                                   TokenizeRequest)
@@ -86,6 +86,10 @@ def _register_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(ChatTemplateError)
+    async def chat_template_error(_: Request, exc: ChatTemplateError) -> JSONResponse:
+        return OpenAIError(exc.message, 400, exc.param).response()
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -46,7 +46,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     hints = typing.get_type_hints(EngineArgs)
     group = parser.add_argument_group("engine")
     for f in dataclasses.fields(EngineArgs):
-        if f.name == "extra" or f.name in _CUSTOM:
+        if f.name in _CUSTOM:
             continue
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else None

@@ -98,7 +98,7 @@ class SamplingRequest(OpenAIBaseModel):
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # accepted as vLLM does; fast tokenizers have no such option
     include_stop_str_in_output: bool = False
     stop_token_ids: list[int] | None = None
     priority: int = 0
@@ -170,6 +170,10 @@ class ChatMessage(OpenAIBaseModel):
         if isinstance(self.content, str):
             return self.content
         return "\n".join(p.text for p in self.content)
+
+    def to_dict(self) -> dict[str, str]:
+        """The message as the chat renderer takes it: role and text content."""
+        return {"role": self.role, "content": self.text()}
 
 
 class ResponseFormat(OpenAIBaseModel):

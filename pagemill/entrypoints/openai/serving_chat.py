@@ -10,7 +10,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from pagemill.engine.async_llm import AsyncLLM, RequestOutputCollector
 from pagemill.engine.core_client import EngineDeadError
-from pagemill.entrypoints.openai.chat_utils import ChatRenderer
+from pagemill.entrypoints.chat_utils import ChatRenderer
 from pagemill.entrypoints.openai.errors import OpenAIError
 from pagemill.entrypoints.openai.logprobs import chat_logprobs
 from pagemill.entrypoints.openai.protocol import (AssistantMessage, ChatCompletionRequest, ChatCompletionResponse,
@@ -45,7 +45,7 @@ class OpenAIServingChat(OpenAIServing):
         """Validate, start the request, and answer (streamed or not)."""
         model = self.models.resolve(request.model)
         self._check_request(request)
-        prompt_ids = self.renderer.render(request.messages, request.chat_template, request.add_generation_prompt,
+        prompt_ids = self.renderer.render([m.to_dict() for m in request.messages], request.chat_template, request.add_generation_prompt,
                                           request.continue_final_message, request.chat_template_kwargs)
         max_tokens = request.max_completion_tokens or request.max_tokens
         self.check_length(len(prompt_ids), max_tokens, "messages",

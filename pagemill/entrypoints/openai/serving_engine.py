@@ -122,7 +122,6 @@ class OpenAIServing:
                 seed=request.seed, stop=request.stop, stop_token_ids=request.stop_token_ids,
                 ignore_eos=request.ignore_eos, max_tokens=max_tokens, min_tokens=request.min_tokens,
                 logprobs=logprobs, skip_special_tokens=request.skip_special_tokens,
-                spaces_between_special_tokens=request.spaces_between_special_tokens,
                 include_stop_str_in_output=request.include_stop_str_in_output,
                 output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
         except (ValueError, TypeError) as e:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagemill.entrypoints.openai.chat_utils import ChatRenderer
+from pagemill.entrypoints.chat_utils import ChatRenderer
 from pagemill.entrypoints.openai.errors import OpenAIError
 from pagemill.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest,
                                                   TokenizeResponse)
@@ -28,7 +28,7 @@ class OpenAIServingTokenization:
         if request.messages is not None:
             if not request.messages:
                 raise OpenAIError("messages must not be empty.", 400, "messages")
-            ids = self.renderer.render(request.messages, request.chat_template, request.add_generation_prompt,
+            ids = self.renderer.render([m.to_dict() for m in request.messages], request.chat_template, request.add_generation_prompt,
                                        request.continue_final_message, request.chat_template_kwargs)
         else:
             ids = self.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)

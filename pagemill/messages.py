@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import enum
+import time
+
 import msgspec
 
+from pagemill.metrics.stats import SchedulerStats
 from pagemill.sampling_params import SamplingParams
 
 
@@ -28,6 +32,25 @@ class LogprobsLists(msgspec.Struct, array_like=True):
     ranks: list[int]  # rank of the chosen token at each position
 
 
+class EngineCoreEventType(enum.IntEnum):
+    """What happened to a request inside the engine core."""
+
+    SCHEDULED = 1  # left the waiting queue (first time, after preemption, or a forked n > 1 sibling)
+    PREEMPTED = 2
+
+
+class EngineCoreEvent(msgspec.Struct, array_like=True):
+    """A timestamped event (time.monotonic, comparable across processes on one host) of one request."""
+
+    type: EngineCoreEventType
+    timestamp: float
+
+    @classmethod
+    def new_event(cls, event_type: EngineCoreEventType, timestamp: float | None = None) -> "EngineCoreEvent":
+        """An event stamped now (or at `timestamp`)."""
+        return cls(event_type, time.monotonic() if timestamp is None else timestamp)
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     """What one step produced for one request."""
 
@@ -38,23 +61,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
-
-
-class SchedulerStats(msgspec.Struct, omit_defaults=True):
-    """Snapshot of the scheduler and KV cache after a step (for logs and /metrics)."""
-
-    num_running_reqs: int = 0
-    num_waiting_reqs: int = 0
-    kv_cache_usage: float = 0.0
-    memory: dict[str, float] | None = None  # KV memory accounting (blocks shared, fragmentation, saving)
-    num_blocks_total: int = 0
-    num_blocks_free: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    num_preemptions: int = 0
-    num_swapped_reqs: int = 0
-    num_prompt_tokens: int = 0
-    num_generation_tokens: int = 0
+    events: list[EngineCoreEvent] | None = None  # since the request's previous output
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):

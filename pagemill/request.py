@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from pagemill.engine.messages import EngineCoreRequest
+from pagemill.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreRequest
 from pagemill.sampling_params import SamplingParams
 
 
@@ -53,7 +53,7 @@ class Request:
         self.num_cached_tokens = -1  # prefix-cache hit length at first scheduling
         self.block_hashes: list[int] = []
         self.max_tokens = sampling_params.max_tokens
-        self.first_scheduled_time: float | None = None
+        self.events: list[EngineCoreEvent] = []  # not yet sent to the front end
         self.swapped_blocks: list[int] | None = None  # swap block ids while swapped out
 
     @classmethod
@@ -76,6 +76,17 @@ class Request:
         """Record a sampled token."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def record_event(self, event_type: EngineCoreEventType, timestamp: float | None = None) -> None:
+        """Note an event for the request's next output."""
+        self.events.append(EngineCoreEvent.new_event(event_type, timestamp))
+
+    def take_events(self) -> list[EngineCoreEvent] | None:
+        """The events recorded since the last call, or None."""
+        if not self.events:
+            return None
+        events, self.events = self.events, []
+        return events
 
     def __lt__(self, other: "Request") -> bool:  # heap order for the priority policy
         return (self.priority, self.arrival_time) < (other.priority, other.arrival_time)
