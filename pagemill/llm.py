@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
@@ -47,6 +47,10 @@ class LLM:
     def get_stats(self) -> SchedulerStats:
         """Scheduler and KV cache statistics now: blocks free, prefix-cache hits, preemptions, swaps, ..."""
         return self.llm_engine.get_stats()
+
+    def apply_model(self, func: Callable[[Any], Any]) -> list[Any]:
+        """Run func(model) on the model of every worker and return the results (vLLM's `LLM.apply_model`)."""
+        return self.llm_engine.apply_model(func)
 
     def reset_prefix_cache(self) -> bool:
         """Drop cached prefixes (only possible while idle)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pagemill.config import EngineConfig
 from pagemill.core.scheduler import Scheduler
@@ -14,6 +16,7 @@ from pagemill.request import Request, RequestStatus
 from pagemill.worker.executor import UniProcExecutor
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class EngineCore:
@@ -84,6 +87,10 @@ class EngineCore:
     def get_stats(self) -> SchedulerStats:
         """Scheduler and KV memory statistics now, including the memory accounting."""
         return self.scheduler.make_stats(include_memory=True)
+
+    def apply_model(self, func: Callable[[Any], T]) -> list[T]:
+        """func(model) on every worker's model (one here), as vLLM's `LLM.apply_model`."""
+        return self.executor.apply_model(func)
 
     def reset_prefix_cache(self) -> bool:
         """Drop cached prefixes (only when idle)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from pagemill.config import EngineArgs, EngineConfig
@@ -73,6 +74,10 @@ class LLMEngine:
     def get_stats(self) -> SchedulerStats:
         """The engine core's scheduler and KV cache statistics now (with the memory accounting)."""
         return self.engine_core.get_stats()
+
+    def apply_model(self, func: Callable[[Any], Any]) -> list[Any]:
+        """func(model) on every worker's model (in-process engine core)."""
+        return self.engine_core.apply_model(func)
 
     def reset_prefix_cache(self) -> bool:
         """Drop cached prefixes (only possible while idle)."""

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
 from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
@@ -19,8 +24,10 @@ class UniProcExecutor:
         """The KV cache the worker allocated (blocks, swap blocks, block size)."""
         return self.model_runner.kv_cache_config
 
+    def apply_model(self, func: Callable[[nn.Module], Any]) -> list[Any]:
+        """func(model) on each worker's model, results in worker order."""
+        return [func(self.model_runner.model)]
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step on the worker; the runner's section timings come back in the output."""
-        out = self.model_runner.execute_model(scheduler_output)
-        out.timings = self.model_runner.profiler.take()
-        return out
+        return self.model_runner.execute_model(scheduler_output)

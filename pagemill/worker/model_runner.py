@@ -132,9 +132,15 @@ class ModelRunner:
             src, dst = (torch.tensor(x) for x in zip(*so.blocks_to_copy))
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
-    @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step: build inputs from the persistent batch, forward, sample."""
+        """Run one step; the output carries the sampled tokens and this step's section timings."""
+        out = self._execute(so)
+        out.timings = self.profiler.take()
+        return out
+
+    @torch.inference_mode()
+    def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Build inputs from the persistent batch, forward, sample."""
         prof = self.profiler
         with prof.section("prepare"):
             self._update_states(so)

@@ -21,5 +21,5 @@ def layer_context(kernels: bool = True, linear_dtype: str = "auto", quantization
 
 
 def engine_model(llm):
-    """The model an in-process LLM runs (tests inspect its layers)."""
-    return llm.llm_engine.engine_core.executor.model_runner.model
+    """The model an LLM runs (tests inspect its layers), through vLLM's `LLM.apply_model`."""
+    return llm.apply_model(lambda model: model)[0]

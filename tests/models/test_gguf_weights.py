@@ -37,7 +37,7 @@ def test_gemv_path_matches_hf(smol_llm, smol_hf, batch):
 def test_quantization_auto_is_none_for_safetensors(tiny_models):
     """A safetensors model keeps float32 weights and F.linear (the tied head shares the embedding)."""
     llm = LLM(tiny_models["llama"], kv_cache_memory="16MiB", max_model_len=128)
-    assert llm.llm_engine.engine_core.executor.model_runner.config.model_config.quantization == "none"
+    assert llm.llm_engine.config.model_config.quantization == "none"
     assert set(_formats(llm)) == {"float32"}
 
 
