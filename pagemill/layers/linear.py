@@ -7,6 +7,7 @@ ranks take their slice, and GGUF Q/K rows permuted by llama.cpp are read back in
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -87,6 +88,9 @@ class LinearBase(nn.Module):
     def process_weights_after_loading(self) -> None:
         """The method prepares what apply() reads (prepacked copies, GEMV records)."""
         self.quant_method.process_weights_after_loading(self)
+        if type(self).forward is LinearBase.forward:
+            # Hot path: the module call goes straight to the method (a C-level partial, not a Python frame more).
+            self.forward = functools.partial(self.quant_method.apply, self)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -134,3 +138,9 @@ class RowParallelLinear(LinearBase):
         if self.tp_size > 1:
             torch.distributed.all_reduce(out)
         return out
+
+    def process_weights_after_loading(self) -> None:
+        """As LinearBase; with one rank there is nothing to sum, so the module call goes straight to the method."""
+        super().process_weights_after_loading()
+        if self.tp_size == 1:
+            self.forward = functools.partial(self.quant_method.apply, self)
