@@ -32,8 +32,9 @@ def test_async_llm_core_resolves_the_same_config(smol_path):
         config = args.create_engine_config()
         per_block = (config.model_config.num_layers * 2 * 8 * config.model_config.num_kv_heads
                      * config.model_config.head_dim * 4)
-        assert engine.client.info["block_size"] == 8
-        assert engine.client.info["num_blocks"] == 64 * 2**20 // per_block - 1
+        kv = engine.client.kv_cache_config
+        assert kv.block_size == 8
+        assert kv.usable_blocks == 64 * 2**20 // per_block - 1
     finally:
         engine.shutdown()
 
