@@ -67,6 +67,7 @@ class ParallelLMHead(nn.Module):
             self.weight = tied_to.weight
         else:
             self.quant_method.create_weights(self, hidden_size, self.vocab_end - self.vocab_start)
+        self._tied = (tied_to,)  # a tuple: not registered as a submodule
 
     def load_weight(self, param: str, loaded: Any, shard_id: Any = None) -> None:
         """This rank's rows of the checkpoint's [vocab, hidden] table (a no-op when it shares the embedding's)."""
@@ -83,7 +84,13 @@ class ParallelLMHead(nn.Module):
     def process_weights_after_loading(self) -> None:
         """The method's form of the weight (nothing to do when shared)."""
         if not self.shares_embedding:
+            embedding = self._tied[0]
+            if embedding is not None and embedding.weight.dtype == torch.float32:
+                # The embedding's table holds the head's values already decoded: the method reads it instead of
+                # decoding a second float32 copy (113 MB for SmolLM2, the load's peak).
+                self.float_weight = embedding.weight
             self.quant_method.process_weights_after_loading(self)
+            self.float_weight = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] logits in the hidden states' dtype (gathered over ranks)."""

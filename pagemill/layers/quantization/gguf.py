@@ -121,9 +121,12 @@ class GGUFLinearMethod(LinearMethodBase):
             layer.gemv_q4, layer.gemv_q8 = None, pack_q8_0_blocks(blocks)
         del blocks
         layer.gemv_bias = None if layer.bias is None else layer.bias.float()
-        weight = torch.empty(layer.out_features, layer.in_features, dtype=torch.float32)
-        for offset, part in sorted(layer.gguf_parts.items()):
-            part.load_into(weight.narrow(0, offset, part.shape[0]))  # gguf.quants' arithmetic, bit for bit
+        # A layer may already hold the same values as floats (a tied LM head: the embedding's table); else decode.
+        weight = getattr(layer, "float_weight", None)
+        if weight is None:
+            weight = torch.empty(layer.out_features, layer.in_features, dtype=torch.float32)
+            for offset, part in sorted(layer.gguf_parts.items()):
+                part.load_into(weight.narrow(0, offset, part.shape[0]))  # gguf.quants' arithmetic, bit for bit
         weight = weight.to(self.input_dtype)
         layer.mkldnn_weight = mkldnn_pack(weight)
         # With the oneDNN copy nothing reads a plain weight (a third copy, 4 bytes per weight): it is kept only where
