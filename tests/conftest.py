@@ -134,7 +134,9 @@ def _save_tiny(kind: str, root: str, tokenizer) -> str:
              "mistral": dict(sliding_window=None, rope_theta=1e4),
              "qwen3": dict(rope_theta=1e6, head_dim=32, tie_word_embeddings=True),
              "gemma3_text": dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8, tie_word_embeddings=True,
-                                 layer_types=["sliding_attention", "full_attention"])}[kind]
+                                 layer_types=["sliding_attention", "full_attention"]),
+             "phi3": dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+                          pad_token_id=0)}[kind]
     config = AutoConfig.for_model(kind, **{**common, **extra})
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     path = os.path.join(root, f"tiny-{kind}")
@@ -145,6 +147,6 @@ def _save_tiny(kind: str, root: str, tokenizer) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory, smol_hf) -> dict[str, str]:
-    """Tiny random Llama, Qwen2, Mistral, Qwen3 and Gemma 3 models saved with save_pretrained (SmolLM2's tokenizer)."""
+    """Tiny random Llama, Qwen2, Mistral, Qwen3, Gemma 3 and Phi-3 models saved with save_pretrained (SmolLM2's tokenizer)."""
     root = str(tmp_path_factory.mktemp("tiny"))
-    return {k: _save_tiny(k, root, smol_hf[1]) for k in ("llama", "qwen2", "mistral", "qwen3", "gemma3_text")}
+    return {k: _save_tiny(k, root, smol_hf[1]) for k in ("llama", "qwen2", "mistral", "qwen3", "gemma3_text", "phi3")}

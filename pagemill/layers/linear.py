@@ -46,8 +46,18 @@ class LinearBase(nn.Module):
         """x [T, in] -> [T, out] in the method's output dtype."""
         return self.quant_method.apply(self, x)
 
-    def load_weight(self, param: str, loaded: Any, shard_id: Any = None) -> None:
-        """A checkpoint tensor (a whole weight or one shard of a fused one) into this layer."""
+    def load_weight(self, param: str, loaded: Any, shard_id: Any = None) -> list[Any]:
+        """A checkpoint tensor (a whole weight or one shard of a fused one) into this layer; returns the shard ids
+        it filled. A checkpoint that stores the fused weight itself (Phi-3's qkv_proj / gate_up_proj) is split."""
+        if shard_id is None and len(self.shard_ids) > 1:
+            if not isinstance(loaded, torch.Tensor):
+                raise ValueError("a fused checkpoint tensor must be a float tensor to be split into shards")
+            full = [o * self.tp_size if self.split == "column" else o for o in self.output_sizes]
+            if loaded.shape[0] != sum(full):
+                raise ValueError(f"fused checkpoint tensor has {loaded.shape[0]} rows, expected {sum(full)}.")
+            for shard, part in zip(self.shard_ids, loaded.split(full)):
+                self.load_weight(param, part, shard)
+            return list(self.shard_ids)
         if shard_id not in self.shard_ids:
             raise ValueError(f"shard {shard_id!r} is not one of {self.shard_ids}")
         index = self.shard_ids.index(shard_id)
@@ -62,6 +72,7 @@ class LinearBase(nn.Module):
             copy_into(self.bias.narrow(0, self.shard_offsets[index], self.output_sizes[index]), loaded)
         else:
             raise ValueError(f"this layer has no {param!r}")
+        return [shard_id]
 
     def adjust_loaded(self, loaded: Any, shard_id: Any) -> Any:
         """Hook for layers whose checkpoint rows need reordering (the QKV projection's GGUF un-permute)."""

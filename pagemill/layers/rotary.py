@@ -46,7 +46,13 @@ class RotaryEmbedding(nn.Module):
         return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq, D], k: [T, Hk, D]; positions: [T]."""
+        """q: [T, Hq, D], k: [T, Hk, D]; positions: [T]. With a partial rotary factor only the first rotary_dim
+        features of each head rotate (Phi-3.5 / Phi-4-mini); the rest pass through."""
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
-        return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin
+        d = self.rotary_dim
+        if d == q.shape[-1]:
+            return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin
+        q_rot, k_rot = q[..., :d], k[..., :d]
+        return (torch.cat((q_rot * cos + self._rotate_half(q_rot) * sin, q[..., d:]), dim=-1),
+                torch.cat((k_rot * cos + self._rotate_half(k_rot) * sin, k[..., d:]), dim=-1))

@@ -7,6 +7,7 @@ from torch import nn
 from pagemill.models.gemma3 import Gemma3ForCausalLM
 from pagemill.models.llama import LlamaForCausalLM
 from pagemill.models.mistral import MistralForCausalLM
+from pagemill.models.phi3 import Phi3ForCausalLM
 from pagemill.models.qwen2 import Qwen2ForCausalLM
 from pagemill.models.qwen3 import Qwen3ForCausalLM
 
@@ -14,6 +15,7 @@ _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
 }
@@ -21,6 +23,7 @@ _MODEL_TYPES: dict[str, type[nn.Module]] = {
     "gemma3_text": Gemma3ForCausalLM,
     "llama": LlamaForCausalLM,
     "mistral": MistralForCausalLM,
+    "phi3": Phi3ForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
 }

@@ -34,13 +34,14 @@ def load_checkpoint_weights(model: nn.Module, weights: Iterable[tuple[str, Any]]
             if module is None or (not hasattr(module, "load_weight") and param not in module._parameters):
                 raise ValueError(f"weight {name!r} does not fit the {type(model).__name__} model.")
             try:
+                filled = None  # a loader may fill several shards from one tensor (it returns their ids)
                 if hasattr(module, "load_weight"):
-                    module.load_weight(param, tensor, shard)
+                    filled = module.load_weight(param, tensor, shard)
                 else:
                     copy_into(module._parameters[param], tensor)
             except ValueError as e:
                 raise ValueError(f"weight {name!r}: {e}") from e
-            loaded.add((module_name, param, shard))
+            loaded |= {(module_name, param, s) for s in (filled or [shard])}
     missing = sorted(f"{m}.{p}" + (f" ({s})" if s is not None else "")
                      for m, p, s in _expected(modules) - loaded)
     if missing:

@@ -96,3 +96,15 @@ def test_tied_head_shares_the_embedding_or_keeps_its_own_form():
     fp16 = layer_context(linear_dtype="float16")
     head16 = ParallelLMHead(40, 16, fp16, "model.embed_tokens.weight", tied_to=VocabParallelEmbedding(40, 16, fp16))
     assert not head16.shares_embedding and head16.expected_weights() == {("weight", None)}
+
+
+def test_fused_checkpoint_tensor_is_split_into_shards():
+    """Phi-3 stores qkv_proj itself: one tensor fills the three shards (and a wrong row count is an error)."""
+    torch.manual_seed(1)
+    layer = _qkv(layer_context(kernels=False), bias=False)
+    fused = torch.randn(32, 16)
+    assert layer.load_weight("weight", fused) == ["q", "k", "v"]
+    layer.process_weights_after_loading()
+    assert torch.equal(layer.weight, fused)
+    with pytest.raises(ValueError, match="33 rows, expected 32"):
+        layer.load_weight("weight", torch.randn(33, 16))

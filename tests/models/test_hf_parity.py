@@ -33,7 +33,7 @@ def test_smollm2_chat_answer(smol_llm):
     assert out[0].outputs[0].finish_reason == "stop"
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "qwen3", "gemma3_text"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "qwen3", "gemma3_text", "phi3"])
 def test_tiny_random_models_match_hf(kind, tiny_models, smol_hf, kernel_isa):
     from transformers import AutoModelForCausalLM
 
