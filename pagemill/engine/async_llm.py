@@ -219,9 +219,7 @@ class AsyncLLM:
     def _forget(self, request_id: str) -> list[str]:
         """Drop a request's bookkeeping; returns its sequence ids."""
         self._collectors.pop(request_id, None)
-        seq_ids = self.output_processor.sequence_ids([request_id])
-        self.output_processor.abort_requests([request_id])
-        return seq_ids
+        return [s.request_id for s in self.output_processor.abort_requests([request_id])]
 
     # ---- utility calls ----
     async def reset_prefix_cache(self) -> bool:

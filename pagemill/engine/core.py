@@ -79,11 +79,6 @@ class EngineCore:
         """Scheduler and KV cache counters now (cheap: no memory accounting)."""
         return self.scheduler.make_stats()
 
-    @property
-    def num_usable_blocks(self) -> int:
-        """KV blocks requests can use (all but the null block)."""
-        return self.kv_cache_config.usable_blocks
-
     def get_stats(self) -> SchedulerStats:
         """Scheduler and KV memory statistics now, including the memory accounting."""
         return self.scheduler.make_stats(include_memory=True)

@@ -53,9 +53,8 @@ class LLMEngine:
 
     def abort_request(self, request_ids: list[str]) -> None:
         """Abort requests (and all their child sequences)."""
-        ids = self.output_processor.sequence_ids(request_ids)
-        self.output_processor.abort_requests(request_ids)
-        self.engine_core.abort_requests(ids)
+        dropped = self.output_processor.abort_requests(request_ids)
+        self.engine_core.abort_requests([s.request_id for s in dropped])
 
     def has_unfinished_requests(self) -> bool:
         """True while anything is in flight."""

@@ -2,49 +2,33 @@
 
 from __future__ import annotations
 
-import time
-from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from pagemill.worker.step_timer import StepTimer
 
 
-class StepProfiler:
-    """Accumulates wall time per named section of the engine step; disabled it costs one nullcontext."""
+class StepProfiler(StepTimer):
+    """The engine core's StepTimer: its own sections plus the runner's (`add`), reported per step."""
 
     def __init__(self, enabled: bool = False) -> None:
-        self.enabled = enabled
-        self.totals: dict[str, float] = defaultdict(float)
+        super().__init__(enabled)
         self.steps = 0
-
-    @contextmanager
-    def _timed(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.totals[name] += time.perf_counter() - start
-
-    def section(self, name: str):
-        """Context manager timing one section (a no-op when disabled)."""
-        return self._timed(name) if self.enabled else nullcontext()
 
     def add(self, timings: dict[str, float]) -> None:
         """Add seconds measured elsewhere (the model runner's sections, from ModelRunnerOutput.timings)."""
         for name, seconds in timings.items():
-            self.totals[name] += seconds
+            self.timings[name] = self.timings.get(name, 0.0) + seconds
 
     def reset(self) -> None:
         """Forget what was measured."""
-        self.totals.clear()
+        self.timings.clear()
         self.steps = 0
 
     def report(self) -> dict[str, float]:
         """Milliseconds per step for each section, the total, and the share outside the model (forward + logits)."""
         steps = max(1, self.steps)
-        out = {f"{k}_ms": 1e3 * v / steps for k, v in self.totals.items()}
-        total = sum(self.totals.values())
+        out = {f"{k}_ms": 1e3 * v / steps for k, v in self.timings.items()}
+        total = sum(self.timings.values())
         out["step_ms"] = 1e3 * total / steps
-        model = self.totals.get("forward", 0.0) + self.totals.get("logits", 0.0)
+        model = self.timings.get("forward", 0.0) + self.timings.get("logits", 0.0)
         out["overhead_fraction"] = (total - model) / total if total else 0.0
         out["steps"] = self.steps
         return out

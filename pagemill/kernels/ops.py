@@ -73,9 +73,6 @@ class KernelLayerOps(TorchLayerOps):
         return out
 
 
-LayerOps = TorchLayerOps  # the interface: KernelLayerOps is a TorchLayerOps with kernels behind it
-
-
 def select_layer_ops(use_kernels: bool) -> TorchLayerOps:
     """KernelLayerOps when asked for and the kernels are built, else the torch reference."""
     kernels = load_kernels() if use_kernels else None

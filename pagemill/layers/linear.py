@@ -37,13 +37,21 @@ class LinearBase(nn.Module):
         self.output_size = sum(self.output_sizes)
         self.quant_method = ctx.quant_config.get_linear_method(checkpoint_names, self.input_size)
         self.quant_method.create_weights(self, self.input_size, self.output_size)
-        self.input_dtype = self.quant_method.input_dtype  # the op before this layer emits it
-        self.weight_format = self.quant_method.weight_format
         self.bias = None if not bias else nn.Parameter(torch.empty(self.output_size, dtype=self.input_dtype),
                                                        requires_grad=False)
 
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The dtype the method reads (the op before this layer emits it) and returns."""
+        return self.quant_method.input_dtype
+
+    @property
+    def weight_format(self) -> str:
+        """How the method stores the weight (float32, float16, q4_1, ...)."""
+        return self.quant_method.weight_format
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, in] -> [T, out] in the method's output dtype."""
+        """x [T, in] -> [T, out] in input_dtype."""
         return self.quant_method.apply(self, x)
 
     def load_weight(self, param: str, loaded: Any, shard_id: Any = None) -> list[Any]:

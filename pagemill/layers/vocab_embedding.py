@@ -59,7 +59,6 @@ class ParallelLMHead(nn.Module):
         self.vocab_start, self.vocab_end = vocab_range(vocab_size, ctx.tp_rank, ctx.tp_size)
         self.tp_size = ctx.tp_size
         self.quant_method = ctx.quant_config.get_linear_method([checkpoint_name], hidden_size)
-        self.weight_format = self.quant_method.weight_format
         self.bias = None
         self.shares_embedding = (tied_to is not None and type(self.quant_method) is UnquantizedLinearMethod
                                  and self.quant_method.input_dtype == ctx.dtype)
@@ -68,6 +67,11 @@ class ParallelLMHead(nn.Module):
         else:
             self.quant_method.create_weights(self, hidden_size, self.vocab_end - self.vocab_start)
         self._tied = (tied_to,)  # a tuple: not registered as a submodule
+
+    @property
+    def weight_format(self) -> str:
+        """How the method stores the weight (float32, q8_0, ...)."""
+        return self.quant_method.weight_format
 
     def load_weight(self, param: str, loaded: Any, shard_id: Any = None) -> None:
         """This rank's rows of the checkpoint's [vocab, hidden] table (a no-op when it shares the embedding's)."""

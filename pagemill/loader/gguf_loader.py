@@ -13,6 +13,7 @@ import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -148,9 +149,10 @@ class GGUFWeight:
         """This tensor with its rows read in HF order (undoing llama.cpp's Q/K permutation for `heads` heads)."""
         return GGUFWeight(self.gguf, self.tensor, self.hf_name, self.model_type, rope_heads=heads)
 
-    @property
+    @cached_property
     def blocks(self) -> torch.Tensor:
-        """uint8 [rows, K / 32, bytes per block]: a view of the file map (a copy when rows are un-permuted)."""
+        """uint8 [rows, K / 32, bytes per block]: a view of the file map (a copy, made once, when rows are
+        un-permuted)."""
         t = self.tensor
         blocks = _raw_tensor(self.gguf, t).view(t.shape[0], t.shape[1] // QK, _BLOCK_BYTES[t.ggml_type])
         return blocks if self.rope_heads is None else _reverse_permute(blocks, self.rope_heads)

@@ -67,8 +67,8 @@ class ModelRunner:
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         self.backend = get_attn_backend(config.attention_backend)
         # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.
-        self.ops = select_layer_ops(use_kernels=self.backend.name != "torch")
-        self.model = load_model(mc, self.ops, self.backend)
+        ops = select_layer_ops(use_kernels=self.backend.name != "torch")
+        self.model = load_model(mc, ops, self.backend)
         self.vocab_size = mc.hf_config.vocab_size
         self.block_size = cc.block_size
         self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)

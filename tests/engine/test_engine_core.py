@@ -37,7 +37,7 @@ def _run(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> dict[st
 
 def test_kv_cache_config_reaches_the_scheduler(core):
     assert core.kv_cache_config == KVCacheConfig(NUM_BLOCKS, 16, 0)
-    assert core.num_usable_blocks == NUM_BLOCKS - 1
+    assert core.kv_cache_config.usable_blocks == NUM_BLOCKS - 1
     stats = core.get_stats()
     assert stats.num_blocks_total == NUM_BLOCKS - 1 and stats.num_blocks_free == NUM_BLOCKS - 1
     assert not hasattr(core.config.cache_config, "num_blocks")  # the config is not written back

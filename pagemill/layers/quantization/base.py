@@ -14,15 +14,10 @@ from torch import nn
 
 
 class LinearMethodBase(ABC):
-    """Storage and matmul of one linear layer: y = x W^T + b, read in `input_dtype`, returned in `output_dtype`."""
+    """Storage and matmul of one linear layer: y = x W^T + b, read and returned in `input_dtype`."""
 
     input_dtype: torch.dtype  # what apply() reads: the op before the layer emits this dtype (fused cast)
     weight_format: str  # float32 | float16 | bfloat16 | q4_1 | q8_0 (reported by tests and `pagemill env`)
-
-    @property
-    def output_dtype(self) -> torch.dtype:
-        """The dtype apply() returns."""
-        return self.input_dtype
 
     @abstractmethod
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:

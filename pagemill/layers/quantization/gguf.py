@@ -111,8 +111,8 @@ class GGUFLinearMethod(LinearMethodBase):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Records from the blocks, the oneDNN copy from their dequantized values; the file pages are released."""
-        parts = [layer.gguf_parts[k] for k in sorted(layer.gguf_parts)]
-        blocks = parts[0].blocks if len(parts) == 1 else torch.cat([p.blocks for p in parts])
+        parts = sorted(layer.gguf_parts.items())  # (row offset, GGUF weight)
+        blocks = parts[0][1].blocks if len(parts) == 1 else torch.cat([p.blocks for _, p in parts])
         if blocks.shape[0] != layer.out_features:
             raise ValueError(f"GGUF blocks cover {blocks.shape[0]} of {layer.out_features} rows")
         if self.weight_format == "q4_1":
@@ -125,14 +125,14 @@ class GGUFLinearMethod(LinearMethodBase):
         weight = getattr(layer, "float_weight", None)
         if weight is None:
             weight = torch.empty(layer.out_features, layer.in_features, dtype=torch.float32)
-            for offset, part in sorted(layer.gguf_parts.items()):
+            for offset, part in parts:
                 part.load_into(weight.narrow(0, offset, part.shape[0]))  # gguf.quants' arithmetic, bit for bit
         weight = weight.to(self.input_dtype)
         layer.mkldnn_weight = mkldnn_pack(weight)
         # With the oneDNN copy nothing reads a plain weight (a third copy, 4 bytes per weight): it is kept only where
         # oneDNN is unavailable.
         layer.weight = None if layer.mkldnn_weight is not None else weight
-        for part in parts:
+        for _, part in parts:
             part.release()
         layer.gguf_parts = {}
 
