@@ -234,7 +234,7 @@ void gemv_f16(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::opt
 }
 
 void gemv_int8(torch::Tensor out, torch::Tensor x, torch::Tensor packed_q, torch::Tensor scales,
-               c10::optional<torch::Tensor> bias) {
+               c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> mins) {
   TORCH_CHECK(packed_q.dim() == 3 && packed_q.size(2) == kGemvTile && packed_q.scalar_type() == at::kChar &&
                   packed_q.is_contiguous(), "gemv_int8: packed_q must come from pack_gemv_weight_int8");
   const int64_t tiles = packed_q.size(0), Kp = packed_q.size(1), K = x.size(1);
@@ -243,10 +243,26 @@ void gemv_int8(torch::Tensor out, torch::Tensor x, torch::Tensor packed_q, torch
               "gemv_int8: scales must come from pack_gemv_weight_int8");
   const int64_t G = Kp / scales.size(1);
   TORCH_CHECK(K <= Kp && Kp - K < G, "gemv_int8: x has ", K, " columns, the packed weight ", Kp, " (padded)");
+  // The kernels add a group's min term once per k range, so every range must be one whole group (G | 256).
+  TORCH_CHECK(!mins || (mins->sizes() == scales.sizes() && mins->scalar_type() == at::kFloat &&
+                        mins->is_contiguous() && 256 % G == 0),
+              "gemv_int8: mins must be contiguous float32 shaped like scales, with a group size dividing 256");
   const auto xf = as_f32(x);
   const auto a = gemv_args("gemv_int8", out, x, xf, K, tiles, bias);
   if (a.M == 0 || a.N == 0) return;
-  active->gemv_int8(a, packed_q.data_ptr<int8_t>(), scales.data_ptr<float>(), Kp, G);
+  active->gemv_int8(a, packed_q.data_ptr<int8_t>(), scales.data_ptr<float>(), mins ? mins->data_ptr<float>() : nullptr,
+                    Kp, G);
+}
+
+void gemv_q4k(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias) {
+  constexpr int64_t record_bytes = 8 * 16 * kGemvTile + 4 * kGemvTile + 2 * 8 * kGemvTile;
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.size(2) == record_bytes, "gemv_q4k: packed must hold Q4_K records [T, K / 256, ",
+              record_bytes, "]");
+  const auto xf = as_f32(x);
+  const auto a = gemv_args("gemv_q4k", out, x, xf, packed.size(1) * 256, packed.size(0), bias);
+  if (a.M == 0 || a.N == 0) return;
+  active->gemv_q4k(a, packed.data_ptr<uint8_t>());
 }
 
 void gemv_q4(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias) {
@@ -278,13 +294,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Quantize + pack a [N, K] weight for gemv_int8: [q int8 [T, Kp, 64], scales fp32 [T, Kp/G, 64]]",
         py::arg("w"), py::arg("group_size"));
   m.def("gemv_int8", &gemv_int8, "out = x @ W^T + bias (few rows streamed; more through fp32 panels), W from pack_gemv_weight_int8",
-        py::arg("out"), py::arg("x"), py::arg("packed_q"), py::arg("scales"), py::arg("bias") = py::none());
+        py::arg("out"), py::arg("x"), py::arg("packed_q"), py::arg("scales"), py::arg("bias") = py::none(),
+        py::arg("mins") = py::none());
   m.def("pack_gemv_weight_q4", &pack_gemv_weight_q4,
         "Recover Q4_1 (w = d*q + m per group) from a dequantized [N, K] weight and pack it for gemv_q4: "
         "[packed uint8 [T, K/G, G/2*64 + 256], max |d*q + m - w| / max |w| (float64 scalar)]",
         py::arg("w"), py::arg("group_size"));
   m.def("q4_max_error", &q4_max_error, "max |d*q + m - w| / max |w| of the Q4_1 fit of pack_gemv_weight_q4",
         py::arg("w"), py::arg("group_size"));
+  m.def("gemv_q4k", &gemv_q4k,
+        "out = x @ W^T + bias over Q4_K super-block records (layout: csrc/variant/gemv.cpp, made by "
+        "pagemill.layers.quantization.gguf_records)",
+        py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
   m.def("gemv_q4", &gemv_q4, "out = x @ W^T + bias (few rows streamed; more through fp32 panels), W packed by pack_gemv_weight_q4",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
 }

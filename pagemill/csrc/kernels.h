@@ -67,10 +67,12 @@ struct KernelTable {
                        int num_threads);
   void (*rope_and_cache)(const RopeCacheArgs&);
   void (*gemv_f16)(const GemvArgs&, const uint16_t* packed);  // [tiles, K, 64] fp16 bits
-  // q [tiles, Kp, 64] int8, scales [tiles, Kp / G, 64] fp32
-  void (*gemv_int8)(const GemvArgs&, const int8_t* q, const float* scales, int64_t Kp, int64_t G);
+  // q [tiles, Kp, 64] int8, scales and mins (nullptr: none) [tiles, Kp / G, 64] fp32: w = q * scale + min
+  void (*gemv_int8)(const GemvArgs&, const int8_t* q, const float* scales, const float* mins, int64_t Kp, int64_t G);
   // Q4_1 records [tiles, K / G, G / 2 * 64 + 256] bytes
   void (*gemv_q4)(const GemvArgs&, const uint8_t* packed, int64_t G);
+  // Q4_K super-block records [tiles, K / 256, 8 * 16 * 64 + 4 * 64 + 2 * 8 * 64] bytes
+  void (*gemv_q4k)(const GemvArgs&, const uint8_t* packed);
 };
 
 // One per compiled variant (see build.py); the bindings pick one at load time.

@@ -6,8 +6,9 @@
 // channels, [N/NT (rounded up), K, NT], so a tile is one contiguous stream and each k step is one row of NT weights,
 // multiplied by the broadcast x[m][k] of each row m into register accumulators (fp32). Channels beyond N are zeros.
 //   fp16: [T, K, NT] float16.
-//   int8: q [T, Kp, NT] int8 and scales [T, Kp / G, NT] float32 (w = q * scale per channel and group of G).
-//   q4:   Q4_1 records, see the Q4 section below.
+//   int8: q [T, Kp, NT] int8 and scales [T, Kp / G, NT] float32 (w = q * scale per channel and group of G), with
+//         optional mins [T, Kp / G, NT] float32 (w = q * scale + min: GGUF's Q5_1, Q5_K, Q2_K).
+//   q4:   Q4_1 records (Q4_0 with m = -8 d), see the Q4 section below; q4k: Q4_K super-block records.
 #include "simd.h"
 
 namespace pagemill {
@@ -50,11 +51,19 @@ struct I8W {
   }
 };
 
-// acc[m][v0 W : (v0 + NVB) W] (+)= scale * sum_{k0<=k<k1} x[m][k] * W[k][...] for MR rows of x (row stride ldx).
-// scale == nullptr means 1; first == true overwrites acc instead of adding.
+// The per-group offsets of weights w = q * scale + min: acc += min * (sum of x over the group). `sx` points at the
+// group's column of the per-row group sums (row stride ldsx); mins == nullptr: no offsets.
+struct MinTerm {
+  const float* mins;
+  const float* sx;
+  int64_t ldsx;
+};
+
+// acc[m][v0 W : (v0 + NVB) W] (+)= scale * sum_{k0<=k<k1} x[m][k] * W[k][...] (+ the min term, when [k0, k1) is
+// one whole group) for MR rows of x (row stride ldx). scale == nullptr means 1; first == true overwrites acc.
 template <int MR, int NVB, class Wt>
 inline void block(const Wt& w, const float* x, int64_t ldx, int64_t k0, int64_t k1, float* acc, const float* scale,
-                  bool first, int v0) {
+                  const MinTerm& mt, bool first, int v0) {
   vf c[MR][NVB];
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < NVB; ++v) c[m][v] = vzero();
@@ -69,19 +78,22 @@ inline void block(const Wt& w, const float* x, int64_t ldx, int64_t k0, int64_t 
   }
   for (int v = 0; v < NVB; ++v) {
     const vf s = scale ? vload(scale + (v0 + v) * W) : vset(1.0f);
+    const vf mn = mt.mins ? vload(mt.mins + (v0 + v) * W) : vzero();
     for (int m = 0; m < MR; ++m) {
       float* a = acc + m * NT + (v0 + v) * W;
-      vstore(a, vfma(c[m][v], s, first ? vzero() : vload(a)));
+      vf y = vfma(c[m][v], s, first ? vzero() : vload(a));
+      if (mt.mins) y = vfma(vset(mt.sx[m * mt.ldsx]), mn, y);
+      vstore(a, y);
     }
   }
 }
 
 template <class Wt>
 inline void block_rows(int mr, const Wt& w, const float* x, int64_t ldx, int64_t k0, int64_t k1, float* acc,
-                       const float* scale, bool first) {
+                       const float* scale, const MinTerm& mt, bool first) {
   with_static_count<MR_MAX>(mr, [&](auto r) {
     constexpr int MR = decltype(r)::value, NVB = vectors_per_pass<MR>();
-    for (int v0 = 0; v0 < NV; v0 += NVB) block<MR, NVB>(w, x, ldx, k0, k1, acc, scale, first, v0);
+    for (int v0 = 0; v0 < NV; v0 += NVB) block<MR, NVB>(w, x, ldx, k0, k1, acc, scale, mt, first, v0);
   });
 }
 
@@ -103,9 +115,10 @@ void store_tile(const GemvArgs& a, const float* acc, int64_t t) {
 }
 
 // Runs every tile of y = x W^T + b. `make(t)` gives tile t's weight stream; `scales(t, k)` the scales of the group
-// holding k (nullptr for unscaled weights), constant over [k, next_group(k)).
-template <class MakeW, class Scales, class NextGroup>
-void run(const GemvArgs& a, MakeW make, Scales scales, NextGroup next_group) {
+// holding k (nullptr for unscaled weights), constant over [k, next_group(k)); `mins(t, k)` that group's MinTerm for
+// row 0 (mins == nullptr: none; else every [k, next_group(k)) range must be a whole group).
+template <class MakeW, class Scales, class NextGroup, class Mins>
+void run(const GemvArgs& a, MakeW make, Scales scales, NextGroup next_group, Mins mins) {
   const int64_t M = a.M, K = a.K;
   const int64_t nblk = (M + MR_MAX - 1) / MR_MAX;
   const int64_t mr = (M + nblk - 1) / nblk;  // balanced row blocks: 8 rows = 4 + 4, not 6 + 2
@@ -116,8 +129,10 @@ void run(const GemvArgs& a, MakeW make, Scales scales, NextGroup next_group) {
       const auto w = make(t);
       for (int64_t k0 = 0; k0 < K;) {
         const int64_t k1 = imin(imin(k0 + kb, K), next_group(k0));
+        const MinTerm mt = mins(t, k0);
         for (int64_t m0 = 0; m0 < M; m0 += mr)
-          block_rows(int(imin(mr, M - m0)), w, a.x + m0 * K, K, k0, k1, acc + m0 * NT, scales(t, k0), k0 == 0);
+          block_rows(int(imin(mr, M - m0)), w, a.x + m0 * K, K, k0, k1, acc + m0 * NT, scales(t, k0),
+                     MinTerm{mt.mins, mt.sx ? mt.sx + m0 * mt.ldsx : nullptr, mt.ldsx}, k0 == 0);
         k0 = k1;
       }
       store_tile(a, acc, t);
@@ -152,7 +167,7 @@ void run_panel(const GemvArgs& a, int64_t step, Dequant dequant) {
         dequant(t, k0, k1, panel);
         const F32W w{panel - k0 * NT};
         for (int64_t m0 = 0; m0 < M; m0 += mr)
-          block_rows(int(imin(mr, M - m0)), w, a.x + m0 * K, K, k0, k1, acc + m0 * NT, nullptr, k0 == 0);
+          block_rows(int(imin(mr, M - m0)), w, a.x + m0 * K, K, k0, k1, acc + m0 * NT, nullptr, MinTerm{}, k0 == 0);
       }
       store_tile(a, acc, t);
     }
@@ -160,13 +175,39 @@ void run_panel(const GemvArgs& a, int64_t step, Dequant dequant) {
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// Q4_1 weights (GGUF's 4-bit format): per (output channel, group of G along K), w = d * q + m with q in 0..15 and
-// fp16 d >= 0, m. Packed: uint8 [T, K / G, R] with R = G / 2 * NT + 4 * NT bytes: for each tile and group one
-// contiguous record of G / 2 pair rows of NT bytes (byte c of pair row i = q[2i][c] | q[2i + 1][c] << 4), then d as
-// NT fp16, then m as NT fp16.
+// Nibble records: per (output channel, group of G along K), w = d * q + m with q in 0..15. Packed: uint8
+// [T, K / (GR G), R]: for each tile one contiguous record per GR groups, holding for each of its groups G / 2 pair
+// rows of NT bytes (byte c of pair row i = q[2i][c] | q[2i + 1][c] << 4), then the record's scale section, which a
+// scale source (Q41Scales, Q4KScales) turns into the d and m vectors of each group.
 // The weights are unpacked as f = 1 + q / 16 (a float built by bit placement, no int -> float conversion), so
 // sum_k x_k w_k = 16 d * sum_k x_k f_k + (m - 16 d) * sum_k x_k, with the per-row group sums of x computed once.
-constexpr int64_t Q4_DM = 4 * NT;  // bytes of a record's d and m
+
+// Q4_1 (and Q4_0, m = -8 d): one group per record; scale section d [NT] fp16, then m [NT] fp16.
+struct Q41Scales {
+  static constexpr int GR = 1;
+  static constexpr int64_t kBytes = 4 * NT;
+  static inline vf d(const uint8_t* s, int, int v) { return vload(reinterpret_cast<const f16*>(s) + v * W); }
+  static inline vf m(const uint8_t* s, int, int v) { return vload(reinterpret_cast<const f16*>(s) + NT + v * W); }
+};
+
+// Q4_K: a super-block of 8 groups of 32 per record; scale section D [NT] fp16, Dmin [NT] fp16, sc [8][NT] uint8,
+// mn [8][NT] uint8 (6-bit): d = D sc and m = -(Dmin mn), products exact in fp32 (11 x 6 significant bits).
+struct Q4KScales {
+  static constexpr int GR = 8;
+  static constexpr int64_t kBytes = 4 * NT + 2 * GR * NT;
+  static inline vf d(const uint8_t* s, int j, int v) {
+    return vmul(vload(reinterpret_cast<const f16*>(s) + v * W), vload_u8(s + 4 * NT + j * NT + v * W));
+  }
+  static inline vf m(const uint8_t* s, int j, int v) {
+    const vf dm = vmul(vload(reinterpret_cast<const f16*>(s) + NT + v * W), vload_u8(s + (4 + GR + j) * NT + v * W));
+    return vsub(vzero(), dm);
+  }
+};
+
+template <class S>
+constexpr int64_t q4_record_bytes(int64_t G) {
+  return S::GR * (G / 2 * NT) + S::kBytes;
+}
 constexpr int MRQ_MAX = W == 16 ? 4 : 2;
 
 #if defined(__AVX512VBMI__) && defined(__GFNI__)
@@ -257,11 +298,15 @@ struct Q4Unpack {
 
 // acc[m][...] (+)= sum over groups [g0, g1) of one tile's records `rec` for MR rows of x (row stride ldx) and their
 // group sums sx (row stride ldsx), vectors [v0, v0 + NVB) of the tile; first == true overwrites acc.
-template <int MR, int NVB>
-inline void block_q4(const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G, int64_t g0, int64_t g1,
-                     const float* x, int64_t ldx, const float* sx, int64_t ldsx, float* acc, bool first, int v0) {
+template <class S, int MR, int NVB>
+inline void block_q4(const Q4Unpack& u, const uint8_t* rec, int64_t G, int64_t g0, int64_t g1, const float* x,
+                     int64_t ldx, const float* sx, int64_t ldsx, float* acc, bool first, int v0) {
+  const int64_t R = q4_record_bytes<S>(G);
   for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* p = rec + g * R;
+    const int j = int(g % S::GR);
+    const uint8_t* r0 = rec + g / S::GR * R;
+    const uint8_t* p = r0 + j * (G / 2 * NT);
+    const uint8_t* sc = r0 + S::GR * (G / 2 * NT);
     const float* xg = x + g * G;
     vf c[MR][NVB];
     for (int m = 0; m < MR; ++m)
@@ -282,16 +327,14 @@ inline void block_q4(const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G
         for (int m = 0; m < MR; ++m) c[m][v] = vfma(f, vset(xg[m * ldx + 2 * i + 1]), c[m][v]);
       }
     }
-    const uint8_t* pdm = p + G / 2 * NT;
-    if (v0 == 0)
-      for (int l = 0; l < Q4_DM / 64; ++l) {  // the pair-row prefetches above skip the records' d/m lines
-        prefetch_l1(pdm + l * 64 + 2048);
-        prefetch_l2(pdm + l * 64 + 16384);
+    if (v0 == 0 && j == S::GR - 1)
+      for (int64_t l = 0; l < S::kBytes / 64; ++l) {  // the pair-row prefetches above skip the scale lines
+        prefetch_l1(sc + l * 64 + 2048);
+        prefetch_l2(sc + l * 64 + 16384);
       }
-    const f16* dm = reinterpret_cast<const f16*>(pdm);
     for (int v = 0; v < NVB; ++v) {
-      const vf d16 = vmul(vload(dm + (v0 + v) * W), vset(16.0f));
-      const vf m16 = vsub(vload(dm + NT + (v0 + v) * W), d16);
+      const vf d16 = vmul(S::d(sc, j, v0 + v), vset(16.0f));
+      const vf m16 = vsub(S::m(sc, j, v0 + v), d16);
       for (int m = 0; m < MR; ++m) {
         float* a = acc + m * NT + (v0 + v) * W;
         vf y = first && g == g0 ? vzero() : vload(a);
@@ -302,12 +345,78 @@ inline void block_q4(const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G
   }
 }
 
-inline void block_q4_rows(int mr, const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G, int64_t g0,
-                          int64_t g1, const float* x, int64_t ldx, const float* sx, int64_t ldsx, float* acc,
-                          bool first) {
+template <class S>
+inline void block_q4_rows(int mr, const Q4Unpack& u, const uint8_t* rec, int64_t G, int64_t g0, int64_t g1,
+                          const float* x, int64_t ldx, const float* sx, int64_t ldsx, float* acc, bool first) {
   with_static_count<MRQ_MAX>(mr, [&](auto r) {
     constexpr int MR = decltype(r)::value, NVB = vectors_per_pass<MR>();
-    for (int v0 = 0; v0 < NV; v0 += NVB) block_q4<MR, NVB>(u, rec, R, G, g0, g1, x, ldx, sx, ldsx, acc, first, v0);
+    for (int v0 = 0; v0 < NV; v0 += NVB)
+      block_q4<S, MR, NVB>(u, rec, G, g0, g1, x, ldx, sx, ldsx, acc, first, v0);
+  });
+}
+
+// Rows [k0, k1) (whole records) of tile t's nibble records as fp32 weights d * q + m.
+template <class S>
+void dequant_q4(const Q4Unpack& u, const uint8_t* rec, int64_t G, int64_t k0, int64_t k1, float* panel) {
+  const int64_t R = q4_record_bytes<S>(G);
+  const vf sixteen = vset(16.0f), one = vset(1.0f);
+  for (int64_t g = k0 / G; g < k1 / G; ++g) {
+    const int j = int(g % S::GR);
+    const uint8_t* r0 = rec + g / S::GR * R;
+    const uint8_t* p = r0 + j * (G / 2 * NT);
+    const uint8_t* sc = r0 + S::GR * (G / 2 * NT);
+    float* out = panel + (g * G - k0) * NT;
+    for (int64_t i = 0; i < G / 2; ++i) {
+      const auto r = u.row(p + i * NT);
+      for (int v = 0; v < NV; ++v) {
+        const vf dv = S::d(sc, j, v), mv = S::m(sc, j, v);
+        vstore(out + 2 * i * NT + v * W, vfma(vmul(vsub(u.even(r, v), one), sixteen), dv, mv));
+        vstore(out + (2 * i + 1) * NT + v * W, vfma(vmul(vsub(u.odd(r, v), one), sixteen), dv, mv));
+      }
+    }
+  }
+}
+
+// Per-row sums of x over groups of G (the last group may be short: x has K <= Kp columns).
+void group_sums(const GemvArgs& a, int64_t G, int64_t ng, float* sx) {
+  for (int64_t m = 0; m < a.M; ++m)
+    for (int64_t g = 0; g < ng; ++g) {
+      float s = 0.0f;
+      for (int64_t k = g * G; k < imin(a.K, (g + 1) * G); ++k) s += a.x[m * a.K + k];
+      sx[m * ng + g] = s;
+    }
+}
+
+// y = x W^T + b over nibble records with scale source S (K / G groups of G).
+template <class S>
+void gemv_nibbles(const GemvArgs& a, const uint8_t* packed, int64_t G) {
+  const int64_t M = a.M, K = a.K, ng = K / G, tile_bytes = ng / S::GR * q4_record_bytes<S>(G);
+  if (M > kDirectMaxRows) {
+    const Q4Unpack u;
+    run_panel(a, G, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
+      dequant_q4<S>(u, packed + t * tile_bytes, G, k0, k1, panel);
+    });
+    return;
+  }
+  Scratch sx_buf;
+  float* sx = sx_buf.get(M * ng);
+  group_sums(a, G, ng, sx);
+  const int64_t nblk = (M + MRQ_MAX - 1) / MRQ_MAX;
+  const int64_t mr = (M + nblk - 1) / nblk;
+  const int64_t gb = nblk == 1 ? ng : imax(1, KB / G);  // k blocks of ~KB: the tile block stays in L1
+  parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
+    const Q4Unpack u;
+    alignas(64) float acc[16 * NT];
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint8_t* rec = packed + t * tile_bytes;
+      for (int64_t g0 = 0; g0 < ng; g0 += gb) {
+        const int64_t g1 = imin(ng, g0 + gb);
+        for (int64_t m0 = 0; m0 < M; m0 += mr)
+          block_q4_rows<S>(int(imin(mr, M - m0)), u, rec, G, g0, g1, a.x + m0 * K, K, sx + m0 * ng, ng,
+                           acc + m0 * NT, g0 == 0);
+      }
+      store_tile(a, acc, t);
+    }
   });
 }
 
@@ -325,78 +434,40 @@ void gemv_f16(const GemvArgs& a, const uint16_t* packed) {
     return;
   }
   run(a, [&](int64_t t) { return F16W{wp + t * K * NT}; }, [](int64_t, int64_t) -> const float* { return nullptr; },
-      [&](int64_t) { return K; });
+      [&](int64_t) { return K; }, [](int64_t, int64_t) { return MinTerm{}; });
 }
 
-void gemv_int8(const GemvArgs& a, const int8_t* q, const float* scales, int64_t Kp, int64_t G) {
+void gemv_int8(const GemvArgs& a, const int8_t* q, const float* scales, const float* mins, int64_t Kp, int64_t G) {
   const int64_t ng = Kp / G;
   if (a.M > kDirectMaxRows) {
     run_panel(a, G, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
       const I8W w{q + t * Kp * NT};
       for (int64_t k = k0; k < k1; ++k) {
-        const float* s = scales + (t * ng + k / G) * NT;
-        for (int v = 0; v < NV; ++v) vstore(panel + (k - k0) * NT + v * W, vmul(w.load(k, v), vload(s + v * W)));
+        const int64_t o = (t * ng + k / G) * NT;
+        for (int v = 0; v < NV; ++v) {
+          const vf wk = vmul(w.load(k, v), vload(scales + o + v * W));
+          vstore(panel + (k - k0) * NT + v * W, mins ? vadd(wk, vload(mins + o + v * W)) : wk);
+        }
       }
-    });
-    return;
-  }
-  run(a, [&](int64_t t) { return I8W{q + t * Kp * NT}; },
-      [&](int64_t t, int64_t k) { return scales + (t * ng + k / G) * NT; }, [&](int64_t k) { return (k / G + 1) * G; });
-}
-
-// Rows [k0, k1) (whole groups) of tile t's Q4_1 records as fp32 weights d * q + m.
-void dequant_q4(const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G, int64_t k0, int64_t k1, float* panel) {
-  const vf sixteen = vset(16.0f), one = vset(1.0f);
-  for (int64_t g = k0 / G; g < k1 / G; ++g) {
-    const uint8_t* p = rec + g * R;
-    const f16* d = reinterpret_cast<const f16*>(p + G / 2 * NT);
-    float* out = panel + (g * G - k0) * NT;
-    for (int64_t i = 0; i < G / 2; ++i) {
-      const auto r = u.row(p + i * NT);
-      for (int v = 0; v < NV; ++v) {
-        const vf dv = vload(d + v * W), mv = vload(d + NT + v * W);
-        vstore(out + 2 * i * NT + v * W, vfma(vmul(vsub(u.even(r, v), one), sixteen), dv, mv));
-        vstore(out + (2 * i + 1) * NT + v * W, vfma(vmul(vsub(u.odd(r, v), one), sixteen), dv, mv));
-      }
-    }
-  }
-}
-
-void gemv_q4(const GemvArgs& a, const uint8_t* packed, int64_t G) {
-  const int64_t M = a.M, K = a.K, ng = K / G, R = G / 2 * NT + Q4_DM;
-  if (M > kDirectMaxRows) {
-    const Q4Unpack u;
-    run_panel(a, G, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
-      dequant_q4(u, packed + t * ng * R, R, G, k0, k1, panel);
     });
     return;
   }
   Scratch sx_buf;
-  float* sx = sx_buf.get(M * ng);  // per-row group sums of x
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < ng; ++g) {
-      float s = 0.0f;
-      for (int64_t k = 0; k < G; ++k) s += a.x[m * K + g * G + k];
-      sx[m * ng + g] = s;
-    }
-  const int64_t nblk = (M + MRQ_MAX - 1) / MRQ_MAX;
-  const int64_t mr = (M + nblk - 1) / nblk;
-  const int64_t gb = nblk == 1 ? ng : imax(1, KB / G);  // k blocks of ~KB: the tile block stays in L1
-  parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
-    const Q4Unpack u;
-    alignas(64) float acc[16 * NT];
-    for (int64_t t = t0; t < t1; ++t) {
-      const uint8_t* rec = packed + t * ng * R;
-      for (int64_t g0 = 0; g0 < ng; g0 += gb) {
-        const int64_t g1 = imin(ng, g0 + gb);
-        for (int64_t m0 = 0; m0 < M; m0 += mr)
-          block_q4_rows(int(imin(mr, M - m0)), u, rec, R, G, g0, g1, a.x + m0 * K, K, sx + m0 * ng, ng,
-                        acc + m0 * NT, g0 == 0);
-      }
-      store_tile(a, acc, t);
-    }
-  });
+  float* sx = nullptr;
+  if (mins) {
+    sx = sx_buf.get(a.M * ng);
+    group_sums(a, G, ng, sx);
+  }
+  run(a, [&](int64_t t) { return I8W{q + t * Kp * NT}; },
+      [&](int64_t t, int64_t k) { return scales + (t * ng + k / G) * NT; }, [&](int64_t k) { return (k / G + 1) * G; },
+      [&](int64_t t, int64_t k) {
+        return mins ? MinTerm{mins + (t * ng + k / G) * NT, sx + k / G, ng} : MinTerm{};
+      });
 }
+
+void gemv_q4(const GemvArgs& a, const uint8_t* packed, int64_t G) { gemv_nibbles<Q41Scales>(a, packed, G); }
+
+void gemv_q4k(const GemvArgs& a, const uint8_t* packed) { gemv_nibbles<Q4KScales>(a, packed, 32); }
 
 }  // namespace PAGEMILL_ISA
 }  // namespace pagemill
