@@ -1,0 +1,228 @@
+"""GGUF blocks -> the GEMV kernels' records, by bit rearrangement only (csrc/variant/gemv.cpp has the layouts).
+
+Each supported ggml type is read into the codes and per-group scales its dequantization multiplies
+(`gguf.quants.dequantize`: the codes are small integers, the scales fp16 values or exact fp32 products of an fp16
+and a small integer), then laid out as one of three record kinds:
+
+- "q4":   nibble records, w = d q + m per group of 32 with fp16 d, m (Q4_1; Q4_0 with m = -8 d, exact in fp16);
+- "q4k":  Q4_K super-block records: the fp16 D / Dmin of each 256 and the 6-bit sc / mn of each 32 as stored;
+- "int8": int8 tiles with fp32 scales (and mins) per group of 16 or 32 (Q8_0, Q5_0, Q5_1, Q2_K .. Q6_K).
+
+`unpack_*` turn records back into float32 weights with gguf.quants' arithmetic, bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GEMV_TILE = 64  # output channels per packed GEMV tile
+QK_K = 256  # K-quant super-block length
+Q4K_RECORD_BYTES = 8 * 16 * GEMV_TILE + 4 * GEMV_TILE + 2 * 8 * GEMV_TILE
+_CHUNK_ROWS = 64 * GEMV_TILE  # rows decoded at a time: bounds the temporaries of large tensors
+
+# ggml type -> (format name, record kind, elements per block)
+RECORD_TYPES: dict[int, tuple[str, str, int]] = {
+    2: ("q4_0", "q4", 32), 3: ("q4_1", "q4", 32), 6: ("q5_0", "int8", 32), 7: ("q5_1", "int8", 32),
+    8: ("q8_0", "int8", 32), 10: ("q2_k", "int8", QK_K), 11: ("q3_k", "int8", QK_K), 12: ("q4_k", "q4k", QK_K),
+    13: ("q5_k", "int8", QK_K), 14: ("q6_k", "int8", QK_K),
+}
+FORMAT_KINDS = {name: kind for name, kind, _ in RECORD_TYPES.values()}
+BLOCK_LENGTHS = {name: bs for name, _, bs in RECORD_TYPES.values()}
+
+
+@dataclass
+class Int8Codes:
+    """Weights q * scale (+ min) per group of `group` along K: q int8 [N, K], scale / min float32 [N, K / group]."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    min: torch.Tensor | None
+    group: int
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """fp16 values of the last axis' byte pairs, as float32 (exact)."""
+    return b.contiguous().view(torch.float16).float()
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """[..., n] bytes -> [..., 2, n]: low nibbles, then high nibbles."""
+    return torch.stack((qs & 15, qs >> 4), dim=-2)
+
+
+def _bits(b: torch.Tensor, shifts: list[int], mask: int) -> torch.Tensor:
+    """[..., n] bytes -> [..., len(shifts), n]: (b >> s) & mask for each shift."""
+    return torch.stack([(b >> s) & mask for s in shifts], dim=-2)
+
+
+def _k_scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K's 12 scale bytes [..., 12] -> 6-bit sc, mn [..., 8] (gguf.quants.Q4_K.get_scale_min)."""
+    d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = torch.cat((d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)), dim=-1)
+    mn = torch.cat((m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)), dim=-1)
+    return sc, mn
+
+
+def _q5_high(qh: torch.Tensor) -> torch.Tensor:
+    """Q5_0 / Q5_1's 4 high-bit bytes [..., 4] (a little-endian uint32) -> bit i of element i [..., 32]."""
+    return _bits(qh, list(range(8)), 1).transpose(-1, -2).reshape(*qh.shape[:-1], 32)
+
+
+def int8_codes(fmt: str, b: torch.Tensor) -> Int8Codes:
+    """The int8 codes and group scales / mins of blocks uint8 [N, nb, bytes] of an "int8" kind format."""
+    n, nb = b.shape[:2]
+    if fmt == "q8_0":
+        return Int8Codes(b[..., 2:].contiguous().view(torch.int8).reshape(n, -1), _f16(b[..., :2]).view(n, nb),
+                         None, 32)
+    if fmt == "q4_0":  # the nibble records' fallback when -8 d overflows fp16
+        q = _nibbles(b[..., 2:]).reshape(n, -1).to(torch.int8) - 8
+        return Int8Codes(q, _f16(b[..., :2]).view(n, nb), None, 32)
+    if fmt in ("q5_0", "q5_1"):
+        o = 2 if fmt == "q5_0" else 4
+        low = _nibbles(b[..., o + 4:]).reshape(n, nb, 32)
+        q = (low | (_q5_high(b[..., o:o + 4]) << 4)).to(torch.int8)
+        if fmt == "q5_0":
+            return Int8Codes((q - 16).reshape(n, -1), _f16(b[..., :2]).view(n, nb), None, 32)
+        return Int8Codes(q.reshape(n, -1), _f16(b[..., :2]).view(n, nb), _f16(b[..., 2:4]).view(n, nb), 32)
+    if fmt == "q5_k":
+        d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+        sc, mn = _k_scale_min(b[..., 4:16])
+        qh = _bits(b[..., 16:48], list(range(8)), 1)  # [n, nb, 8, 32]: sub-block j takes bit j
+        low = _nibbles(b[..., 48:].reshape(n, nb, 4, 32)).reshape(n, nb, 8, 32)
+        q = (low | (qh << 4)).to(torch.int8)
+        return Int8Codes(q.reshape(n, -1), (d * sc.float()).view(n, -1), (-(dmin * mn.float())).view(n, -1), 32)
+    if fmt == "q6_k":
+        low = _nibbles(b[..., :128].reshape(n, nb, 2, 64)).reshape(n, nb, 8, 32)
+        high = _bits(b[..., 128:192].reshape(n, nb, 2, 32), [0, 2, 4, 6], 3).reshape(n, nb, 8, 32)
+        q = (low | (high << 4)).to(torch.int8) - 32
+        scale = _f16(b[..., 208:210]) * b[..., 192:208].contiguous().view(torch.int8).float()
+        return Int8Codes(q.reshape(n, -1), scale.view(n, -1), None, 16)
+    if fmt == "q3_k":
+        low = _bits(b[..., 32:96].reshape(n, nb, 2, 32), [0, 2, 4, 6], 3).reshape(n, nb, 16, 16)
+        high = _bits(b[..., 0:32], list(range(8)), 1).reshape(n, nb, 16, 16)
+        q = low.to(torch.int8) - ((high ^ 1) << 2).to(torch.int8)
+        s = b[..., 96:108]
+        ls = _nibbles(s[..., 0:8]).reshape(n, nb, 16)
+        hs = _bits(s[..., 8:12], [0, 2, 4, 6], 3).reshape(n, nb, 16)
+        sc = (ls | (hs << 4)).to(torch.int8) - 32
+        return Int8Codes(q.reshape(n, -1), (_f16(b[..., 108:110]) * sc.float()).view(n, -1), None, 16)
+    if fmt == "q2_k":
+        s = b[..., 0:16]
+        q = _bits(b[..., 16:80].reshape(n, nb, 2, 32), [0, 2, 4, 6], 3).reshape(n, -1).to(torch.int8)
+        scale = _f16(b[..., 80:82]) * (s & 15).float()
+        mins = -(_f16(b[..., 82:84]) * (s >> 4).float())
+        return Int8Codes(q, scale.view(n, -1), mins.view(n, -1), 16)
+    raise ValueError(f"{fmt} is not an int8-record GGUF format")
+
+
+def q4_codes(fmt: str, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Q4_0 / Q4_1 blocks -> (q uint8 [N, nb, 32], d, m fp16 [N, nb]); None for Q4_0 whose -8 d overflows fp16."""
+    if fmt == "q4_1":
+        return _nibbles(b[..., 4:]).flatten(-2), b[..., 0:2].contiguous().view(torch.float16)[..., 0], \
+            b[..., 2:4].contiguous().view(torch.float16)[..., 0]
+    d = b[..., 0:2].contiguous().view(torch.float16)[..., 0]
+    m = (d.float() * -8).half()  # exact unless it overflows
+    if not torch.isfinite(m).all():
+        return None
+    return _nibbles(b[..., 2:]).flatten(-2), d, m
+
+
+def _tiles(x: torch.Tensor) -> torch.Tensor:
+    """[N, ...] -> [N / 64, ..., 64] (channel last, N a multiple of 64)."""
+    t = x.view(x.shape[0] // GEMV_TILE, GEMV_TILE, *x.shape[1:])
+    return t.permute(0, *range(2, t.dim()), 1)
+
+
+def _pad_rows(x: torch.Tensor) -> torch.Tensor:
+    """x with zero rows appended up to a whole number of GEMV tiles."""
+    pad = (-x.shape[0]) % GEMV_TILE
+    return x if pad == 0 else torch.cat((x, x.new_zeros((pad, *x.shape[1:]))))
+
+
+def pack_int8(fmt: str, blocks: torch.Tensor) -> list[torch.Tensor]:
+    """gemv_int8's [q int8 [T, K, 64], scales fp32 [T, K / G, 64]] (+ mins, same shape) from blocks [N, nb, bytes]."""
+    n, nb = blocks.shape[:2]
+    k, t = nb * BLOCK_LENGTHS[fmt], -(-n // GEMV_TILE)
+    first = int8_codes(fmt, blocks[:1])
+    ng = k // first.group
+    q = torch.zeros(t, k, GEMV_TILE, dtype=torch.int8)
+    scales = torch.zeros(t, ng, GEMV_TILE)
+    mins = torch.zeros(t, ng, GEMV_TILE) if first.min is not None else None
+    for r0 in range(0, n, _CHUNK_ROWS):
+        c = int8_codes(fmt, _pad_rows(blocks[r0:r0 + _CHUNK_ROWS]))
+        t0, t1 = r0 // GEMV_TILE, r0 // GEMV_TILE + c.q.shape[0] // GEMV_TILE
+        q[t0:t1] = _tiles(c.q)
+        scales[t0:t1] = _tiles(c.scale)
+        if mins is not None:
+            mins[t0:t1] = _tiles(c.min)
+    return [q, scales] if mins is None else [q, scales, mins]
+
+
+def pack_q4(fmt: str, blocks: torch.Tensor) -> torch.Tensor | None:
+    """gemv_q4's records [T, K / 32, 16 * 64 + 256] from Q4_0 / Q4_1 blocks; None where Q4_0 cannot be held."""
+    codes = q4_codes(fmt, _pad_rows(blocks))
+    if codes is None:
+        return None
+    q, d, m = codes
+    pairs = _tiles(q[..., 0::2] | (q[..., 1::2] << 4))  # [T, ng, 16, 64]
+    dm = _tiles(torch.stack((d, m), dim=-1)).contiguous().view(torch.uint8)  # [T, ng, 2, 64 * 2 bytes]
+    t, ng = pairs.shape[:2]
+    return torch.cat((pairs.reshape(t, ng, -1), dm.reshape(t, ng, -1)), dim=2)
+
+
+def pack_q4k(blocks: torch.Tensor) -> torch.Tensor:
+    """gemv_q4k's records [T, K / 256, 9472] from Q4_K blocks [N, K / 256, 144]: per tile and super-block 8 x 16
+    pair rows of 64 bytes, D and Dmin (64 fp16 each), then sc [8][64] and mn [8][64] (uint8, 6-bit)."""
+    b = _pad_rows(blocks)
+    n, nb = b.shape[:2]
+    q = _nibbles(b[..., 16:].reshape(n, nb, 4, 32)).reshape(n, nb, 8, 32)  # sub-block 2j: low, 2j + 1: high
+    pairs = _tiles((q[..., 0::2] | (q[..., 1::2] << 4)).reshape(n, nb, 128))  # [T, nb, 128, 64]
+    dd = _tiles(b[..., 0:4].contiguous().view(torch.float16)).contiguous().view(torch.uint8)  # [T, nb, 2, 128]
+    sc, mn = _k_scale_min(b[..., 4:16])
+    t = n // GEMV_TILE
+    parts = (pairs, dd, _tiles(sc), _tiles(mn))
+    return torch.cat([p.reshape(t, nb, -1) for p in parts], dim=2)
+
+
+def unpack_q4(packed: torch.Tensor, rows: int) -> torch.Tensor:
+    """The float32 weight [rows, K] of gemv_q4 records: (d * q) + m, as gguf.quants dequantizes Q4_1 (and Q4_0)."""
+    t, ng, _ = packed.shape
+    pairs = packed[..., :16 * GEMV_TILE].view(t, ng, 16, GEMV_TILE)
+    q = torch.stack((pairs & 15, pairs >> 4), dim=3).view(t, ng, 32, GEMV_TILE)  # k = 2i, 2i + 1
+    q = q.permute(0, 3, 1, 2).reshape(t * GEMV_TILE, ng, 32)[:rows]
+    dm = packed[..., 16 * GEMV_TILE:].contiguous().view(torch.float16).view(t, ng, 2, GEMV_TILE)
+    dm = dm.permute(0, 3, 1, 2).reshape(t * GEMV_TILE, ng, 2)[:rows].float()
+    return torch.mul(q, dm[..., 0:1]).add_(dm[..., 1:2]).view(rows, ng * 32)
+
+
+def unpack_q4k(packed: torch.Tensor, rows: int) -> torch.Tensor:
+    """The float32 weight [rows, K] of gemv_q4k records: (D sc) q - (Dmin mn), as gguf.quants dequantizes Q4_K."""
+    t, nb, _ = packed.shape
+    o = 128 * GEMV_TILE
+    pairs = packed[..., :o].view(t, nb, 8, 16, GEMV_TILE)
+    q = torch.stack((pairs & 15, pairs >> 4), dim=4).view(t, nb, 8, 32, GEMV_TILE).float()
+    dd = packed[..., o:o + 4 * GEMV_TILE].contiguous().view(torch.float16).view(t, nb, 2, 1, 1, GEMV_TILE).float()
+    sc = packed[..., o + 4 * GEMV_TILE:].reshape(t, nb, 2, 8, 1, GEMV_TILE).float()
+    d, dm = dd[:, :, 0] * sc[:, :, 0], dd[:, :, 1] * sc[:, :, 1]
+    w = (d * q - dm).permute(0, 4, 1, 2, 3).reshape(t * GEMV_TILE, nb * QK_K)
+    return w[:rows].contiguous()
+
+
+def unpack_int8(tiles: list[torch.Tensor], rows: int, cols: int) -> torch.Tensor:
+    """The float32 weight [rows, cols] of gemv_int8 tiles: q * scale (+ min), as gguf.quants dequantizes."""
+    q, scales = tiles[0], tiles[1]
+    t, kp, _ = q.shape
+    ng = scales.shape[1]
+    qr = q.transpose(1, 2).reshape(t * GEMV_TILE, ng, kp // ng)[:rows]
+    w = torch.mul(qr, scales.transpose(1, 2).reshape(t * GEMV_TILE, ng, 1)[:rows])
+    if len(tiles) > 2:
+        w.add_(tiles[2].transpose(1, 2).reshape(t * GEMV_TILE, ng, 1)[:rows])
+    return w.view(rows, kp)[:, :cols].contiguous()
+
+
+def record_bytes(records: torch.Tensor | list[torch.Tensor]) -> int:
+    """Bytes the GEMV streams for one layer's records."""
+    parts = records if isinstance(records, list) else [records]
+    return sum(p.numel() * p.element_size() for p in parts)
