@@ -140,7 +140,13 @@ class GGUFQuantConfig(QuantConfig):
         self.tensor_types, self.dense = tensor_types, dense  # HF name -> ggml type
 
     def get_linear_method(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:
-        """Records for a layer whose parts share one block format, else the dense method."""
+        """Records for a layer whose parts share one block format, else the dense method; either is tagged with
+        the file formats of its tensors (`gguf_sources`, for the weight-format report)."""
+        method = self._choose(checkpoint_names, in_features)
+        method.gguf_sources = [_type_name(self.tensor_types.get(n)) for n in checkpoint_names]
+        return method
+
+    def _choose(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:
         dtype, kernels = self.dense.linear_dtype, self.dense.kernels
         formats = {GGUF_FORMATS.get(self.tensor_types.get(n, -1)) for n in checkpoint_names}
         if (kernels is not None and dtype in (torch.float32, torch.float16) and len(formats) == 1
@@ -149,3 +155,15 @@ class GGUFQuantConfig(QuantConfig):
             if in_features % BLOCK_LENGTHS[fmt] == 0:
                 return GGUFLinearMethod(fmt, dtype, kernels)
         return self.dense.get_linear_method(checkpoint_names, in_features)
+
+
+def _type_name(ggml_type: int | None) -> str:
+    """q5_0, f16, ... for a ggml type id ("missing" for a name the file lacks)."""
+    if ggml_type is None:
+        return "missing"
+    from gguf.constants import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(ggml_type).name.lower()
+    except ValueError:
+        return f"type{ggml_type}"

@@ -1,0 +1,77 @@
+"""GGUF records for every kept format: laid out from the file's blocks they hold exactly gguf.quants' dequantized
+weights, and the GEMV kernels (direct and panel paths) compute F.linear of those weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagemill.kernels.build import load_kernels
+from pagemill.layers.quantization.gguf import pack_records
+from pagemill.layers.quantization.gguf_records import FORMAT_KINDS, RECORD_TYPES, unpack_int8, unpack_q4, unpack_q4k
+from tests.conftest import requires_kernels
+from tests.kernels.conftest import assert_gemv_close
+from tests.kernels.gguf_blocks import dequantized, make_blocks
+
+kernels = load_kernels()
+
+FORMATS = [name for name, _, _ in RECORD_TYPES.values()]
+MS = [1, 3, 16, 17, 64]  # direct kernels up to 16 rows, fp32 panels beyond
+
+
+def unpack(kind: str, records, n: int, k: int) -> torch.Tensor:
+    """The records' float32 weight."""
+    if kind == "q4":
+        return unpack_q4(records, n)
+    if kind == "q4k":
+        return unpack_q4k(records, n)
+    return unpack_int8(records, n, k)
+
+
+def gemv(kind: str, records, x: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """The kernel for the record kind."""
+    out = torch.empty(x.shape[0], n)
+    if kind == "q4":
+        kernels.gemv_q4(out, x, records, bias)
+    elif kind == "q4k":
+        kernels.gemv_q4k(out, x, records, bias)
+    else:
+        kernels.gemv_int8(out, x, records[0], records[1], bias, records[2] if len(records) > 2 else None)
+    return out
+
+
+def _shapes(fmt: str) -> list[tuple[int, int]]:
+    return [(100, 512), (130, 256)] if fmt.endswith("_k") else [(100, 96), (130, 320)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_records_hold_the_dequantized_weights_bit_for_bit(fmt: str) -> None:
+    for n, k in _shapes(fmt):
+        blocks = make_blocks(fmt, n, k, seed=n + k)
+        kind, records = pack_records(fmt, blocks)
+        assert kind == FORMAT_KINDS[fmt]
+        assert torch.equal(unpack(kind, records, n, k), dequantized(fmt, blocks).view(n, k))
+
+
+def test_q4_0_beyond_fp16_goes_to_int8_tiles() -> None:
+    blocks = make_blocks("q4_0", 64, 64, seed=1).clone()
+    blocks[3, 1, 0:2] = torch.tensor([10000.0], dtype=torch.float16).view(torch.uint8)  # -8 d overflows fp16
+    kind, records = pack_records("q4_0", blocks)
+    assert kind == "int8"
+    assert torch.equal(unpack(kind, records, 64, 64), dequantized("q4_0", blocks))
+
+
+@requires_kernels
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gemv_matches_linear_on_the_dequantized_weights(fmt: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    for n, k in _shapes(fmt):
+        blocks = make_blocks(fmt, n, k, seed=n * k)
+        kind, records = pack_records(fmt, blocks)
+        w = dequantized(fmt, blocks).view(n, k).double()
+        for m in MS:
+            for bias in (None, torch.randn(n, generator=g)):
+                x = torch.randn(m, k, generator=g)
+                ref = F.linear(x.double(), w, None if bias is None else bias.double()).float()
+                assert_gemv_close(gemv(kind, records, x, n, bias), ref)
