@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from pagemill.kernels.build import load_kernels
 from pagemill.layers.quantization.gguf import pack_records
-from pagemill.layers.quantization.gguf_records import FORMAT_KINDS, RECORD_TYPES, unpack_int8, unpack_q4, unpack_q4k
+from pagemill.layers.quantization.gguf_records import (FORMAT_KINDS, RECORD_TYPES, pack_int8, unpack_int8, unpack_q4,
+                                                       unpack_q4k)
 from tests.conftest import requires_kernels
 from tests.kernels.conftest import assert_gemv_close
 from tests.kernels.gguf_blocks import dequantized, make_blocks
@@ -49,15 +50,43 @@ def _shapes(fmt: str) -> list[tuple[int, int]]:
 def test_records_hold_the_dequantized_weights_bit_for_bit(fmt: str) -> None:
     for n, k in _shapes(fmt):
         blocks = make_blocks(fmt, n, k, seed=n + k)
-        kind, records = pack_records(fmt, blocks)
+        kind, records = pack_records([(fmt, blocks)])
         assert kind == FORMAT_KINDS[fmt]
         assert torch.equal(unpack(kind, records, n, k), dequantized(fmt, blocks).view(n, k))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_int8_form_of_every_format_is_exact(fmt: str) -> None:
+    """Every format's int8 tiles (used when a fused layer mixes record kinds) hold the same weights."""
+    n, k = _shapes(fmt)[0]
+    blocks = make_blocks(fmt, n, k, seed=3)
+    assert torch.equal(unpack_int8(pack_int8([(fmt, blocks)]), n, k), dequantized(fmt, blocks))
+
+
+# Fused layers whose parts mix formats (rows 100 + 30 + 70: parts straddle GEMV tiles): (parts, record kind).
+MIXED = [(("q5_0", "q8_0", "q6_k"), "int8"), (("q4_0", "q4_1", "q4_0"), "q4"), (("q4_k", "q5_0", "q2_k"), "int8"),
+         (("q4_k", "q4_k", "q4_k"), "q4k")]
+
+
+@pytest.mark.parametrize("formats,kind", MIXED)
+def test_mixed_fused_parts(formats: tuple[str, ...], kind: str) -> None:
+    k = 512
+    parts = [(fmt, make_blocks(fmt, n, k, seed=n)) for fmt, n in zip(formats, (100, 30, 70))]
+    got_kind, records = pack_records(parts)
+    w = torch.cat([dequantized(fmt, b) for fmt, b in parts])
+    assert got_kind == kind
+    assert torch.equal(unpack(kind, records, w.shape[0], k), w)
+    if kernels is not None:
+        g = torch.Generator().manual_seed(1)
+        for m in (1, 17):
+            x = torch.randn(m, k, generator=g)
+            assert_gemv_close(gemv(kind, records, x, w.shape[0], None), F.linear(x.double(), w.double()).float())
 
 
 def test_q4_0_beyond_fp16_goes_to_int8_tiles() -> None:
     blocks = make_blocks("q4_0", 64, 64, seed=1).clone()
     blocks[3, 1, 0:2] = torch.tensor([10000.0], dtype=torch.float16).view(torch.uint8)  # -8 d overflows fp16
-    kind, records = pack_records("q4_0", blocks)
+    kind, records = pack_records([("q4_0", blocks)])
     assert kind == "int8"
     assert torch.equal(unpack(kind, records, 64, 64), dequantized("q4_0", blocks))
 
@@ -68,7 +97,7 @@ def test_gemv_matches_linear_on_the_dequantized_weights(fmt: str) -> None:
     g = torch.Generator().manual_seed(0)
     for n, k in _shapes(fmt):
         blocks = make_blocks(fmt, n, k, seed=n * k)
-        kind, records = pack_records(fmt, blocks)
+        kind, records = pack_records([(fmt, blocks)])
         w = dequantized(fmt, blocks).view(n, k).double()
         for m in MS:
             for bias in (None, torch.randn(n, generator=g)):

@@ -17,8 +17,8 @@ from torch import nn
 
 from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig
 from pagemill.layers.quantization.dense import F16_GEMV_MAX_ROWS, DenseQuantConfig, mkldnn_pack
-from pagemill.layers.quantization.gguf_records import (BLOCK_LENGTHS, FORMAT_KINDS, RECORD_TYPES, pack_int8, pack_q4,
-                                                       pack_q4k, record_bytes, unpack_int8, unpack_q4, unpack_q4k)
+from pagemill.layers.quantization.gguf_records import (BLOCK_LENGTHS, RECORD_TYPES, pack_int8, pack_q4, pack_q4k,
+                                                       record_bytes, record_kind, unpack_int8, unpack_q4, unpack_q4k)
 
 GGUF_FORMATS = {t: name for t, (name, _, _) in RECORD_TYPES.items()}  # ggml type -> format kept as records
 # float32 records: beyond 16 rows the kernels dequantize k blocks into L1 panels (an fp32 GEMM reading 0.6-1.1
@@ -30,7 +30,7 @@ RECORDS_MAX_ROWS = 64
 def pack_q4_1_blocks(blocks: torch.Tensor) -> torch.Tensor:
     """gemv_q4's packed records [T, K/32, 16 * 64 + 256] from GGUF Q4_1 blocks uint8 [N, K/32, 20]: the bytes
     pack_gemv_weight_q4 makes from the dequantized weight."""
-    return pack_q4("q4_1", blocks)
+    return pack_q4([("q4_1", blocks)])
 
 
 def pack_q8_0_blocks(blocks: torch.Tensor) -> list[torch.Tensor]:
@@ -40,31 +40,33 @@ def pack_q8_0_blocks(blocks: torch.Tensor) -> list[torch.Tensor]:
     puts +-127 in every non-zero block, and 127 * d (11 significant bits times 7) and its division by 127 are exact
     in fp32. Here the scale is d itself; tests/loader checks the two packings are byte-identical on SmolLM2.
     """
-    return pack_int8("q8_0", blocks)
+    return pack_int8([("q8_0", blocks)])
 
 
-def pack_records(fmt: str, blocks: torch.Tensor) -> tuple[str, Any]:
-    """(record kind, records) of a format's blocks [N, nb, bytes]: "q4" / "q4k" records or "int8" tiles (Q4_0
-    whose -8 d overflows fp16 goes to int8 tiles, q - 8)."""
-    kind = FORMAT_KINDS[fmt]
+def pack_records(parts: list[tuple[str, torch.Tensor]]) -> tuple[str, Any]:
+    """(record kind, records) of a layer's parts (format, blocks [N_i, nb, bytes]), rows in order: "q4" / "q4k"
+    records when the parts share that kind, else "int8" tiles (also for a Q4_0 whose -8 d overflows fp16)."""
+    kind = record_kind({fmt for fmt, _ in parts})
     if kind == "q4":
-        records = pack_q4(fmt, blocks)
+        records = pack_q4(parts)
         if records is not None:
             return kind, records
-        return "int8", pack_int8(fmt, blocks)
+        return "int8", pack_int8(parts)
     if kind == "q4k":
-        return kind, pack_q4k(blocks)
-    return kind, pack_int8(fmt, blocks)
+        return kind, pack_q4k(parts[0][1] if len(parts) == 1 else torch.cat([b for _, b in parts]))
+    return kind, pack_int8(parts)
 
 
 class GGUFLinearMethod(LinearMethodBase):
-    """The layer's GGUF blocks (every part of a fused layer in one format) as GEMV records, plus a oneDNN copy of
-    the dequantized weight for more rows than the GEMV serves. `records` names the record kind (q4, q4k, int8)."""
+    """The layer's GGUF blocks as GEMV records (the parts of a fused layer may mix formats: see pack_records),
+    plus a oneDNN copy of the dequantized weight for more rows than the GEMV serves. `records` names the record
+    kind (q4, q4k, int8); weight_format the file formats (q5_0, or q5_0+q8_0 for a mixed fused layer)."""
 
-    def __init__(self, weight_format: str, dtype: torch.dtype, kernels: Any) -> None:
-        self.weight_format, self.input_dtype, self.kernels = weight_format, dtype, kernels
+    def __init__(self, formats: set[str], dtype: torch.dtype, kernels: Any) -> None:
+        self.formats, self.input_dtype, self.kernels = formats, dtype, kernels
+        self.weight_format = "+".join(sorted(formats))
         self.max_rows = RECORDS_MAX_ROWS if dtype == torch.float32 else F16_GEMV_MAX_ROWS
-        self.records = FORMAT_KINDS[weight_format]
+        self.records = record_kind(formats)
         self.record_bytes = 0  # of the layer's records, once packed (the weight-format report)
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
@@ -74,7 +76,7 @@ class GGUFLinearMethod(LinearMethodBase):
 
     def load_weight(self, layer: nn.Module, loaded: Any, row_offset: int, shard_index: int) -> None:
         """Keep the part's blocks (views of the file map) for process_weights_after_loading."""
-        if getattr(loaded, "format", None) != self.weight_format:
+        if getattr(loaded, "format", None) not in self.formats:
             raise ValueError(f"expected a {self.weight_format} GGUF tensor, got {type(loaded).__name__} "
                              f"{getattr(loaded, 'format', '')}")
         layer.gguf_parts[row_offset] = loaded
@@ -82,12 +84,11 @@ class GGUFLinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Records from the blocks, the oneDNN copy from their dequantized values; the file pages are released."""
         parts = sorted(layer.gguf_parts.items())  # (row offset, GGUF weight)
-        blocks = parts[0][1].blocks if len(parts) == 1 else torch.cat([p.blocks for _, p in parts])
-        if blocks.shape[0] != layer.out_features:
-            raise ValueError(f"GGUF blocks cover {blocks.shape[0]} of {layer.out_features} rows")
-        self.records, layer.gemv_records = pack_records(self.weight_format, blocks)
+        rows = sum(p.shape[0] for _, p in parts)
+        if rows != layer.out_features:
+            raise ValueError(f"GGUF blocks cover {rows} of {layer.out_features} rows")
+        self.records, layer.gemv_records = pack_records([(p.format, p.blocks) for _, p in parts])
         self.record_bytes = record_bytes(layer.gemv_records)
-        del blocks
         layer.gemv_bias = None if layer.bias is None else layer.bias.float()
         # A layer may already hold the same values as floats (a tied LM head: the embedding's table); else decode.
         weight = getattr(layer, "float_weight", None)
@@ -132,7 +133,7 @@ class GGUFLinearMethod(LinearMethodBase):
 
 
 class GGUFQuantConfig(QuantConfig):
-    """A GGUF file's layers: GGUFLinearMethod where every part of a layer has one record format (Q4_0 .. Q8_0,
+    """A GGUF file's layers: GGUFLinearMethod where every part of a layer is in a record format (Q4_0 .. Q8_0,
     Q2_K .. Q6_K) and the kernels engine runs in float32 / float16; the dense methods (on the dequantized weights)
     elsewhere."""
 
@@ -140,7 +141,7 @@ class GGUFQuantConfig(QuantConfig):
         self.tensor_types, self.dense = tensor_types, dense  # HF name -> ggml type
 
     def get_linear_method(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:
-        """Records for a layer whose parts share one block format, else the dense method; either is tagged with
+        """Records for a layer whose parts are all in record formats, else the dense method; either is tagged with
         the file formats of its tensors (`gguf_sources`, for the weight-format report)."""
         method = self._choose(checkpoint_names, in_features)
         method.gguf_sources = [_type_name(self.tensor_types.get(n)) for n in checkpoint_names]
@@ -149,11 +150,9 @@ class GGUFQuantConfig(QuantConfig):
     def _choose(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:
         dtype, kernels = self.dense.linear_dtype, self.dense.kernels
         formats = {GGUF_FORMATS.get(self.tensor_types.get(n, -1)) for n in checkpoint_names}
-        if (kernels is not None and dtype in (torch.float32, torch.float16) and len(formats) == 1
-                and None not in formats):
-            fmt = formats.pop()
-            if in_features % BLOCK_LENGTHS[fmt] == 0:
-                return GGUFLinearMethod(fmt, dtype, kernels)
+        if (kernels is not None and dtype in (torch.float32, torch.float16) and None not in formats
+                and all(in_features % BLOCK_LENGTHS[f] == 0 for f in formats)):
+            return GGUFLinearMethod(formats, dtype, kernels)
         return self.dense.get_linear_method(checkpoint_names, in_features)
 
 

@@ -6,7 +6,8 @@ and a small integer), then laid out as one of three record kinds:
 
 - "q4":   nibble records, w = d q + m per group of 32 with fp16 d, m (Q4_1; Q4_0 with m = -8 d, exact in fp16);
 - "q4k":  Q4_K super-block records: the fp16 D / Dmin of each 256 and the 6-bit sc / mn of each 32 as stored;
-- "int8": int8 tiles with fp32 scales (and mins) per group of 16 or 32 (Q8_0, Q5_0, Q5_1, Q2_K .. Q6_K).
+- "int8": int8 tiles with fp32 scales (and mins) per group of 16 or 32 (Q8_0, Q5_0, Q5_1, Q2_K .. Q6_K); every
+  format has an int8 form, so a fused layer whose parts mix formats of different kinds gets int8 tiles too.
 
 `unpack_*` turn records back into float32 weights with gguf.quants' arithmetic, bit for bit.
 """
@@ -76,9 +77,17 @@ def int8_codes(fmt: str, b: torch.Tensor) -> Int8Codes:
     if fmt == "q8_0":
         return Int8Codes(b[..., 2:].contiguous().view(torch.int8).reshape(n, -1), _f16(b[..., :2]).view(n, nb),
                          None, 32)
-    if fmt == "q4_0":  # the nibble records' fallback when -8 d overflows fp16
+    if fmt == "q4_0":  # nibble records hold it, unless -8 d overflows fp16 or a fused layer mixes kinds
         q = _nibbles(b[..., 2:]).reshape(n, -1).to(torch.int8) - 8
         return Int8Codes(q, _f16(b[..., :2]).view(n, nb), None, 32)
+    if fmt == "q4_1":
+        q = _nibbles(b[..., 4:]).reshape(n, -1).to(torch.int8)
+        return Int8Codes(q, _f16(b[..., :2]).view(n, nb), _f16(b[..., 2:4]).view(n, nb), 32)
+    if fmt == "q4_k":
+        d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+        sc, mn = _k_scale_min(b[..., 4:16])
+        q = _nibbles(b[..., 16:].reshape(n, nb, 4, 32)).reshape(n, -1).to(torch.int8)
+        return Int8Codes(q, (d * sc.float()).view(n, -1), (-(dmin * mn.float())).view(n, -1), 32)
     if fmt in ("q5_0", "q5_1"):
         o = 2 if fmt == "q5_0" else 4
         low = _nibbles(b[..., o + 4:]).reshape(n, nb, 32)
@@ -141,31 +150,61 @@ def _pad_rows(x: torch.Tensor) -> torch.Tensor:
     return x if pad == 0 else torch.cat((x, x.new_zeros((pad, *x.shape[1:]))))
 
 
-def pack_int8(fmt: str, blocks: torch.Tensor) -> list[torch.Tensor]:
-    """gemv_int8's [q int8 [T, K, 64], scales fp32 [T, K / G, 64]] (+ mins, same shape) from blocks [N, nb, bytes]."""
-    n, nb = blocks.shape[:2]
-    k, t = nb * BLOCK_LENGTHS[fmt], -(-n // GEMV_TILE)
-    first = int8_codes(fmt, blocks[:1])
-    ng = k // first.group
+def record_kind(formats: set[str]) -> str:
+    """The record kind of a layer whose parts have these formats: their shared kind, else int8 tiles."""
+    kinds = {FORMAT_KINDS[f] for f in formats}
+    return kinds.pop() if len(kinds) == 1 else "int8"
+
+
+def _regroup(c: Int8Codes, group: int, with_min: bool) -> Int8Codes:
+    """The codes with scales (and mins, zeros where the format has none) repeated down to `group` (exact)."""
+    r = c.group // group
+    scale = c.scale.repeat_interleave(r, dim=1) if r > 1 else c.scale
+    mins = None
+    if with_min:
+        mins = torch.zeros_like(scale) if c.min is None else c.min.repeat_interleave(r, dim=1) if r > 1 else c.min
+    return Int8Codes(c.q, scale, mins, group)
+
+
+def pack_int8(parts: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """gemv_int8's [q int8 [T, K, 64], scales fp32 [T, K / G, 64]] (+ mins, same shape) from the blocks
+    [N_i, nb_i, bytes] of a layer's parts (rows in order); G is the parts' smallest group."""
+    probes = [int8_codes(fmt, b[:1]) for fmt, b in parts]
+    group, with_min = min(p.group for p in probes), any(p.min is not None for p in probes)
+    n, k = sum(b.shape[0] for _, b in parts), probes[0].q.shape[1]
+    if len({fmt for fmt, _ in parts}) == 1:  # one format: decode straight from the blocks, a chunk at a time
+        fmt = parts[0][0]
+        blocks = parts[0][1] if len(parts) == 1 else torch.cat([b for _, b in parts])
+        chunks = (int8_codes(fmt, blocks[r0:r0 + _CHUNK_ROWS]) for r0 in range(0, n, _CHUNK_ROWS))
+    else:
+        codes = [_regroup(int8_codes(fmt, b), group, with_min) for fmt, b in parts]
+        whole = Int8Codes(torch.cat([c.q for c in codes]), torch.cat([c.scale for c in codes]),
+                          torch.cat([c.min for c in codes]) if with_min else None, group)
+        chunks = (Int8Codes(whole.q[r0:r0 + _CHUNK_ROWS], whole.scale[r0:r0 + _CHUNK_ROWS],
+                            None if whole.min is None else whole.min[r0:r0 + _CHUNK_ROWS], group)
+                  for r0 in range(0, n, _CHUNK_ROWS))
+    t = -(-n // GEMV_TILE)
     q = torch.zeros(t, k, GEMV_TILE, dtype=torch.int8)
-    scales = torch.zeros(t, ng, GEMV_TILE)
-    mins = torch.zeros(t, ng, GEMV_TILE) if first.min is not None else None
-    for r0 in range(0, n, _CHUNK_ROWS):
-        c = int8_codes(fmt, _pad_rows(blocks[r0:r0 + _CHUNK_ROWS]))
-        t0, t1 = r0 // GEMV_TILE, r0 // GEMV_TILE + c.q.shape[0] // GEMV_TILE
-        q[t0:t1] = _tiles(c.q)
-        scales[t0:t1] = _tiles(c.scale)
+    scales = torch.zeros(t, k // group, GEMV_TILE)
+    mins = torch.zeros(t, k // group, GEMV_TILE) if with_min else None
+    for i, c in enumerate(chunks):
+        c = _regroup(c, group, with_min)
+        t0 = i * _CHUNK_ROWS // GEMV_TILE
+        t1 = t0 + -(-c.q.shape[0] // GEMV_TILE)
+        q[t0:t1] = _tiles(_pad_rows(c.q))
+        scales[t0:t1] = _tiles(_pad_rows(c.scale))
         if mins is not None:
-            mins[t0:t1] = _tiles(c.min)
+            mins[t0:t1] = _tiles(_pad_rows(c.min))
     return [q, scales] if mins is None else [q, scales, mins]
 
 
-def pack_q4(fmt: str, blocks: torch.Tensor) -> torch.Tensor | None:
-    """gemv_q4's records [T, K / 32, 16 * 64 + 256] from Q4_0 / Q4_1 blocks; None where Q4_0 cannot be held."""
-    codes = q4_codes(fmt, _pad_rows(blocks))
-    if codes is None:
+def pack_q4(parts: list[tuple[str, torch.Tensor]]) -> torch.Tensor | None:
+    """gemv_q4's records [T, K / 32, 16 * 64 + 256] from the Q4_0 / Q4_1 blocks of a layer's parts (rows in
+    order); None where a Q4_0 -8 d overflows fp16."""
+    codes = [q4_codes(fmt, b) for fmt, b in parts]
+    if any(c is None for c in codes):
         return None
-    q, d, m = codes
+    q, d, m = (_pad_rows(torch.cat([c[i] for c in codes])) for i in range(3))
     pairs = _tiles(q[..., 0::2] | (q[..., 1::2] << 4))  # [T, ng, 16, 64]
     dm = _tiles(torch.stack((d, m), dim=-1)).contiguous().view(torch.uint8)  # [T, ng, 2, 64 * 2 bytes]
     t, ng = pairs.shape[:2]
