@@ -254,15 +254,46 @@ void gemv_int8(torch::Tensor out, torch::Tensor x, torch::Tensor packed_q, torch
                     Kp, G);
 }
 
-void gemv_q4k(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias) {
-  constexpr int64_t record_bytes = 8 * 16 * kGemvTile + 4 * kGemvTile + 2 * 8 * kGemvTile;
+namespace {
+
+using pagemill::RecordFormat;
+
+RecordFormat record_format(const std::string& name) {
+  if (name == "q4_1") return RecordFormat::Q4_1;
+  if (name == "q5_1") return RecordFormat::Q5_1;
+  if (name == "q4_k") return RecordFormat::Q4_K;
+  if (name == "q5_k") return RecordFormat::Q5_K;
+  TORCH_CHECK(name == "q6_k", "gemv_records: unknown record format '", name, "' (q4_1, q5_1, q4_k, q5_k, q6_k)");
+  return RecordFormat::Q6_K;
+}
+
+// Bytes of one record (per 64-channel tile) and the weights along K it covers (layouts: variant/gemv.cpp).
+int64_t record_bytes(RecordFormat f) {
+  constexpr int64_t T = kGemvTile;
+  switch (f) {
+    case RecordFormat::Q4_1: return 16 * T + 4 * T;
+    case RecordFormat::Q5_1: return 16 * T + 4 * T + 4 * T;
+    case RecordFormat::Q4_K: return 8 * (16 * T) + 4 * T + 16 * T;
+    case RecordFormat::Q5_K: return 8 * (16 * T + 4 * T) + 4 * T + 16 * T;
+    case RecordFormat::Q6_K: return 16 * (8 * T + 4 * T) + 2 * T + 16 * T;
+  }
+  return 0;
+}
+
+int64_t record_length(RecordFormat f) { return f == RecordFormat::Q4_1 || f == RecordFormat::Q5_1 ? 32 : 256; }
+
+}  // namespace
+
+void gemv_records(torch::Tensor out, torch::Tensor x, torch::Tensor packed, const std::string& format,
+                  c10::optional<torch::Tensor> bias) {
+  const RecordFormat f = record_format(format);
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
-                  packed.size(2) == record_bytes, "gemv_q4k: packed must hold Q4_K records [T, K / 256, ",
-              record_bytes, "]");
+                  packed.size(2) == record_bytes(f), "gemv_records: packed must hold ", format, " records [T, K / ",
+              record_length(f), ", ", record_bytes(f), "]");
   const auto xf = as_f32(x);
-  const auto a = gemv_args("gemv_q4k", out, x, xf, packed.size(1) * 256, packed.size(0), bias);
+  const auto a = gemv_args("gemv_records", out, x, xf, packed.size(1) * record_length(f), packed.size(0), bias);
   if (a.M == 0 || a.N == 0) return;
-  active->gemv_q4k(a, packed.data_ptr<uint8_t>());
+  active->gemv_records(a, packed.data_ptr<uint8_t>(), f);
 }
 
 void gemv_q4(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias) {
@@ -302,10 +333,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("w"), py::arg("group_size"));
   m.def("q4_max_error", &q4_max_error, "max |d*q + m - w| / max |w| of the Q4_1 fit of pack_gemv_weight_q4",
         py::arg("w"), py::arg("group_size"));
-  m.def("gemv_q4k", &gemv_q4k,
-        "out = x @ W^T + bias over Q4_K super-block records (layout: csrc/variant/gemv.cpp, made by "
-        "pagemill.layers.quantization.gguf_records)",
-        py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
+  m.def("gemv_records", &gemv_records,
+        "out = x @ W^T + bias over GGUF bit-plane records (q4_1, q5_1, q4_k, q5_k, q6_k; layouts: "
+        "csrc/variant/gemv.cpp, made by pagemill.layers.quantization.gguf_records)",
+        py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("format"), py::arg("bias") = py::none());
   m.def("gemv_q4", &gemv_q4, "out = x @ W^T + bias (few rows streamed; more through fp32 panels), W packed by pack_gemv_weight_q4",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
 }

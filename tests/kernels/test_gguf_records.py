@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from pagemill.kernels.build import load_kernels
 from pagemill.layers.quantization.gguf import pack_records
-from pagemill.layers.quantization.gguf_records import (FORMAT_KINDS, RECORD_TYPES, pack_int8, unpack_int8, unpack_q4,
-                                                       unpack_q4k)
+from pagemill.layers.quantization.gguf_records import (FORMAT_KINDS, PLANE_LAYOUTS, RECORD_TYPES, pack_int8,
+                                                       unpack_int8, unpack_planes)
 from tests.conftest import requires_kernels
 from tests.kernels.conftest import assert_gemv_close
 from tests.kernels.gguf_blocks import dequantized, make_blocks
@@ -23,22 +23,16 @@ MS = [1, 3, 16, 17, 64]  # direct kernels up to 16 rows, fp32 panels beyond
 
 def unpack(kind: str, records, n: int, k: int) -> torch.Tensor:
     """The records' float32 weight."""
-    if kind == "q4":
-        return unpack_q4(records, n)
-    if kind == "q4k":
-        return unpack_q4k(records, n)
-    return unpack_int8(records, n, k)
+    return unpack_int8(records, n, k) if kind == "int8" else unpack_planes(kind, records, n)
 
 
 def gemv(kind: str, records, x: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
     """The kernel for the record kind."""
     out = torch.empty(x.shape[0], n)
-    if kind == "q4":
-        kernels.gemv_q4(out, x, records, bias)
-    elif kind == "q4k":
-        kernels.gemv_q4k(out, x, records, bias)
-    else:
+    if kind == "int8":
         kernels.gemv_int8(out, x, records[0], records[1], bias, records[2] if len(records) > 2 else None)
+    else:
+        kernels.gemv_records(out, x, records, PLANE_LAYOUTS[kind][3], bias)
     return out
 
 
@@ -65,7 +59,7 @@ def test_int8_form_of_every_format_is_exact(fmt: str) -> None:
 
 # Fused layers whose parts mix formats (rows 100 + 30 + 70: parts straddle GEMV tiles): (parts, record kind).
 MIXED = [(("q5_0", "q8_0", "q6_k"), "int8"), (("q4_0", "q4_1", "q4_0"), "q4"), (("q4_k", "q5_0", "q2_k"), "int8"),
-         (("q4_k", "q4_k", "q4_k"), "q4k")]
+         (("q4_k", "q4_k", "q4_k"), "q4k"), (("q5_1", "q5_0", "q5_1"), "q5"), (("q6_k", "q6_k", "q6_k"), "q6k")]
 
 
 @pytest.mark.parametrize("formats,kind", MIXED)
@@ -83,12 +77,13 @@ def test_mixed_fused_parts(formats: tuple[str, ...], kind: str) -> None:
             assert_gemv_close(gemv(kind, records, x, w.shape[0], None), F.linear(x.double(), w.double()).float())
 
 
-def test_q4_0_beyond_fp16_goes_to_int8_tiles() -> None:
-    blocks = make_blocks("q4_0", 64, 64, seed=1).clone()
-    blocks[3, 1, 0:2] = torch.tensor([10000.0], dtype=torch.float16).view(torch.uint8)  # -8 d overflows fp16
-    kind, records = pack_records([("q4_0", blocks)])
+@pytest.mark.parametrize("fmt", ["q4_0", "q5_0"])
+def test_m_beyond_fp16_goes_to_int8_tiles(fmt: str) -> None:
+    blocks = make_blocks(fmt, 64, 64, seed=1).clone()
+    blocks[3, 1, 0:2] = torch.tensor([10000.0], dtype=torch.float16).view(torch.uint8)  # -8 d / -16 d overflow fp16
+    kind, records = pack_records([(fmt, blocks)])
     assert kind == "int8"
-    assert torch.equal(unpack(kind, records, 64, 64), dequantized("q4_0", blocks))
+    assert torch.equal(unpack(kind, records, 64, 64), dequantized(fmt, blocks))
 
 
 @requires_kernels

@@ -23,8 +23,8 @@ def test_gemma_q4_k_m_records_match_dense_float32():
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     records = LLM(path, kv_cache_memory="64MiB", max_model_len=256)
     table = {(r.source, r.path) for r in weight_format_table(engine_model(records))}
-    assert {("q5_0", "int8 records"), ("q4_k", "q4k records"), ("q6_k", "int8 records"),
-            ("q8_0", "int8 records")} <= table
+    assert {("q5_0", "q5 records"), ("q4_k", "q4k records"), ("q6_k", "q6k records"), ("q8_0", "int8 records"),
+            ("q5_0+q8_0", "int8 records")} <= table
     assert not any(path.endswith("dense") for _, path in table)  # every linear layer runs from its records
     got = [o.outputs[0].token_ids for o in records.generate(PROMPTS, params, use_tqdm=False)]
     del records

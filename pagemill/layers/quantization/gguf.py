@@ -17,8 +17,9 @@ from torch import nn
 
 from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig
 from pagemill.layers.quantization.dense import F16_GEMV_MAX_ROWS, DenseQuantConfig, mkldnn_pack
-from pagemill.layers.quantization.gguf_records import (BLOCK_LENGTHS, RECORD_TYPES, pack_int8, pack_q4, pack_q4k,
-                                                       record_bytes, record_kind, unpack_int8, unpack_q4, unpack_q4k)
+from pagemill.layers.quantization.gguf_records import (BLOCK_LENGTHS, PLANE_LAYOUTS, RECORD_TYPES, pack_int8,
+                                                       pack_planes, record_bytes, record_kind, unpack_int8,
+                                                       unpack_planes)
 
 GGUF_FORMATS = {t: name for t, (name, _, _) in RECORD_TYPES.items()}  # ggml type -> format kept as records
 # float32 records: beyond 16 rows the kernels dequantize k blocks into L1 panels (an fp32 GEMM reading 0.6-1.1
@@ -30,7 +31,7 @@ RECORDS_MAX_ROWS = 64
 def pack_q4_1_blocks(blocks: torch.Tensor) -> torch.Tensor:
     """gemv_q4's packed records [T, K/32, 16 * 64 + 256] from GGUF Q4_1 blocks uint8 [N, K/32, 20]: the bytes
     pack_gemv_weight_q4 makes from the dequantized weight."""
-    return pack_q4([("q4_1", blocks)])
+    return pack_planes("q4", [("q4_1", blocks)])
 
 
 def pack_q8_0_blocks(blocks: torch.Tensor) -> list[torch.Tensor]:
@@ -44,23 +45,21 @@ def pack_q8_0_blocks(blocks: torch.Tensor) -> list[torch.Tensor]:
 
 
 def pack_records(parts: list[tuple[str, torch.Tensor]]) -> tuple[str, Any]:
-    """(record kind, records) of a layer's parts (format, blocks [N_i, nb, bytes]), rows in order: "q4" / "q4k"
-    records when the parts share that kind, else "int8" tiles (also for a Q4_0 whose -8 d overflows fp16)."""
+    """(record kind, records) of a layer's parts (format, blocks [N_i, nb, bytes]), rows in order: bit-plane
+    records when the parts share a bit-plane kind, else "int8" tiles (also for a Q4_0 / Q5_0 whose m overflows)."""
     kind = record_kind({fmt for fmt, _ in parts})
-    if kind == "q4":
-        records = pack_q4(parts)
+    if kind in PLANE_LAYOUTS:
+        records = pack_planes(kind, parts)
         if records is not None:
             return kind, records
-        return "int8", pack_int8(parts)
-    if kind == "q4k":
-        return kind, pack_q4k(parts[0][1] if len(parts) == 1 else torch.cat([b for _, b in parts]))
+        kind = "int8"
     return kind, pack_int8(parts)
 
 
 class GGUFLinearMethod(LinearMethodBase):
     """The layer's GGUF blocks as GEMV records (the parts of a fused layer may mix formats: see pack_records),
     plus a oneDNN copy of the dequantized weight for more rows than the GEMV serves. `records` names the record
-    kind (q4, q4k, int8); weight_format the file formats (q5_0, or q5_0+q8_0 for a mixed fused layer)."""
+    kind (q4, q5, q4k, q5k, q6k, int8); weight_format the file formats (q5_0, or q5_0+q8_0 for a mixed fused layer)."""
 
     def __init__(self, formats: set[str], dtype: torch.dtype, kernels: Any) -> None:
         self.formats, self.input_dtype, self.kernels = formats, dtype, kernels
@@ -111,13 +110,11 @@ class GGUFLinearMethod(LinearMethodBase):
         if x.dim() == 2 and x.shape[0] <= self.max_rows:
             out = torch.empty(x.shape[0], layer.out_features, dtype=self.input_dtype)
             rec = layer.gemv_records
-            if self.records == "q4":
-                self.kernels.gemv_q4(out, x.contiguous(), rec, layer.gemv_bias)
-            elif self.records == "q4k":
-                self.kernels.gemv_q4k(out, x.contiguous(), rec, layer.gemv_bias)
-            else:
+            if self.records == "int8":
                 self.kernels.gemv_int8(out, x.contiguous(), rec[0], rec[1], layer.gemv_bias,
                                        rec[2] if len(rec) > 2 else None)
+            else:
+                self.kernels.gemv_records(out, x.contiguous(), rec, PLANE_LAYOUTS[self.records][3], layer.gemv_bias)
             return out
         if layer.mkldnn_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(x, layer.mkldnn_weight, layer.bias, "none", [], "")
@@ -125,10 +122,8 @@ class GGUFLinearMethod(LinearMethodBase):
 
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
         """The float32 weight the records hold (bit-identical to the file's dequantized values)."""
-        if self.records == "q4":
-            return unpack_q4(layer.gemv_records, layer.out_features)
-        if self.records == "q4k":
-            return unpack_q4k(layer.gemv_records, layer.out_features)
+        if self.records in PLANE_LAYOUTS:
+            return unpack_planes(self.records, layer.gemv_records, layer.out_features)
         return unpack_int8(layer.gemv_records, layer.out_features, layer.in_features)
 
 

@@ -2,12 +2,14 @@
 
 Each supported ggml type is read into the codes and per-group scales its dequantization multiplies
 (`gguf.quants.dequantize`: the codes are small integers, the scales fp16 values or exact fp32 products of an fp16
-and a small integer), then laid out as one of three record kinds:
+and a small integer), then laid out as one record kind:
 
-- "q4":   nibble records, w = d q + m per group of 32 with fp16 d, m (Q4_1; Q4_0 with m = -8 d, exact in fp16);
-- "q4k":  Q4_K super-block records: the fp16 D / Dmin of each 256 and the 6-bit sc / mn of each 32 as stored;
-- "int8": int8 tiles with fp32 scales (and mins) per group of 16 or 32 (Q8_0, Q5_0, Q5_1, Q2_K .. Q6_K); every
-  format has an int8 form, so a fused layer whose parts mix formats of different kinds gets int8 tiles too.
+- bit-plane records (gemv_records), w = d q + m with B-bit codes (a nibble plane, B - 4 high-bit planes):
+  "q4" Q4_0 / Q4_1 and "q5" Q5_0 / Q5_1 (fp16 d, m per 32; Q4_0 / Q5_0 with m = -8 d / -16 d, exact in fp16),
+  "q4k" / "q5k" Q4_K / Q5_K (the fp16 D / Dmin of each 256 and the 6-bit sc / mn of each 32, as stored),
+  "q6k" Q6_K (fp16 D per 256, int8 sc per 16, m = -32 D sc);
+- "int8": int8 tiles with fp32 scales (and mins) per group of 16 or 32 (Q8_0, Q2_K, Q3_K); every format has an
+  int8 form, so a fused layer whose parts mix record kinds gets int8 tiles too.
 
 `unpack_*` turn records back into float32 weights with gguf.quants' arithmetic, bit for bit.
 """
@@ -20,14 +22,18 @@ import torch
 
 GEMV_TILE = 64  # output channels per packed GEMV tile
 QK_K = 256  # K-quant super-block length
-Q4K_RECORD_BYTES = 8 * 16 * GEMV_TILE + 4 * GEMV_TILE + 2 * 8 * GEMV_TILE
 _CHUNK_ROWS = 64 * GEMV_TILE  # rows decoded at a time: bounds the temporaries of large tensors
 
 # ggml type -> (format name, record kind, elements per block)
 RECORD_TYPES: dict[int, tuple[str, str, int]] = {
-    2: ("q4_0", "q4", 32), 3: ("q4_1", "q4", 32), 6: ("q5_0", "int8", 32), 7: ("q5_1", "int8", 32),
+    2: ("q4_0", "q4", 32), 3: ("q4_1", "q4", 32), 6: ("q5_0", "q5", 32), 7: ("q5_1", "q5", 32),
     8: ("q8_0", "int8", 32), 10: ("q2_k", "int8", QK_K), 11: ("q3_k", "int8", QK_K), 12: ("q4_k", "q4k", QK_K),
-    13: ("q5_k", "int8", QK_K), 14: ("q6_k", "int8", QK_K),
+    13: ("q5_k", "q5k", QK_K), 14: ("q6_k", "q6k", QK_K),
+}
+# bit-plane kind -> (code bits, groups per record, group length, gemv_records' format name)
+PLANE_LAYOUTS: dict[str, tuple[int, int, int, str]] = {
+    "q4": (4, 1, 32, "q4_1"), "q5": (5, 1, 32, "q5_1"), "q4k": (4, 8, 32, "q4_k"), "q5k": (5, 8, 32, "q5_k"),
+    "q6k": (6, 16, 16, "q6_k"),
 }
 FORMAT_KINDS = {name: kind for name, kind, _ in RECORD_TYPES.values()}
 BLOCK_LENGTHS = {name: bs for name, _, bs in RECORD_TYPES.values()}
@@ -126,16 +132,60 @@ def int8_codes(fmt: str, b: torch.Tensor) -> Int8Codes:
     raise ValueError(f"{fmt} is not an int8-record GGUF format")
 
 
-def q4_codes(fmt: str, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """Q4_0 / Q4_1 blocks -> (q uint8 [N, nb, 32], d, m fp16 [N, nb]); None for Q4_0 whose -8 d overflows fp16."""
-    if fmt == "q4_1":
-        return _nibbles(b[..., 4:]).flatten(-2), b[..., 0:2].contiguous().view(torch.float16)[..., 0], \
-            b[..., 2:4].contiguous().view(torch.float16)[..., 0]
-    d = b[..., 0:2].contiguous().view(torch.float16)[..., 0]
-    m = (d.float() * -8).half()  # exact unless it overflows
-    if not torch.isfinite(m).all():
-        return None
-    return _nibbles(b[..., 2:]).flatten(-2), d, m
+def _fp16_bits(b: torch.Tensor) -> torch.Tensor:
+    """The fp16 values of the last axis' byte pairs (as stored)."""
+    return b.contiguous().view(torch.float16)
+
+
+def _k_planes(b: torch.Tensor, bits: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Q4_K / Q5_K blocks -> (codes [n, nb, 8, 32], scale section parts: D|Dmin fp16 [n, nb, 2], sc, mn [n, nb, 8])."""
+    n, nb = b.shape[:2]
+    o = 16 if bits == 4 else 48
+    q = _nibbles(b[..., o:].reshape(n, nb, 4, 32)).reshape(n, nb, 8, 32)  # sub-block 2j: low, 2j + 1: high
+    if bits == 5:
+        q = q | (_bits(b[..., 16:48], list(range(8)), 1) << 4)  # sub-block j takes bit j
+    sc, mn = _k_scale_min(b[..., 4:16])
+    return q, [_fp16_bits(b[..., 0:4]), sc, mn]
+
+
+def plane_codes(fmt: str, b: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+    """Blocks [n, nb, bytes] of a bit-plane format -> (codes uint8 [n, nb, groups per record, group length], the
+    record's scale section as per-channel parts [n, nb, ...]); None for a Q4_0 / Q5_0 whose m overflows fp16."""
+    n, nb = b.shape[:2]
+    if fmt in ("q4_0", "q5_0"):
+        o = 2 if fmt == "q4_0" else 6
+        q = _nibbles(b[..., o:]).reshape(n, nb, 1, 32)
+        if fmt == "q5_0":
+            q = q | (_q5_high(b[..., 2:6]).view(n, nb, 1, 32) << 4)
+        d = _fp16_bits(b[..., 0:2])
+        m = (d.float() * (-8 if fmt == "q4_0" else -16)).half()  # exact unless it overflows
+        return None if not torch.isfinite(m).all() else (q, [torch.cat((d, m), dim=-1)])
+    if fmt in ("q4_1", "q5_1"):
+        o = 4 if fmt == "q4_1" else 8
+        q = _nibbles(b[..., o:]).reshape(n, nb, 1, 32)
+        if fmt == "q5_1":
+            q = q | (_q5_high(b[..., 4:8]).view(n, nb, 1, 32) << 4)
+        return q, [_fp16_bits(b[..., 0:4])]
+    if fmt in ("q4_k", "q5_k"):
+        return _k_planes(b, 4 if fmt == "q4_k" else 5)
+    if fmt == "q6_k":
+        low = _nibbles(b[..., :128].reshape(n, nb, 2, 64)).reshape(n, nb, 8, 32)
+        high = _bits(b[..., 128:192].reshape(n, nb, 2, 32), [0, 2, 4, 6], 3).reshape(n, nb, 8, 32)
+        q = (low | (high << 4)).reshape(n, nb, 16, 16)
+        return q, [_fp16_bits(b[..., 208:210]), b[..., 192:208].contiguous().view(torch.int8)]
+    raise ValueError(f"{fmt} is not a bit-plane GGUF format")
+
+
+def _plane_rows(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Codes [n, nb, GR, G] -> each group's rows [n, nb, GR * (G / 2 + (bits - 4) G / 8)]: pair rows of low nibbles,
+    then per high bit h the plane rows (bit j of row r = bit 4 + h of code 8r + j)."""
+    n, nb, gr, g = q.shape
+    rows = [(q[..., 0::2] & 15) | ((q[..., 1::2] & 15) << 4)]
+    weights = torch.tensor([1 << j for j in range(8)], dtype=torch.uint8)
+    for h in range(bits - 4):
+        b = ((q >> (4 + h)) & 1).view(n, nb, gr, g // 8, 8)
+        rows.append((b * weights).sum(-1, dtype=torch.uint8))  # distinct bits: the sum is the or
+    return torch.cat(rows, dim=-1).view(n, nb, -1)
 
 
 def _tiles(x: torch.Tensor) -> torch.Tensor:
@@ -198,55 +248,65 @@ def pack_int8(parts: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
     return [q, scales] if mins is None else [q, scales, mins]
 
 
-def pack_q4(parts: list[tuple[str, torch.Tensor]]) -> torch.Tensor | None:
-    """gemv_q4's records [T, K / 32, 16 * 64 + 256] from the Q4_0 / Q4_1 blocks of a layer's parts (rows in
-    order); None where a Q4_0 -8 d overflows fp16."""
-    codes = [q4_codes(fmt, b) for fmt, b in parts]
-    if any(c is None for c in codes):
-        return None
-    q, d, m = (_pad_rows(torch.cat([c[i] for c in codes])) for i in range(3))
-    pairs = _tiles(q[..., 0::2] | (q[..., 1::2] << 4))  # [T, ng, 16, 64]
-    dm = _tiles(torch.stack((d, m), dim=-1)).contiguous().view(torch.uint8)  # [T, ng, 2, 64 * 2 bytes]
-    t, ng = pairs.shape[:2]
-    return torch.cat((pairs.reshape(t, ng, -1), dm.reshape(t, ng, -1)), dim=2)
+def _part_rows(parts: list[tuple[str, torch.Tensor]], r0: int, r1: int) -> list[tuple[str, torch.Tensor]]:
+    """The blocks of rows [r0, r1) of a layer whose parts (format, blocks) are stacked in order."""
+    out, off = [], 0
+    for fmt, b in parts:
+        a, e = max(r0, off), min(r1, off + b.shape[0])
+        if a < e:
+            out.append((fmt, b[a - off:e - off]))
+        off += b.shape[0]
+    return out
 
 
-def pack_q4k(blocks: torch.Tensor) -> torch.Tensor:
-    """gemv_q4k's records [T, K / 256, 9472] from Q4_K blocks [N, K / 256, 144]: per tile and super-block 8 x 16
-    pair rows of 64 bytes, D and Dmin (64 fp16 each), then sc [8][64] and mn [8][64] (uint8, 6-bit)."""
-    b = _pad_rows(blocks)
-    n, nb = b.shape[:2]
-    q = _nibbles(b[..., 16:].reshape(n, nb, 4, 32)).reshape(n, nb, 8, 32)  # sub-block 2j: low, 2j + 1: high
-    pairs = _tiles((q[..., 0::2] | (q[..., 1::2] << 4)).reshape(n, nb, 128))  # [T, nb, 128, 64]
-    dd = _tiles(b[..., 0:4].contiguous().view(torch.float16)).contiguous().view(torch.uint8)  # [T, nb, 2, 128]
-    sc, mn = _k_scale_min(b[..., 4:16])
-    t = n // GEMV_TILE
-    parts = (pairs, dd, _tiles(sc), _tiles(mn))
-    return torch.cat([p.reshape(t, nb, -1) for p in parts], dim=2)
+def pack_planes(kind: str, parts: list[tuple[str, torch.Tensor]]) -> torch.Tensor | None:
+    """gemv_records' records [T, K / (GR G), R] of a bit-plane kind from a layer's parts (format, blocks), rows in
+    order; None where a Q4_0 / Q5_0 m overflows fp16."""
+    bits, gr, g, _ = PLANE_LAYOUTS[kind]
+    n = sum(b.shape[0] for _, b in parts)
+    out = None
+    for r0 in range(0, n, _CHUNK_ROWS):
+        decoded = [plane_codes(fmt, b) for fmt, b in _part_rows(parts, r0, r0 + _CHUNK_ROWS)]
+        if any(d is None for d in decoded):
+            return None
+        q = _pad_rows(torch.cat([d[0] for d in decoded]))
+        scale_parts = [_pad_rows(torch.cat([d[1][i] for d in decoded])) for i in range(len(decoded[0][1]))]
+        t, nrec = q.shape[0] // GEMV_TILE, q.shape[1]
+        pieces = [_tiles(_plane_rows(q, bits)).reshape(t, nrec, -1)]
+        pieces += [_tiles(p).contiguous().view(torch.uint8).reshape(t, nrec, -1) for p in scale_parts]
+        chunk = torch.cat(pieces, dim=2)
+        if out is None:
+            out = torch.empty(-(-n // GEMV_TILE), nrec, chunk.shape[2], dtype=torch.uint8)
+        out[r0 // GEMV_TILE:r0 // GEMV_TILE + t] = chunk
+    return out
 
 
-def unpack_q4(packed: torch.Tensor, rows: int) -> torch.Tensor:
-    """The float32 weight [rows, K] of gemv_q4 records: (d * q) + m, as gguf.quants dequantizes Q4_1 (and Q4_0)."""
-    t, ng, _ = packed.shape
-    pairs = packed[..., :16 * GEMV_TILE].view(t, ng, 16, GEMV_TILE)
-    q = torch.stack((pairs & 15, pairs >> 4), dim=3).view(t, ng, 32, GEMV_TILE)  # k = 2i, 2i + 1
-    q = q.permute(0, 3, 1, 2).reshape(t * GEMV_TILE, ng, 32)[:rows]
-    dm = packed[..., 16 * GEMV_TILE:].contiguous().view(torch.float16).view(t, ng, 2, GEMV_TILE)
-    dm = dm.permute(0, 3, 1, 2).reshape(t * GEMV_TILE, ng, 2)[:rows].float()
-    return torch.mul(q, dm[..., 0:1]).add_(dm[..., 1:2]).view(rows, ng * 32)
-
-
-def unpack_q4k(packed: torch.Tensor, rows: int) -> torch.Tensor:
-    """The float32 weight [rows, K] of gemv_q4k records: (D sc) q - (Dmin mn), as gguf.quants dequantizes Q4_K."""
-    t, nb, _ = packed.shape
-    o = 128 * GEMV_TILE
-    pairs = packed[..., :o].view(t, nb, 8, 16, GEMV_TILE)
-    q = torch.stack((pairs & 15, pairs >> 4), dim=4).view(t, nb, 8, 32, GEMV_TILE).float()
-    dd = packed[..., o:o + 4 * GEMV_TILE].contiguous().view(torch.float16).view(t, nb, 2, 1, 1, GEMV_TILE).float()
-    sc = packed[..., o + 4 * GEMV_TILE:].reshape(t, nb, 2, 8, 1, GEMV_TILE).float()
-    d, dm = dd[:, :, 0] * sc[:, :, 0], dd[:, :, 1] * sc[:, :, 1]
-    w = (d * q - dm).permute(0, 4, 1, 2, 3).reshape(t * GEMV_TILE, nb * QK_K)
-    return w[:rows].contiguous()
+def unpack_planes(kind: str, packed: torch.Tensor, rows: int) -> torch.Tensor:
+    """The float32 weight [rows, K] of bit-plane records, with gguf.quants' arithmetic: (d * q) + m (Q4_0 / Q4_1 /
+    Q5_0 / Q5_1), (D sc) q - (Dmin mn) (Q4_K / Q5_K), (D sc) (q - 32) (Q6_K)."""
+    bits, gr, g, _ = PLANE_LAYOUTS[kind]
+    t, nrec, _ = packed.shape
+    per_group = g // 2 + (bits - 4) * (g // 8)
+    body = packed[..., :gr * per_group * GEMV_TILE].reshape(t, nrec, gr, per_group, GEMV_TILE)
+    pairs = body[:, :, :, :g // 2]
+    q = torch.stack((pairs & 15, pairs >> 4), dim=4).reshape(t, nrec, gr, g, GEMV_TILE)
+    for h in range(bits - 4):
+        plane = body[:, :, :, g // 2 + h * (g // 8):g // 2 + (h + 1) * (g // 8)]
+        q = q | (torch.stack([(plane >> j) & 1 for j in range(8)], dim=4).reshape(q.shape) << (4 + h))
+    q = q.float()
+    s = packed[..., gr * per_group * GEMV_TILE:].contiguous()
+    if kind in ("q4", "q5"):
+        dm = s.view(torch.float16).view(t, nrec, 2, 1, 1, GEMV_TILE).float()
+        w = (dm[:, :, 0] * q).add_(dm[:, :, 1])
+    elif kind in ("q4k", "q5k"):
+        dd = s[..., :4 * GEMV_TILE].contiguous().view(torch.float16).view(t, nrec, 2, 1, 1, GEMV_TILE).float()
+        sc = s[..., 4 * GEMV_TILE:].reshape(t, nrec, 2, gr, 1, GEMV_TILE).float()
+        w = (dd[:, :, 0] * sc[:, :, 0]) * q - dd[:, :, 1] * sc[:, :, 1]
+    else:
+        d = s[..., :2 * GEMV_TILE].contiguous().view(torch.float16).view(t, nrec, 1, 1, GEMV_TILE).float()
+        sc = s[..., 2 * GEMV_TILE:].contiguous().view(torch.int8).view(t, nrec, gr, 1, GEMV_TILE).float()
+        w = (d * sc) * (q - 32)
+    return w.permute(0, 4, 1, 2, 3).reshape(t * GEMV_TILE, -1)[:rows].contiguous()
 
 
 def unpack_int8(tiles: list[torch.Tensor], rows: int, cols: int) -> torch.Tensor:
