@@ -263,8 +263,11 @@ RecordFormat record_format(const std::string& name) {
   if (name == "q5_1") return RecordFormat::Q5_1;
   if (name == "q4_k") return RecordFormat::Q4_K;
   if (name == "q5_k") return RecordFormat::Q5_K;
-  TORCH_CHECK(name == "q6_k", "gemv_records: unknown record format '", name, "' (q4_1, q5_1, q4_k, q5_k, q6_k)");
-  return RecordFormat::Q6_K;
+  if (name == "q6_k") return RecordFormat::Q6_K;
+  if (name == "q2_k") return RecordFormat::Q2_K;
+  TORCH_CHECK(name == "q3_k", "gemv_records: unknown record format '", name,
+              "' (q4_1, q5_1, q4_k, q5_k, q6_k, q2_k, q3_k)");
+  return RecordFormat::Q3_K;
 }
 
 // Bytes of one record (per 64-channel tile) and the weights along K it covers (layouts: variant/gemv.cpp).
@@ -276,6 +279,8 @@ int64_t record_bytes(RecordFormat f) {
     case RecordFormat::Q4_K: return 8 * (16 * T) + 4 * T + 16 * T;
     case RecordFormat::Q5_K: return 8 * (16 * T + 4 * T) + 4 * T + 16 * T;
     case RecordFormat::Q6_K: return 16 * (8 * T + 4 * T) + 2 * T + 16 * T;
+    case RecordFormat::Q2_K: return 16 * (8 * T) + 4 * T + 32 * T;
+    case RecordFormat::Q3_K: return 16 * (8 * T) + 2 * T + 16 * T;
   }
   return 0;
 }
@@ -334,7 +339,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_max_error", &q4_max_error, "max |d*q + m - w| / max |w| of the Q4_1 fit of pack_gemv_weight_q4",
         py::arg("w"), py::arg("group_size"));
   m.def("gemv_records", &gemv_records,
-        "out = x @ W^T + bias over GGUF bit-plane records (q4_1, q5_1, q4_k, q5_k, q6_k; layouts: "
+        "out = x @ W^T + bias over GGUF bit-plane records (q4_1, q5_1, q4_k, q5_k, q6_k, q2_k, q3_k; layouts: "
         "csrc/variant/gemv.cpp, made by pagemill.layers.quantization.gguf_records)",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("format"), py::arg("bias") = py::none());
   m.def("gemv_q4", &gemv_q4, "out = x @ W^T + bias (few rows streamed; more through fp32 panels), W packed by pack_gemv_weight_q4",

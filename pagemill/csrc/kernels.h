@@ -47,8 +47,8 @@ struct RopeCacheArgs {
 };
 
 // The bit-plane record formats of gemv_records: Q4_1 / Q5_1 (also Q4_0 / Q5_0) per group of 32, and the K-quants'
-// super-blocks of 256 (groups of 32; Q6_K 16).
-enum class RecordFormat : int32_t { Q4_1 = 0, Q5_1 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4 };
+// super-blocks of 256 (groups of 32; Q6_K, Q2_K, Q3_K 16).
+enum class RecordFormat : int32_t { Q4_1 = 0, Q5_1 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4, Q2_K = 5, Q3_K = 6 };
 
 // out [M, N] (fp32 or fp16) = x [M, K] (fp32) W^T + bias; W packed in tiles of 64 output channels.
 struct GemvArgs {

@@ -7,7 +7,7 @@
 // multiplied by the broadcast x[m][k] of each row m into register accumulators (fp32). Channels beyond N are zeros.
 //   fp16: [T, K, NT] float16.
 //   int8: q [T, Kp, NT] int8 and scales [T, Kp / G, NT] float32 (w = q * scale per channel and group of G), with
-//         optional mins [T, Kp / G, NT] float32 (w = q * scale + min: GGUF's Q5_1, Q5_K, Q2_K).
+//         optional mins [T, Kp / G, NT] float32 (w = q * scale + min: GGUF Q2_K, and mixed fused layers).
 //   records: GGUF's 4/5/6-bit formats as bit-plane records, see below (q4: Q4_1 with any even group G).
 #include "simd.h"
 
@@ -179,7 +179,7 @@ void run_panel(const GemvArgs& a, int64_t step, Dequant dequant) {
 // Packed: uint8 [T, K / (GR G), R]: for each tile one contiguous record per GR groups, holding for each of its
 // groups G / 2 pair rows of NT bytes (byte c of pair row i = low nibbles q[2i][c] | q[2i + 1][c] << 4), then B - 4
 // high-bit planes of G / 8 rows of NT bytes (byte c of plane h, row r, bit j = bit 4 + h of q[8r + j][c]), and
-// after the GR groups the record's scale section, which a scale source (DMScales, KScales, Q6KScales) turns into
+// after the GR groups the record's scale section, which a scale source (DMScales, KScales, SubScales) turns into
 // the d and m vectors of each group.
 // The weights are unpacked as f = 1 + q / 2^B (a float built by bit placement, no int -> float conversion), so
 // sum_k x_k w_k = 2^B d * sum_k x_k f_k + (m - 2^B d) * sum_k x_k, with the per-row group sums of x computed once.
@@ -193,11 +193,12 @@ struct DMScales {
   static inline vf m(const uint8_t* s, int, int v) { return vload(reinterpret_cast<const f16*>(s) + NT + v * W); }
 };
 
-// Q4_K / Q5_K: a super-block of 8 groups of 32 per record; scale section D [NT] fp16, Dmin [NT] fp16, sc [8][NT]
-// uint8, mn [8][NT] uint8 (6-bit): d = D sc and m = -(Dmin mn), products exact in fp32 (11 x 6 significant bits).
-template <int Bits>
+// Q4_K / Q5_K (8 groups of 32) and Q2_K (16 groups of 16, 2-bit codes in 4-bit records): a super-block per record;
+// scale section D [NT] fp16, Dmin [NT] fp16, sc [GR][NT] uint8, mn [GR][NT] uint8 (6 / 4-bit): d = D sc and
+// m = -(Dmin mn), products exact in fp32 (11 x 6 significant bits).
+template <int Bits, int Groups>
 struct KScales {
-  static constexpr int B = Bits, GR = 8;
+  static constexpr int B = Bits, GR = Groups;
   static constexpr int64_t kBytes = 4 * NT + 2 * GR * NT;
   static inline vf d(const uint8_t* s, int j, int v) {
     return vmul(vload(reinterpret_cast<const f16*>(s) + v * W), vload_u8(s + 4 * NT + j * NT + v * W));
@@ -208,16 +209,17 @@ struct KScales {
   }
 };
 
-// Q6_K: a super-block of 16 groups of 16 per record; scale section D [NT] fp16, sc [16][NT] int8: d = D sc (exact),
-// m = -32 d (codes 0..63 stand for q - 32).
-struct Q6KScales {
-  static constexpr int B = 6, GR = 16;
+// Q6_K and Q3_K (3-bit codes in 4-bit records): a super-block of 16 groups of 16 per record; scale section D [NT]
+// fp16, sc [16][NT] int8: d = D sc (exact), m = -Offset d (codes 0..2^B - 1 stand for q - Offset: 32, 4).
+template <int Bits, int Offset>
+struct SubScales {
+  static constexpr int B = Bits, GR = 16;
   static constexpr int64_t kBytes = 2 * NT + GR * NT;
   static inline vf d(const uint8_t* s, int j, int v) {
     return vmul(vload(reinterpret_cast<const f16*>(s) + v * W),
                 vload_i8(reinterpret_cast<const int8_t*>(s) + 2 * NT + j * NT + v * W));
   }
-  static inline vf m(const uint8_t* s, int j, int v) { return vmul(d(s, j, v), vset(-32.0f)); }
+  static inline vf m(const uint8_t* s, int j, int v) { return vmul(d(s, j, v), vset(-float(Offset))); }
 };
 
 template <class S>
@@ -547,9 +549,11 @@ void gemv_records(const GemvArgs& a, const uint8_t* packed, RecordFormat format)
   switch (format) {
     case RecordFormat::Q4_1: return gemv_nibbles<DMScales<4>>(a, packed, 32);
     case RecordFormat::Q5_1: return gemv_nibbles<DMScales<5>>(a, packed, 32);
-    case RecordFormat::Q4_K: return gemv_nibbles<KScales<4>>(a, packed, 32);
-    case RecordFormat::Q5_K: return gemv_nibbles<KScales<5>>(a, packed, 32);
-    case RecordFormat::Q6_K: return gemv_nibbles<Q6KScales>(a, packed, 16);
+    case RecordFormat::Q4_K: return gemv_nibbles<KScales<4, 8>>(a, packed, 32);
+    case RecordFormat::Q5_K: return gemv_nibbles<KScales<5, 8>>(a, packed, 32);
+    case RecordFormat::Q6_K: return gemv_nibbles<SubScales<6, 32>>(a, packed, 16);
+    case RecordFormat::Q2_K: return gemv_nibbles<KScales<4, 16>>(a, packed, 16);
+    case RecordFormat::Q3_K: return gemv_nibbles<SubScales<4, 4>>(a, packed, 16);
   }
 }
 
