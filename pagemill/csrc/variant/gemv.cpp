@@ -7,7 +7,8 @@
 // multiplied by the broadcast x[m][k] of each row m into register accumulators (fp32). Channels beyond N are zeros.
 //   fp16: [T, K, NT] float16.
 //   int8: q [T, Kp, NT] int8 and scales [T, Kp / G, NT] float32 (w = q * scale per channel and group of G), with
-//         optional mins [T, Kp / G, NT] float32 (w = q * scale + min: GGUF Q2_K, and mixed fused layers).
+//         optional mins [T, Kp / G, NT] float32 (w = q * scale + min: the int8 form of GGUF's formats with mins,
+//         which fused layers mixing record kinds use).
 //   records: GGUF's 4/5/6-bit formats as bit-plane records, see below (q4: Q4_1 with any even group G).
 #include "simd.h"
 

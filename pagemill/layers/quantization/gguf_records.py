@@ -7,9 +7,10 @@ and a small integer), then laid out as one record kind:
 - bit-plane records (gemv_records), w = d q + m with B-bit codes (a nibble plane, B - 4 high-bit planes):
   "q4" Q4_0 / Q4_1 and "q5" Q5_0 / Q5_1 (fp16 d, m per 32; Q4_0 / Q5_0 with m = -8 d / -16 d, exact in fp16),
   "q4k" / "q5k" Q4_K / Q5_K (the fp16 D / Dmin of each 256 and the 6-bit sc / mn of each 32, as stored),
-  "q6k" Q6_K (fp16 D per 256, int8 sc per 16, m = -32 D sc);
-- "int8": int8 tiles with fp32 scales (and mins) per group of 16 or 32 (Q8_0, Q2_K, Q3_K); every format has an
-  int8 form, so a fused layer whose parts mix record kinds gets int8 tiles too.
+  "q6k" Q6_K (fp16 D per 256, int8 sc per 16, m = -32 D sc), and in 4-bit records the 2/3-bit codes of
+  "q2k" Q2_K (Q4_K's scales over 16 groups of 16) and "q3k" Q3_K (as Q6_K with m = -4 D sc);
+- "int8": int8 tiles with fp32 scales (and mins) per group of 16 or 32 (Q8_0); every format has an int8 form, so
+  a fused layer whose parts mix record kinds gets int8 tiles too.
 
 `unpack_*` turn records back into float32 weights with gguf.quants' arithmetic, bit for bit.
 """
@@ -27,13 +28,13 @@ _CHUNK_ROWS = 64 * GEMV_TILE  # rows decoded at a time: bounds the temporaries o
 # ggml type -> (format name, record kind, elements per block)
 RECORD_TYPES: dict[int, tuple[str, str, int]] = {
     2: ("q4_0", "q4", 32), 3: ("q4_1", "q4", 32), 6: ("q5_0", "q5", 32), 7: ("q5_1", "q5", 32),
-    8: ("q8_0", "int8", 32), 10: ("q2_k", "int8", QK_K), 11: ("q3_k", "int8", QK_K), 12: ("q4_k", "q4k", QK_K),
+    8: ("q8_0", "int8", 32), 10: ("q2_k", "q2k", QK_K), 11: ("q3_k", "q3k", QK_K), 12: ("q4_k", "q4k", QK_K),
     13: ("q5_k", "q5k", QK_K), 14: ("q6_k", "q6k", QK_K),
 }
 # bit-plane kind -> (code bits, groups per record, group length, gemv_records' format name)
 PLANE_LAYOUTS: dict[str, tuple[int, int, int, str]] = {
     "q4": (4, 1, 32, "q4_1"), "q5": (5, 1, 32, "q5_1"), "q4k": (4, 8, 32, "q4_k"), "q5k": (5, 8, 32, "q5_k"),
-    "q6k": (6, 16, 16, "q6_k"),
+    "q6k": (6, 16, 16, "q6_k"), "q2k": (4, 16, 16, "q2_k"), "q3k": (4, 16, 16, "q3_k"),
 }
 FORMAT_KINDS = {name: kind for name, kind, _ in RECORD_TYPES.values()}
 BLOCK_LENGTHS = {name: bs for name, _, bs in RECORD_TYPES.values()}
@@ -70,6 +71,14 @@ def _k_scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     sc = torch.cat((d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)), dim=-1)
     mn = torch.cat((m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)), dim=-1)
     return sc, mn
+
+
+def _q3_k_scales(s: torch.Tensor) -> torch.Tensor:
+    """Q3_K's 12 scale bytes [n, nb, 12] -> the 16 signed 6-bit scales int8 [n, nb, 16] (sc - 32)."""
+    n, nb = s.shape[:2]
+    low = _nibbles(s[..., 0:8]).reshape(n, nb, 16)
+    high = _bits(s[..., 8:12], [0, 2, 4, 6], 3).reshape(n, nb, 16)
+    return (low | (high << 4)).to(torch.int8) - 32
 
 
 def _q5_high(qh: torch.Tensor) -> torch.Tensor:
@@ -118,10 +127,7 @@ def int8_codes(fmt: str, b: torch.Tensor) -> Int8Codes:
         low = _bits(b[..., 32:96].reshape(n, nb, 2, 32), [0, 2, 4, 6], 3).reshape(n, nb, 16, 16)
         high = _bits(b[..., 0:32], list(range(8)), 1).reshape(n, nb, 16, 16)
         q = low.to(torch.int8) - ((high ^ 1) << 2).to(torch.int8)
-        s = b[..., 96:108]
-        ls = _nibbles(s[..., 0:8]).reshape(n, nb, 16)
-        hs = _bits(s[..., 8:12], [0, 2, 4, 6], 3).reshape(n, nb, 16)
-        sc = (ls | (hs << 4)).to(torch.int8) - 32
+        sc = _q3_k_scales(b[..., 96:108])
         return Int8Codes(q.reshape(n, -1), (_f16(b[..., 108:110]) * sc.float()).view(n, -1), None, 16)
     if fmt == "q2_k":
         s = b[..., 0:16]
@@ -173,6 +179,14 @@ def plane_codes(fmt: str, b: torch.Tensor) -> tuple[torch.Tensor, list[torch.Ten
         high = _bits(b[..., 128:192].reshape(n, nb, 2, 32), [0, 2, 4, 6], 3).reshape(n, nb, 8, 32)
         q = (low | (high << 4)).reshape(n, nb, 16, 16)
         return q, [_fp16_bits(b[..., 208:210]), b[..., 192:208].contiguous().view(torch.int8)]
+    if fmt == "q2_k":
+        q = _bits(b[..., 16:80].reshape(n, nb, 2, 32), [0, 2, 4, 6], 3).reshape(n, nb, 16, 16)
+        s = b[..., 0:16]
+        return q, [_fp16_bits(b[..., 80:84]), s & 15, s >> 4]
+    if fmt == "q3_k":
+        low = _bits(b[..., 32:96].reshape(n, nb, 2, 32), [0, 2, 4, 6], 3).reshape(n, nb, 16, 16)
+        high = _bits(b[..., 0:32], list(range(8)), 1).reshape(n, nb, 16, 16)
+        return low | (high << 2), [_fp16_bits(b[..., 108:110]), _q3_k_scales(b[..., 96:108])]  # code = q + 4
     raise ValueError(f"{fmt} is not a bit-plane GGUF format")
 
 
@@ -283,7 +297,7 @@ def pack_planes(kind: str, parts: list[tuple[str, torch.Tensor]]) -> torch.Tenso
 
 def unpack_planes(kind: str, packed: torch.Tensor, rows: int) -> torch.Tensor:
     """The float32 weight [rows, K] of bit-plane records, with gguf.quants' arithmetic: (d * q) + m (Q4_0 / Q4_1 /
-    Q5_0 / Q5_1), (D sc) q - (Dmin mn) (Q4_K / Q5_K), (D sc) (q - 32) (Q6_K)."""
+    Q5_0 / Q5_1), (D sc) q - (Dmin mn) (Q4_K / Q5_K / Q2_K), (D sc) (q - 32) (Q6_K), (D sc) (q - 4) (Q3_K)."""
     bits, gr, g, _ = PLANE_LAYOUTS[kind]
     t, nrec, _ = packed.shape
     per_group = g // 2 + (bits - 4) * (g // 8)
@@ -298,14 +312,14 @@ def unpack_planes(kind: str, packed: torch.Tensor, rows: int) -> torch.Tensor:
     if kind in ("q4", "q5"):
         dm = s.view(torch.float16).view(t, nrec, 2, 1, 1, GEMV_TILE).float()
         w = (dm[:, :, 0] * q).add_(dm[:, :, 1])
-    elif kind in ("q4k", "q5k"):
+    elif kind in ("q4k", "q5k", "q2k"):
         dd = s[..., :4 * GEMV_TILE].contiguous().view(torch.float16).view(t, nrec, 2, 1, 1, GEMV_TILE).float()
         sc = s[..., 4 * GEMV_TILE:].reshape(t, nrec, 2, gr, 1, GEMV_TILE).float()
         w = (dd[:, :, 0] * sc[:, :, 0]) * q - dd[:, :, 1] * sc[:, :, 1]
     else:
         d = s[..., :2 * GEMV_TILE].contiguous().view(torch.float16).view(t, nrec, 1, 1, GEMV_TILE).float()
         sc = s[..., 2 * GEMV_TILE:].contiguous().view(torch.int8).view(t, nrec, gr, 1, GEMV_TILE).float()
-        w = (d * sc) * (q - 32)
+        w = (d * sc) * (q - (32 if kind == "q6k" else 4))
     return w.permute(0, 4, 1, 2, 3).reshape(t * GEMV_TILE, -1)[:rows].contiguous()
 
 
