@@ -1,10 +1,11 @@
 """GGUF weights kept as stored: the file's blocks laid out for our GEMV kernels (Q4_0 .. Q8_0, Q2_K .. Q6_K).
 
 Up to `max_rows` rows (single streams, small batches) the weight-streaming kernels (csrc/variant/gemv.cpp) read
-records laid out from the file's blocks by re-arranging bits, no fitting (`gguf_records`): nibble records for
-Q4_0 / Q4_1, Q4_K super-block records, int8 tiles (with per-group mins where the format has them) for Q8_0, Q5_0,
-Q5_1, Q2_K, Q3_K, Q5_K, Q6_K; they hold exactly the file's dequantized float32 weights. More rows use oneDNN on
-the dequantized weight, reordered once at load.
+records laid out from the file's blocks by re-arranging bits, no fitting (`gguf_records`): bit-plane records
+(4-bit codes for Q4_0 / Q4_1 / Q4_K and, in 4-bit records, Q2_K / Q3_K; 5-bit for Q5_0 / Q5_1 / Q5_K; 6-bit for
+Q6_K) with the file's scales, int8 tiles for Q8_0 and for fused layers whose parts mix record kinds. They hold
+exactly the file's dequantized float32 weights. More rows use oneDNN on the dequantized weight, reordered once at
+load.
 """
 
 from __future__ import annotations
