@@ -87,7 +87,8 @@ def _q5_high(qh: torch.Tensor) -> torch.Tensor:
 
 
 def int8_codes(fmt: str, b: torch.Tensor) -> Int8Codes:
-    """The int8 codes and group scales / mins of blocks uint8 [N, nb, bytes] of an "int8" kind format."""
+    """The int8 codes and group scales / mins of blocks uint8 [N, nb, bytes] of any kept format (Q8_0's records, and
+    every format's int8 form for fused layers that mix record kinds)."""
     n, nb = b.shape[:2]
     if fmt == "q8_0":
         return Int8Codes(b[..., 2:].contiguous().view(torch.int8).reshape(n, -1), _f16(b[..., :2]).view(n, nb),
