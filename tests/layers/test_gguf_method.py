@@ -159,3 +159,23 @@ def test_every_record_format_computes_the_file_weights(format_file):
     table = weight_format_table(mlp)
     assert [(r.source, r.path, r.tensors) for r in table] == [(fmt, f"{layer.quant_method.records} records", 3)]
     assert table[0].nbytes == sum(layer.quant_method.record_bytes for layer in expected) > 0
+
+
+@requires_kernels
+def test_every_record_format_in_a_float16_engine(format_file):
+    """A float16 engine reads the same records (x and out in float16, up to its GEMV rows, then oneDNN)."""
+    fmt, path, values = format_file
+    weights = GGUFWeights(path, SimpleNamespace(model_type="qwen2"))
+    ctx = layer_context(True, linear_dtype="float16", quantization="gguf", gguf_tensor_types=weights.tensor_types())
+    mlp = _MLP(ctx)
+    named = ((name.rsplit(".", 2)[-2] + ".weight", w) for name, w in weights.lazy())
+    load_checkpoint_weights(mlp, named, DecoderForCausalLM.packed_modules_mapping)
+    layer, w = mlp.down_proj, values["ffn_down"]
+    assert isinstance(layer.quant_method, GGUFLinearMethod) and layer.quant_method.input_dtype == torch.float16
+    torch.manual_seed(0)
+    for rows in (1, 8, 9):
+        x = torch.randn(rows, MLP_INTER).half()
+        ref = x.float() @ w.T
+        out = layer(x)
+        assert out.dtype == torch.float16
+        torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=2e-3 * ref.abs().max().item())
