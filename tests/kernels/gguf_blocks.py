@@ -29,7 +29,8 @@ def make_blocks(fmt: str, n: int, k: int, seed: int) -> torch.Tensor:
     else:
         raw = rng.integers(0, 256, (n, k // length, nbytes), dtype=np.uint8)
         for o in _K_HALVES[fmt]:
-            raw[..., o:o + 2] = (rng.random((n, k // length)) * 0.01 + 1e-3).astype(np.float16)[..., None].view(np.uint8)
+            d = (rng.random((n, k // length)) * 0.01 + 1e-3).astype(np.float16)
+            raw[..., o:o + 2] = d[..., None].view(np.uint8)
     return torch.from_numpy(np.ascontiguousarray(raw)).view(n, k // length, nbytes)
 
 
