@@ -5,6 +5,9 @@ For each M (rows = decode batch) and method, prints the median (and best) time o
 + LM head, weights streamed from memory), with GFLOP/s and the effective GB/s of weight bytes read.
 "gemv_q4 + i8 head" runs the layers as Q4_1 (gemv_q4; the random weights are not Q4_1, only the bytes streamed
 matter here) and the LM head as int8 groups of 32 (gemv_int8), as for a GGUF Q4_1 model with a Q8_0 head.
+"gguf <format>" runs every weight (head included) as the records GGUF's blocks of that format are kept as (random
+blocks: only the bytes streamed matter): q4_0 / q4_1 nibble records, q5_0 / q5_1 5-bit records, q8_0 int8 tiles.
+The K-quants need K % 256 == 0, which SmolLM2's 576 is not (tests/kernels/test_gguf_records.py covers them).
 
     python benchmarks/gemv.py [--ms 1,2,4,8,16] [--repeats 7] [--per-shape] [--threads N] [--methods q4,f16]
 """
@@ -78,7 +81,35 @@ def _methods(k) -> list[Method]:
     ms.append(Method("gemv_int8 per-ch", lambda w: k.pack_gemv_weight_int8(w, w.shape[1]), i8, 1 + 4 / 576))
     i8_g32 = Method("gemv_int8 g32", lambda w: k.pack_gemv_weight_int8(w, 32), i8, 1 + 4 / 32)
     ms.append(Method("gemv_q4 + i8 head", lambda w: k.pack_gemv_weight_q4(w, 32)[0], q4, 0.5 + 4 / 32, i8_g32))
+    for fmt, bpw in (("q4_0", 0.625), ("q5_0", 0.75), ("q5_1", 0.75), ("q8_0", 1.125)):
+        ms.append(Method(f"gguf {fmt}", lambda w, fmt=fmt: _gguf_records(fmt, w), _gguf_call(k), bpw))
     return ms
+
+
+def _gguf_records(fmt: str, w: torch.Tensor) -> tuple[str, object]:
+    """(record kind, records) of random valid GGUF blocks of w's shape in `fmt` (32-element blocks)."""
+    from pagemill.layers.quantization.gguf import pack_records
+
+    n, kk = w.shape
+    nbytes = {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q8_0": 34}[fmt]
+    blocks = torch.randint(0, 256, (n, kk // 32, nbytes), dtype=torch.uint8)
+    halves = 2 if fmt in ("q4_1", "q5_1") else 1  # d (and m): small fp16 values
+    blocks[..., :2 * halves] = (torch.rand(n, kk // 32, halves) * 1e-3).half().view(torch.uint8).view(n, kk // 32, -1)
+    return pack_records([(fmt, blocks)])
+
+
+def _gguf_call(k) -> Callable:
+    from pagemill.layers.quantization.gguf_records import PLANE_LAYOUTS
+
+    def call(x, p, n):
+        kind, rec = p
+        out = torch.empty(x.shape[0], n)
+        if kind == "int8":
+            k.gemv_int8(out, x, rec[0], rec[1], None, rec[2] if len(rec) > 2 else None)
+        else:
+            k.gemv_records(out, x, rec, PLANE_LAYOUTS[kind][3], None)
+
+    return call
 
 
 def main(argv: list[str] | None = None) -> int:

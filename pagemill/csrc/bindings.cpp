@@ -234,7 +234,7 @@ void gemv_f16(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::opt
 }
 
 void gemv_int8(torch::Tensor out, torch::Tensor x, torch::Tensor packed_q, torch::Tensor scales,
-               c10::optional<torch::Tensor> bias) {
+               c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> mins) {
   TORCH_CHECK(packed_q.dim() == 3 && packed_q.size(2) == kGemvTile && packed_q.scalar_type() == at::kChar &&
                   packed_q.is_contiguous(), "gemv_int8: packed_q must come from pack_gemv_weight_int8");
   const int64_t tiles = packed_q.size(0), Kp = packed_q.size(1), K = x.size(1);
@@ -243,10 +243,62 @@ void gemv_int8(torch::Tensor out, torch::Tensor x, torch::Tensor packed_q, torch
               "gemv_int8: scales must come from pack_gemv_weight_int8");
   const int64_t G = Kp / scales.size(1);
   TORCH_CHECK(K <= Kp && Kp - K < G, "gemv_int8: x has ", K, " columns, the packed weight ", Kp, " (padded)");
+  // The kernels add a group's min term once per k range, so every range must be one whole group (G | 256).
+  TORCH_CHECK(!mins || (mins->sizes() == scales.sizes() && mins->scalar_type() == at::kFloat &&
+                        mins->is_contiguous() && 256 % G == 0),
+              "gemv_int8: mins must be contiguous float32 shaped like scales, with a group size dividing 256");
   const auto xf = as_f32(x);
   const auto a = gemv_args("gemv_int8", out, x, xf, K, tiles, bias);
   if (a.M == 0 || a.N == 0) return;
-  active->gemv_int8(a, packed_q.data_ptr<int8_t>(), scales.data_ptr<float>(), Kp, G);
+  active->gemv_int8(a, packed_q.data_ptr<int8_t>(), scales.data_ptr<float>(), mins ? mins->data_ptr<float>() : nullptr,
+                    Kp, G);
+}
+
+namespace {
+
+using pagemill::RecordFormat;
+
+RecordFormat record_format(const std::string& name) {
+  if (name == "q4_1") return RecordFormat::Q4_1;
+  if (name == "q5_1") return RecordFormat::Q5_1;
+  if (name == "q4_k") return RecordFormat::Q4_K;
+  if (name == "q5_k") return RecordFormat::Q5_K;
+  if (name == "q6_k") return RecordFormat::Q6_K;
+  if (name == "q2_k") return RecordFormat::Q2_K;
+  TORCH_CHECK(name == "q3_k", "gemv_records: unknown record format '", name,
+              "' (q4_1, q5_1, q4_k, q5_k, q6_k, q2_k, q3_k)");
+  return RecordFormat::Q3_K;
+}
+
+// Bytes of one record (per 64-channel tile) and the weights along K it covers (layouts: variant/gemv.cpp).
+int64_t record_bytes(RecordFormat f) {
+  constexpr int64_t T = kGemvTile;
+  switch (f) {
+    case RecordFormat::Q4_1: return 16 * T + 4 * T;
+    case RecordFormat::Q5_1: return 16 * T + 4 * T + 4 * T;
+    case RecordFormat::Q4_K: return 8 * (16 * T) + 4 * T + 16 * T;
+    case RecordFormat::Q5_K: return 8 * (16 * T + 4 * T) + 4 * T + 16 * T;
+    case RecordFormat::Q6_K: return 16 * (8 * T + 4 * T) + 2 * T + 16 * T;
+    case RecordFormat::Q2_K: return 16 * (8 * T) + 4 * T + 32 * T;
+    case RecordFormat::Q3_K: return 16 * (8 * T) + 2 * T + 16 * T;
+  }
+  return 0;
+}
+
+int64_t record_length(RecordFormat f) { return f == RecordFormat::Q4_1 || f == RecordFormat::Q5_1 ? 32 : 256; }
+
+}  // namespace
+
+void gemv_records(torch::Tensor out, torch::Tensor x, torch::Tensor packed, const std::string& format,
+                  c10::optional<torch::Tensor> bias) {
+  const RecordFormat f = record_format(format);
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.size(2) == record_bytes(f), "gemv_records: packed must hold ", format, " records [T, K / ",
+              record_length(f), ", ", record_bytes(f), "]");
+  const auto xf = as_f32(x);
+  const auto a = gemv_args("gemv_records", out, x, xf, packed.size(1) * record_length(f), packed.size(0), bias);
+  if (a.M == 0 || a.N == 0) return;
+  active->gemv_records(a, packed.data_ptr<uint8_t>(), f);
 }
 
 void gemv_q4(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias) {
@@ -278,13 +330,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Quantize + pack a [N, K] weight for gemv_int8: [q int8 [T, Kp, 64], scales fp32 [T, Kp/G, 64]]",
         py::arg("w"), py::arg("group_size"));
   m.def("gemv_int8", &gemv_int8, "out = x @ W^T + bias (few rows streamed; more through fp32 panels), W from pack_gemv_weight_int8",
-        py::arg("out"), py::arg("x"), py::arg("packed_q"), py::arg("scales"), py::arg("bias") = py::none());
+        py::arg("out"), py::arg("x"), py::arg("packed_q"), py::arg("scales"), py::arg("bias") = py::none(),
+        py::arg("mins") = py::none());
   m.def("pack_gemv_weight_q4", &pack_gemv_weight_q4,
         "Recover Q4_1 (w = d*q + m per group) from a dequantized [N, K] weight and pack it for gemv_q4: "
         "[packed uint8 [T, K/G, G/2*64 + 256], max |d*q + m - w| / max |w| (float64 scalar)]",
         py::arg("w"), py::arg("group_size"));
   m.def("q4_max_error", &q4_max_error, "max |d*q + m - w| / max |w| of the Q4_1 fit of pack_gemv_weight_q4",
         py::arg("w"), py::arg("group_size"));
+  m.def("gemv_records", &gemv_records,
+        "out = x @ W^T + bias over GGUF bit-plane records (q4_1, q5_1, q4_k, q5_k, q6_k, q2_k, q3_k; layouts: "
+        "csrc/variant/gemv.cpp, made by pagemill.layers.quantization.gguf_records)",
+        py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("format"), py::arg("bias") = py::none());
   m.def("gemv_q4", &gemv_q4, "out = x @ W^T + bias (few rows streamed; more through fp32 panels), W packed by pack_gemv_weight_q4",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
 }

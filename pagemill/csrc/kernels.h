@@ -46,6 +46,10 @@ struct RopeCacheArgs {
   int num_threads;
 };
 
+// The bit-plane record formats of gemv_records: Q4_1 / Q5_1 (also Q4_0 / Q5_0) per group of 32, and the K-quants'
+// super-blocks of 256 (groups of 32; Q6_K, Q2_K, Q3_K 16).
+enum class RecordFormat : int32_t { Q4_1 = 0, Q5_1 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4, Q2_K = 5, Q3_K = 6 };
+
 // out [M, N] (fp32 or fp16) = x [M, K] (fp32) W^T + bias; W packed in tiles of 64 output channels.
 struct GemvArgs {
   void* out;
@@ -67,10 +71,12 @@ struct KernelTable {
                        int num_threads);
   void (*rope_and_cache)(const RopeCacheArgs&);
   void (*gemv_f16)(const GemvArgs&, const uint16_t* packed);  // [tiles, K, 64] fp16 bits
-  // q [tiles, Kp, 64] int8, scales [tiles, Kp / G, 64] fp32
-  void (*gemv_int8)(const GemvArgs&, const int8_t* q, const float* scales, int64_t Kp, int64_t G);
+  // q [tiles, Kp, 64] int8, scales and mins (nullptr: none) [tiles, Kp / G, 64] fp32: w = q * scale + min
+  void (*gemv_int8)(const GemvArgs&, const int8_t* q, const float* scales, const float* mins, int64_t Kp, int64_t G);
   // Q4_1 records [tiles, K / G, G / 2 * 64 + 256] bytes
   void (*gemv_q4)(const GemvArgs&, const uint8_t* packed, int64_t G);
+  // GGUF bit-plane records [tiles, K / (GR G), record bytes] (layouts: variant/gemv.cpp, sizes: record_bytes())
+  void (*gemv_records)(const GemvArgs&, const uint8_t* packed, RecordFormat format);
 };
 
 // One per compiled variant (see build.py); the bindings pick one at load time.

@@ -1,10 +1,10 @@
-"""Read a GGUF file's tensors as (HF parameter name, float tensor) pairs, and keep Q4_1 / Q8_0 blocks as stored.
+"""Read a GGUF file's tensors as (HF parameter name, float tensor) pairs, and keep quantized blocks as stored.
 
 Q4_1, Q8_0, F16 and F32 tensors are decoded here with torch from the memory-mapped bytes, with the arithmetic of
 `gguf.quants.dequantize` (Q4_1: (d * q) + m, Q8_0: q * d, in float32, each product and sum rounded once), so the
 float32 weights are bit-identical to the ones transformers loads; other types go through `gguf.quants`. Layers
-that keep Q4_1 / Q8_0 weights as stored read their blocks (`GGUFWeight.blocks`) instead
-(`pagemill.layers.quantization.gguf`).
+that keep weights as stored (Q4_0 .. Q8_0, Q2_K .. Q6_K: `gguf_records.RECORD_TYPES`) read their blocks
+(`GGUFWeight.blocks`) instead (`pagemill.layers.quantization.gguf`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from functools import cached_property
 
 import numpy as np
 import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from pagemill.layers.quantization.gguf_records import RECORD_TYPES
 from pagemill.loader.gguf_file import GGML_F16, GGML_F32, GGML_Q4_1, GGML_Q8_0, GGUFFile, GGUFTensor, open_gguf
 
 # GGUF tensor name (inside blk.N.) -> HF parameter name (inside model.layers.N.)
@@ -40,7 +42,6 @@ _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 QK = 32  # elements per Q4_1 / Q8_0 block
-_BLOCK_BYTES = {GGML_Q4_1: 4 + QK // 2, GGML_Q8_0: 2 + QK}
 _CHUNK_ROWS = 4096  # rows decoded at a time: bounds the float temporaries of the 49152-row embedding
 
 
@@ -124,7 +125,7 @@ def single_threaded() -> Iterator[None]:
 class GGUFWeight:
     """One tensor of the file under its HF name, decoded when asked: `load_into(out)` writes it into a float32
     tensor (a model parameter, or a slice of one) with no temporary copy for Q4_1 / Q8_0 / F32 / F16; `blocks`
-    are a Q4_1 / Q8_0 weight's blocks as stored, for layers that keep them.
+    are a block-quantized weight's blocks as stored (`format` names it), for layers that keep them.
 
     `rope_permuted`: the rows are in llama.cpp's interleaved-RoPE order; the layer that owns the rows calls
     `unpermute_rope(heads)` for a view in HF order.
@@ -139,11 +140,11 @@ class GGUFWeight:
 
     @property
     def format(self) -> str | None:
-        """q4_1 / q8_0 for a 2-D weight stored in those block formats, else None."""
+        """The block format (q4_0, q4_1, q5_0, ..., q6_k) of a 2-D weight the records methods can keep, else None."""
         t = self.tensor
-        if len(t.shape) != 2 or t.ggml_type not in _BLOCK_BYTES:
+        if len(t.shape) != 2 or t.ggml_type not in RECORD_TYPES:
             return None
-        return "q4_1" if t.ggml_type == GGML_Q4_1 else "q8_0"
+        return RECORD_TYPES[t.ggml_type][0]
 
     def unpermute_rope(self, heads: int) -> GGUFWeight:
         """This tensor with its rows read in HF order (undoing llama.cpp's Q/K permutation for `heads` heads)."""
@@ -151,10 +152,11 @@ class GGUFWeight:
 
     @cached_property
     def blocks(self) -> torch.Tensor:
-        """uint8 [rows, K / 32, bytes per block]: a view of the file map (a copy, made once, when rows are
+        """uint8 [rows, K / block length, bytes per block]: a view of the file map (a copy, made once, when rows are
         un-permuted)."""
         t = self.tensor
-        blocks = _raw_tensor(self.gguf, t).view(t.shape[0], t.shape[1] // QK, _BLOCK_BYTES[t.ggml_type])
+        length, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
+        blocks = _raw_tensor(self.gguf, t).view(t.shape[0], t.shape[1] // length, nbytes)
         return blocks if self.rope_heads is None else _reverse_permute(blocks, self.rope_heads)
 
     def materialize(self) -> torch.Tensor:
@@ -167,7 +169,7 @@ class GGUFWeight:
         if out.dtype != torch.float32 or out.shape != self.shape or not out.is_contiguous():
             raise ValueError(f"{self.hf_name}: cannot decode into a {out.dtype} {tuple(out.shape)} tensor")
         with single_threaded(), torch.no_grad():
-            if self.format is not None:
+            if t.ggml_type in (GGML_Q4_1, GGML_Q8_0) and len(t.shape) == 2:
                 return (dequantize_q4_1 if t.ggml_type == GGML_Q4_1 else dequantize_q8_0)(self.blocks, out)
             raw = _raw_tensor(self.gguf, t)
             if t.ggml_type == GGML_F32:

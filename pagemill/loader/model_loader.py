@@ -37,4 +37,9 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
         gguf.gguf.release_pages()  # the file no longer counts in the resident set
     logger.info("Loaded %s (%s, %s) in %.1fs", cls.__name__, model_config.dtype, type(quant_config).__name__,
                 time.perf_counter() - start)
+    if gguf is not None:
+        from pagemill.layers.quantization.gguf_report import weight_format_lines
+
+        for line in weight_format_lines(model):
+            logger.info("GGUF weights: %s", line)
     return model

@@ -6,8 +6,10 @@
 // channels, [N/NT (rounded up), K, NT], so a tile is one contiguous stream and each k step is one row of NT weights,
 // multiplied by the broadcast x[m][k] of each row m into register accumulators (fp32). Channels beyond N are zeros.
 //   fp16: [T, K, NT] float16.
-//   int8: q [T, Kp, NT] int8 and scales [T, Kp / G, NT] float32 (w = q * scale per channel and group of G).
-//   q4:   Q4_1 records, see the Q4 section below.
+//   int8: q [T, Kp, NT] int8 and scales [T, Kp / G, NT] float32 (w = q * scale per channel and group of G), with
+//         optional mins [T, Kp / G, NT] float32 (w = q * scale + min: the int8 form of GGUF's formats with mins,
+//         which fused layers mixing record kinds use).
+//   records: GGUF's 4/5/6-bit formats as bit-plane records, see below (q4: Q4_1 with any even group G).
 #include "simd.h"
 
 namespace pagemill {
@@ -50,11 +52,19 @@ struct I8W {
   }
 };
 
-// acc[m][v0 W : (v0 + NVB) W] (+)= scale * sum_{k0<=k<k1} x[m][k] * W[k][...] for MR rows of x (row stride ldx).
-// scale == nullptr means 1; first == true overwrites acc instead of adding.
+// The per-group offsets of weights w = q * scale + min: acc += min * (sum of x over the group). `sx` points at the
+// group's column of the per-row group sums (row stride ldsx); mins == nullptr: no offsets.
+struct MinTerm {
+  const float* mins;
+  const float* sx;
+  int64_t ldsx;
+};
+
+// acc[m][v0 W : (v0 + NVB) W] (+)= scale * sum_{k0<=k<k1} x[m][k] * W[k][...] (+ the min term, when [k0, k1) is
+// one whole group) for MR rows of x (row stride ldx). scale == nullptr means 1; first == true overwrites acc.
 template <int MR, int NVB, class Wt>
 inline void block(const Wt& w, const float* x, int64_t ldx, int64_t k0, int64_t k1, float* acc, const float* scale,
-                  bool first, int v0) {
+                  const MinTerm& mt, bool first, int v0) {
   vf c[MR][NVB];
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < NVB; ++v) c[m][v] = vzero();
@@ -69,19 +79,22 @@ inline void block(const Wt& w, const float* x, int64_t ldx, int64_t k0, int64_t 
   }
   for (int v = 0; v < NVB; ++v) {
     const vf s = scale ? vload(scale + (v0 + v) * W) : vset(1.0f);
+    const vf mn = mt.mins ? vload(mt.mins + (v0 + v) * W) : vzero();
     for (int m = 0; m < MR; ++m) {
       float* a = acc + m * NT + (v0 + v) * W;
-      vstore(a, vfma(c[m][v], s, first ? vzero() : vload(a)));
+      vf y = vfma(c[m][v], s, first ? vzero() : vload(a));
+      if (mt.mins) y = vfma(vset(mt.sx[m * mt.ldsx]), mn, y);
+      vstore(a, y);
     }
   }
 }
 
 template <class Wt>
 inline void block_rows(int mr, const Wt& w, const float* x, int64_t ldx, int64_t k0, int64_t k1, float* acc,
-                       const float* scale, bool first) {
+                       const float* scale, const MinTerm& mt, bool first) {
   with_static_count<MR_MAX>(mr, [&](auto r) {
     constexpr int MR = decltype(r)::value, NVB = vectors_per_pass<MR>();
-    for (int v0 = 0; v0 < NV; v0 += NVB) block<MR, NVB>(w, x, ldx, k0, k1, acc, scale, first, v0);
+    for (int v0 = 0; v0 < NV; v0 += NVB) block<MR, NVB>(w, x, ldx, k0, k1, acc, scale, mt, first, v0);
   });
 }
 
@@ -103,9 +116,10 @@ void store_tile(const GemvArgs& a, const float* acc, int64_t t) {
 }
 
 // Runs every tile of y = x W^T + b. `make(t)` gives tile t's weight stream; `scales(t, k)` the scales of the group
-// holding k (nullptr for unscaled weights), constant over [k, next_group(k)).
-template <class MakeW, class Scales, class NextGroup>
-void run(const GemvArgs& a, MakeW make, Scales scales, NextGroup next_group) {
+// holding k (nullptr for unscaled weights), constant over [k, next_group(k)); `mins(t, k)` that group's MinTerm for
+// row 0 (mins == nullptr: none; else every [k, next_group(k)) range must be a whole group).
+template <class MakeW, class Scales, class NextGroup, class Mins>
+void run(const GemvArgs& a, MakeW make, Scales scales, NextGroup next_group, Mins mins) {
   const int64_t M = a.M, K = a.K;
   const int64_t nblk = (M + MR_MAX - 1) / MR_MAX;
   const int64_t mr = (M + nblk - 1) / nblk;  // balanced row blocks: 8 rows = 4 + 4, not 6 + 2
@@ -116,8 +130,10 @@ void run(const GemvArgs& a, MakeW make, Scales scales, NextGroup next_group) {
       const auto w = make(t);
       for (int64_t k0 = 0; k0 < K;) {
         const int64_t k1 = imin(imin(k0 + kb, K), next_group(k0));
+        const MinTerm mt = mins(t, k0);
         for (int64_t m0 = 0; m0 < M; m0 += mr)
-          block_rows(int(imin(mr, M - m0)), w, a.x + m0 * K, K, k0, k1, acc + m0 * NT, scales(t, k0), k0 == 0);
+          block_rows(int(imin(mr, M - m0)), w, a.x + m0 * K, K, k0, k1, acc + m0 * NT, scales(t, k0),
+                     MinTerm{mt.mins, mt.sx ? mt.sx + m0 * mt.ldsx : nullptr, mt.ldsx}, k0 == 0);
         k0 = k1;
       }
       store_tile(a, acc, t);
@@ -152,7 +168,7 @@ void run_panel(const GemvArgs& a, int64_t step, Dequant dequant) {
         dequant(t, k0, k1, panel);
         const F32W w{panel - k0 * NT};
         for (int64_t m0 = 0; m0 < M; m0 += mr)
-          block_rows(int(imin(mr, M - m0)), w, a.x + m0 * K, K, k0, k1, acc + m0 * NT, nullptr, k0 == 0);
+          block_rows(int(imin(mr, M - m0)), w, a.x + m0 * K, K, k0, k1, acc + m0 * NT, nullptr, MinTerm{}, k0 == 0);
       }
       store_tile(a, acc, t);
     }
@@ -160,28 +176,80 @@ void run_panel(const GemvArgs& a, int64_t step, Dequant dequant) {
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// Q4_1 weights (GGUF's 4-bit format): per (output channel, group of G along K), w = d * q + m with q in 0..15 and
-// fp16 d >= 0, m. Packed: uint8 [T, K / G, R] with R = G / 2 * NT + 4 * NT bytes: for each tile and group one
-// contiguous record of G / 2 pair rows of NT bytes (byte c of pair row i = q[2i][c] | q[2i + 1][c] << 4), then d as
-// NT fp16, then m as NT fp16.
-// The weights are unpacked as f = 1 + q / 16 (a float built by bit placement, no int -> float conversion), so
-// sum_k x_k w_k = 16 d * sum_k x_k f_k + (m - 16 d) * sum_k x_k, with the per-row group sums of x computed once.
-constexpr int64_t Q4_DM = 4 * NT;  // bytes of a record's d and m
+// Bit-plane records: per (output channel, group of G along K), w = d * q + m with B-bit codes q (B = 4, 5, 6).
+// Packed: uint8 [T, K / (GR G), R]: for each tile one contiguous record per GR groups, holding for each of its
+// groups G / 2 pair rows of NT bytes (byte c of pair row i = low nibbles q[2i][c] | q[2i + 1][c] << 4), then B - 4
+// high-bit planes of G / 8 rows of NT bytes (byte c of plane h, row r, bit j = bit 4 + h of q[8r + j][c]), and
+// after the GR groups the record's scale section, which a scale source (DMScales, KScales, SubScales) turns into
+// the d and m vectors of each group.
+// The weights are unpacked as f = 1 + q / 2^B (a float built by bit placement, no int -> float conversion), so
+// sum_k x_k w_k = 2^B d * sum_k x_k f_k + (m - 2^B d) * sum_k x_k, with the per-row group sums of x computed once.
+
+// One group per record; scale section d [NT] fp16, then m [NT] fp16: Q4_1, Q5_1, and Q4_0 / Q5_0 (m = -8 d / -16 d).
+template <int Bits>
+struct DMScales {
+  static constexpr int B = Bits, GR = 1;
+  static constexpr int64_t kBytes = 4 * NT;
+  static inline vf d(const uint8_t* s, int, int v) { return vload(reinterpret_cast<const f16*>(s) + v * W); }
+  static inline vf m(const uint8_t* s, int, int v) { return vload(reinterpret_cast<const f16*>(s) + NT + v * W); }
+};
+
+// Q4_K / Q5_K (8 groups of 32) and Q2_K (16 groups of 16, 2-bit codes in 4-bit records): a super-block per record;
+// scale section D [NT] fp16, Dmin [NT] fp16, sc [GR][NT] uint8, mn [GR][NT] uint8 (6 / 4-bit): d = D sc and
+// m = -(Dmin mn), products exact in fp32 (11 x 6 significant bits).
+template <int Bits, int Groups>
+struct KScales {
+  static constexpr int B = Bits, GR = Groups;
+  static constexpr int64_t kBytes = 4 * NT + 2 * GR * NT;
+  static inline vf d(const uint8_t* s, int j, int v) {
+    return vmul(vload(reinterpret_cast<const f16*>(s) + v * W), vload_u8(s + 4 * NT + j * NT + v * W));
+  }
+  static inline vf m(const uint8_t* s, int j, int v) {
+    const vf dm = vmul(vload(reinterpret_cast<const f16*>(s) + NT + v * W), vload_u8(s + (4 + GR + j) * NT + v * W));
+    return vsub(vzero(), dm);
+  }
+};
+
+// Q6_K and Q3_K (3-bit codes in 4-bit records): a super-block of 16 groups of 16 per record; scale section D [NT]
+// fp16, sc [16][NT] int8: d = D sc (exact), m = -Offset d (codes 0..2^B - 1 stand for q - Offset: 32, 4).
+template <int Bits, int Offset>
+struct SubScales {
+  static constexpr int B = Bits, GR = 16;
+  static constexpr int64_t kBytes = 2 * NT + GR * NT;
+  static inline vf d(const uint8_t* s, int j, int v) {
+    return vmul(vload(reinterpret_cast<const f16*>(s) + v * W),
+                vload_i8(reinterpret_cast<const int8_t*>(s) + 2 * NT + j * NT + v * W));
+  }
+  static inline vf m(const uint8_t* s, int j, int v) { return vmul(d(s, j, v), vset(-float(Offset))); }
+};
+
+template <class S>
+constexpr int64_t group_bytes(int64_t G) {
+  return G / 2 * NT + (S::B - 4) * (G / 8) * NT;
+}
+template <class S>
+constexpr int64_t record_bytes(int64_t G) {
+  return S::GR * group_bytes<S>(G) + S::kBytes;
+}
 constexpr int MRQ_MAX = W == 16 ? 4 : 2;
 
+// Unpackers: row(p, hr, ps, j) reads pair row p (k rows 2i, 2i + 1) and, for B > 4, the plane rows hr + h ps holding
+// their high bits at bits j, j + 1; even / odd(row, v) give vector v of f = 1 + q / 2^B for the two k rows.
 #if defined(__AVX512VBMI__) && defined(__GFNI__)
-// A pair row (NT bytes, two nibbles each) -> 2 x NV vectors of f = 1 + q / 16: a GF(2) affine map moves each byte's
-// low (high) nibble to bits 3..6 and sets bit 7, then a byte permute, merge-masked into 0x3F000000, makes each dword
-// [0, 0, that byte, 0x3F]: the float bits 0x3F800000 | q << 19. Single-source vpermb issues every cycle on the
-// CPUs measured, the two-table vpermt2b only every other: ~4.4 cycles per 64 weights (M = 1), L1-resident.
-struct Q4Unpack {
+// A GF(2) affine map moves each byte's low (high) nibble to bits 7 - B .. 10 - B and sets bit 7, the high planes'
+// bits are or'ed in at bits 11 - B + h (masked byte adds), then a byte permute, merge-masked into 0x3F000000, makes
+// each dword [0, 0, that byte, 0x3F]: the float bits 0x3F800000 | q << (23 - B). Single-source vpermb issues every
+// cycle on the CPUs measured, the two-table vpermt2b only every other: ~4.4 cycles per 64 weights (M = 1, B = 4).
+template <int B>
+struct QUnpack {
   __m512i lo_mat, hi_mat, exponent, idx[NV];
   static constexpr __mmask64 kByte2 = 0x4444444444444444ULL;
-  Q4Unpack() {
+  QUnpack() {
     uint64_t lo = 0, hi = 0;
-    for (int i = 3; i <= 6; ++i) {  // output bit i <- input bit i - 3 (+ 4): row 7 - i of the matrix
-      lo |= uint64_t(1) << (i - 3) << (8 * (7 - i));
-      hi |= uint64_t(1) << (i + 1) << (8 * (7 - i));
+    for (int b = 0; b < 4; ++b) {  // output bit o = 7 - B + b <- input bit b (+ 4): row 7 - o of the matrix
+      const int o = 7 - B + b;
+      lo |= uint64_t(1) << b << (8 * (7 - o));
+      hi |= uint64_t(1) << (b + 4) << (8 * (7 - o));
     }
     lo_mat = _mm512_set1_epi64(static_cast<long long>(lo));
     hi_mat = _mm512_set1_epi64(static_cast<long long>(hi));
@@ -195,9 +263,18 @@ struct Q4Unpack {
   struct Row {
     __m512i even, odd;
   };
-  inline Row row(const uint8_t* p) const {
+  inline Row row(const uint8_t* p, const uint8_t* hr, int64_t ps, int j) const {
     const __m512i raw = _mm512_loadu_si512(p);
-    return {_mm512_gf2p8affine_epi64_epi8(raw, lo_mat, 0x80), _mm512_gf2p8affine_epi64_epi8(raw, hi_mat, 0x80)};
+    __m512i e = _mm512_gf2p8affine_epi64_epi8(raw, lo_mat, 0x80), o = _mm512_gf2p8affine_epi64_epi8(raw, hi_mat, 0x80);
+    for (int h = 0; h < B - 4; ++h) {
+      const __m512i plane = _mm512_loadu_si512(hr + h * ps);
+      const __m512i bit = _mm512_set1_epi8(static_cast<char>(1 << (11 - B + h)));
+      // the bit is clear in e / o, so a masked byte add is the masked or AVX-512BW lacks
+      e = _mm512_mask_add_epi8(e, _mm512_test_epi8_mask(plane, _mm512_set1_epi8(static_cast<char>(1 << j))), e, bit);
+      o = _mm512_mask_add_epi8(o, _mm512_test_epi8_mask(plane, _mm512_set1_epi8(static_cast<char>(1 << (j + 1)))), o,
+                               bit);
+    }
+    return {e, o};
   }
   inline vf get(const __m512i& bytes, int v) const {
     return _mm512_castsi512_ps(_mm512_mask_permutexvar_epi8(exponent, kByte2, idx[v], bytes));
@@ -206,62 +283,104 @@ struct Q4Unpack {
   inline vf odd(const Row& r, int v) const { return get(r.odd, v); }
 };
 #elif defined(__AVX512F__)
-// AVX-512F form: bytes -> dwords, nibble shifted to bits 19..22, exponent bits or'ed in.
-struct Q4Unpack {
+// AVX-512F form: bytes -> dwords, nibble shifted to bits 23 - B .. 26 - B, exponent bits or'ed in, then the high
+// bits (64-channel byte-test masks of the plane rows) or'ed in at bits 27 - B + h.
+template <int B>
+struct QUnpack {
   struct Row {
     const uint8_t* p;
+    __mmask64 even[B > 4 ? B - 4 : 1], odd[B > 4 ? B - 4 : 1];
   };
-  inline Row row(const uint8_t* p) const { return {p}; }
+  inline Row row(const uint8_t* p, const uint8_t* hr, int64_t ps, int j) const {
+    Row r{p, {}, {}};
+    for (int h = 0; h < B - 4; ++h) {
+      const __m512i plane = _mm512_loadu_si512(hr + h * ps);
+      r.even[h] = _mm512_test_epi8_mask(plane, _mm512_set1_epi8(static_cast<char>(1 << j)));
+      r.odd[h] = _mm512_test_epi8_mask(plane, _mm512_set1_epi8(static_cast<char>(1 << (j + 1))));
+    }
+    return r;
+  }
   static inline __m512i bytes(const Row& r, int v) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.p + W * v)));
   }
-  static inline vf place(__m512i shifted) {  // (shifted & 0x00780000) | 0x3F800000
-    return _mm512_castsi512_ps(
-        _mm512_ternarylogic_epi32(shifted, _mm512_set1_epi32(0x00780000), _mm512_set1_epi32(0x3F800000), 0xEA));
+  static inline vf place(__m512i shifted, const __mmask64* high, int v) {
+    __m512i f = _mm512_ternarylogic_epi32(shifted, _mm512_set1_epi32(0xF << (23 - B)), _mm512_set1_epi32(0x3F800000),
+                                          0xEA);  // (shifted & nibble) | one
+    for (int h = 0; h < B - 4; ++h)
+      f = _mm512_mask_or_epi32(f, static_cast<__mmask16>(high[h] >> (16 * v)), f, _mm512_set1_epi32(1 << (27 - B + h)));
+    return _mm512_castsi512_ps(f);
   }
-  inline vf even(const Row& r, int v) const { return place(_mm512_slli_epi32(bytes(r, v), 19)); }
-  inline vf odd(const Row& r, int v) const { return place(_mm512_slli_epi32(bytes(r, v), 15)); }
+  inline vf even(const Row& r, int v) const { return place(_mm512_slli_epi32(bytes(r, v), 23 - B), r.even, v); }
+  inline vf odd(const Row& r, int v) const { return place(_mm512_slli_epi32(bytes(r, v), 19 - B), r.odd, v); }
 };
 #elif defined(__AVX2__)
-// AVX2 form of the same bit placement, 8 channels per vector.
-struct Q4Unpack {
-  __m256i nibble = _mm256_set1_epi32(0x00780000), one = _mm256_set1_epi32(0x3F800000);
+// AVX2 form of the same bit placement, 8 channels per vector; a high bit j is shifted from its plane byte.
+template <int B>
+struct QUnpack {
+  __m256i nibble = _mm256_set1_epi32(0xF << (23 - B)), one = _mm256_set1_epi32(0x3F800000);
   struct Row {
     const uint8_t* p;
+    const uint8_t* hr;
+    int64_t ps;
+    int j;
   };
-  inline Row row(const uint8_t* p) const { return {p}; }
-  static inline __m256i bytes(const Row& r, int v) {
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r.p + W * v)));
+  inline Row row(const uint8_t* p, const uint8_t* hr, int64_t ps, int j) const { return {p, hr, ps, j}; }
+  static inline __m256i bytes(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
-  inline vf place(__m256i shifted) const {
-    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(shifted, nibble), one));
+  inline vf place(__m256i shifted, const Row& r, int j, int v) const {
+    __m256i f = _mm256_or_si256(_mm256_and_si256(shifted, nibble), one);
+    for (int h = 0; h < B - 4; ++h) {
+      const int to = 27 - B + h;
+      const __m256i hb = _mm256_sll_epi32(bytes(r.hr + h * r.ps + W * v), _mm_cvtsi32_si128(to - j));
+      f = _mm256_or_si256(f, _mm256_and_si256(hb, _mm256_set1_epi32(1 << to)));
+    }
+    return _mm256_castsi256_ps(f);
   }
-  inline vf even(const Row& r, int v) const { return place(_mm256_slli_epi32(bytes(r, v), 19)); }
-  inline vf odd(const Row& r, int v) const { return place(_mm256_slli_epi32(bytes(r, v), 15)); }
+  inline vf even(const Row& r, int v) const {
+    return place(_mm256_slli_epi32(bytes(r.p + W * v), 23 - B), r, r.j, v);
+  }
+  inline vf odd(const Row& r, int v) const {
+    return place(_mm256_slli_epi32(bytes(r.p + W * v), 19 - B), r, r.j + 1, v);
+  }
 };
 #else
-struct Q4Unpack {
+template <int B>
+struct QUnpack {
   struct Row {
     const uint8_t* p;
+    const uint8_t* hr;
+    int64_t ps;
+    int j;
   };
-  inline Row row(const uint8_t* p) const { return {p}; }
-  static inline vf unpack(const uint8_t* p, int shift) {
-    vf r;
-    for (int i = 0; i < W; ++i) r.v[i] = 1.0f + float((p[i] >> shift) & 15) * 0.0625f;
-    return r;
+  inline Row row(const uint8_t* p, const uint8_t* hr, int64_t ps, int j) const { return {p, hr, ps, j}; }
+  static inline vf unpack(const Row& r, int v, int shift, int j) {
+    vf out;
+    for (int i = 0; i < W; ++i) {
+      int q = (r.p[W * v + i] >> shift) & 15;
+      for (int h = 0; h < B - 4; ++h) q |= ((r.hr[h * r.ps + W * v + i] >> j) & 1) << (4 + h);
+      out.v[i] = 1.0f + float(q) * (1.0f / float(1 << B));
+    }
+    return out;
   }
-  inline vf even(const Row& r, int v) const { return unpack(r.p + W * v, 0); }
-  inline vf odd(const Row& r, int v) const { return unpack(r.p + W * v, 4); }
+  inline vf even(const Row& r, int v) const { return unpack(r, v, 0, r.j); }
+  inline vf odd(const Row& r, int v) const { return unpack(r, v, 4, r.j + 1); }
 };
 #endif
 
 // acc[m][...] (+)= sum over groups [g0, g1) of one tile's records `rec` for MR rows of x (row stride ldx) and their
 // group sums sx (row stride ldsx), vectors [v0, v0 + NVB) of the tile; first == true overwrites acc.
-template <int MR, int NVB>
-inline void block_q4(const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G, int64_t g0, int64_t g1,
-                     const float* x, int64_t ldx, const float* sx, int64_t ldsx, float* acc, bool first, int v0) {
+template <class S, int MR, int NVB>
+inline void block_q4(const QUnpack<S::B>& u, const uint8_t* rec, int64_t G, int64_t g0, int64_t g1, const float* x,
+                     int64_t ldx, const float* sx, int64_t ldsx, float* acc, bool first, int v0) {
+  const int64_t R = record_bytes<S>(G), ps = G / 8 * NT, planes = (S::B - 4) * (G / 8);
+  const float scale = float(1 << S::B);
   for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* p = rec + g * R;
+    const int j = int(g % S::GR);
+    const uint8_t* r0 = rec + g / S::GR * R;
+    const uint8_t* p = r0 + j * group_bytes<S>(G);
+    const uint8_t* hp = p + G / 2 * NT;
+    const uint8_t* sc = r0 + S::GR * group_bytes<S>(G);
     const float* xg = x + g * G;
     vf c[MR][NVB];
     for (int m = 0; m < MR; ++m)
@@ -271,8 +390,12 @@ inline void block_q4(const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G
       if (v0 == 0) {
         prefetch_l1(pi + 2048);
         prefetch_l2(pi + 16384);
+        if (i < planes) {  // the plane rows are not pair rows: their lines get prefetches of their own
+          prefetch_l1(hp + i * NT + 2048);
+          prefetch_l2(hp + i * NT + 16384);
+        }
       }
-      const auto r = u.row(pi);
+      const auto r = u.row(pi, hp + (2 * i >> 3) * NT, ps, int(2 * i & 7));
       for (int v = 0; v < NVB; ++v) {
         const vf f = u.even(r, v0 + v);
         for (int m = 0; m < MR; ++m) c[m][v] = vfma(f, vset(xg[m * ldx + 2 * i]), c[m][v]);
@@ -282,32 +405,97 @@ inline void block_q4(const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G
         for (int m = 0; m < MR; ++m) c[m][v] = vfma(f, vset(xg[m * ldx + 2 * i + 1]), c[m][v]);
       }
     }
-    const uint8_t* pdm = p + G / 2 * NT;
-    if (v0 == 0)
-      for (int l = 0; l < Q4_DM / 64; ++l) {  // the pair-row prefetches above skip the records' d/m lines
-        prefetch_l1(pdm + l * 64 + 2048);
-        prefetch_l2(pdm + l * 64 + 16384);
+    if (v0 == 0 && j == S::GR - 1)
+      for (int64_t l = 0; l < S::kBytes / 64; ++l) {  // nor the scale lines
+        prefetch_l1(sc + l * 64 + 2048);
+        prefetch_l2(sc + l * 64 + 16384);
       }
-    const f16* dm = reinterpret_cast<const f16*>(pdm);
     for (int v = 0; v < NVB; ++v) {
-      const vf d16 = vmul(vload(dm + (v0 + v) * W), vset(16.0f));
-      const vf m16 = vsub(vload(dm + NT + (v0 + v) * W), d16);
+      const vf ds = vmul(S::d(sc, j, v0 + v), vset(scale));
+      const vf ms = vsub(S::m(sc, j, v0 + v), ds);
       for (int m = 0; m < MR; ++m) {
         float* a = acc + m * NT + (v0 + v) * W;
         vf y = first && g == g0 ? vzero() : vload(a);
-        y = vfma(c[m][v], d16, y);
-        vstore(a, vfma(vset(sx[m * ldsx + g]), m16, y));
+        y = vfma(c[m][v], ds, y);
+        vstore(a, vfma(vset(sx[m * ldsx + g]), ms, y));
       }
     }
   }
 }
 
-inline void block_q4_rows(int mr, const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G, int64_t g0,
-                          int64_t g1, const float* x, int64_t ldx, const float* sx, int64_t ldsx, float* acc,
-                          bool first) {
+template <class S>
+inline void block_q4_rows(int mr, const QUnpack<S::B>& u, const uint8_t* rec, int64_t G, int64_t g0, int64_t g1,
+                          const float* x, int64_t ldx, const float* sx, int64_t ldsx, float* acc, bool first) {
   with_static_count<MRQ_MAX>(mr, [&](auto r) {
     constexpr int MR = decltype(r)::value, NVB = vectors_per_pass<MR>();
-    for (int v0 = 0; v0 < NV; v0 += NVB) block_q4<MR, NVB>(u, rec, R, G, g0, g1, x, ldx, sx, ldsx, acc, first, v0);
+    for (int v0 = 0; v0 < NV; v0 += NVB)
+      block_q4<S, MR, NVB>(u, rec, G, g0, g1, x, ldx, sx, ldsx, acc, first, v0);
+  });
+}
+
+// Rows [k0, k1) (whole groups) of tile t's records as fp32 weights d * q + m.
+template <class S>
+void dequant_q4(const QUnpack<S::B>& u, const uint8_t* rec, int64_t G, int64_t k0, int64_t k1, float* panel) {
+  const int64_t R = record_bytes<S>(G), ps = G / 8 * NT;
+  const vf scale = vset(float(1 << S::B)), one = vset(1.0f);
+  for (int64_t g = k0 / G; g < k1 / G; ++g) {
+    const int j = int(g % S::GR);
+    const uint8_t* r0 = rec + g / S::GR * R;
+    const uint8_t* p = r0 + j * group_bytes<S>(G);
+    const uint8_t* sc = r0 + S::GR * group_bytes<S>(G);
+    float* out = panel + (g * G - k0) * NT;
+    vf dv[NV], mv[NV];
+    for (int v = 0; v < NV; ++v) dv[v] = S::d(sc, j, v), mv[v] = S::m(sc, j, v);
+    for (int64_t i = 0; i < G / 2; ++i) {
+      const auto r = u.row(p + i * NT, p + G / 2 * NT + (2 * i >> 3) * NT, ps, int(2 * i & 7));
+      for (int v = 0; v < NV; ++v) {
+        vstore(out + 2 * i * NT + v * W, vfma(vmul(vsub(u.even(r, v), one), scale), dv[v], mv[v]));
+        vstore(out + (2 * i + 1) * NT + v * W, vfma(vmul(vsub(u.odd(r, v), one), scale), dv[v], mv[v]));
+      }
+    }
+  }
+}
+
+// Per-row sums of x over groups of G (the last group may be short: x has K <= Kp columns).
+void group_sums(const GemvArgs& a, int64_t G, int64_t ng, float* sx) {
+  for (int64_t m = 0; m < a.M; ++m)
+    for (int64_t g = 0; g < ng; ++g) {
+      float s = 0.0f;
+      for (int64_t k = g * G; k < imin(a.K, (g + 1) * G); ++k) s += a.x[m * a.K + k];
+      sx[m * ng + g] = s;
+    }
+}
+
+// y = x W^T + b over bit-plane records with scale source S (K / G groups of G).
+template <class S>
+void gemv_nibbles(const GemvArgs& a, const uint8_t* packed, int64_t G) {
+  const int64_t M = a.M, K = a.K, ng = K / G, tile_bytes = ng / S::GR * record_bytes<S>(G);
+  if (M > kDirectMaxRows) {
+    const QUnpack<S::B> u;
+    run_panel(a, G, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
+      dequant_q4<S>(u, packed + t * tile_bytes, G, k0, k1, panel);
+    });
+    return;
+  }
+  Scratch sx_buf;
+  float* sx = sx_buf.get(M * ng);
+  group_sums(a, G, ng, sx);
+  const int64_t nblk = (M + MRQ_MAX - 1) / MRQ_MAX;
+  const int64_t mr = (M + nblk - 1) / nblk;
+  const int64_t gb = nblk == 1 ? ng : imax(1, KB / G);  // k blocks of ~KB: the tile block stays in L1
+  parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
+    const QUnpack<S::B> u;
+    alignas(64) float acc[16 * NT];
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint8_t* rec = packed + t * tile_bytes;
+      for (int64_t g0 = 0; g0 < ng; g0 += gb) {
+        const int64_t g1 = imin(ng, g0 + gb);
+        for (int64_t m0 = 0; m0 < M; m0 += mr)
+          block_q4_rows<S>(int(imin(mr, M - m0)), u, rec, G, g0, g1, a.x + m0 * K, K, sx + m0 * ng, ng,
+                           acc + m0 * NT, g0 == 0);
+      }
+      store_tile(a, acc, t);
+    }
   });
 }
 
@@ -325,77 +513,49 @@ void gemv_f16(const GemvArgs& a, const uint16_t* packed) {
     return;
   }
   run(a, [&](int64_t t) { return F16W{wp + t * K * NT}; }, [](int64_t, int64_t) -> const float* { return nullptr; },
-      [&](int64_t) { return K; });
+      [&](int64_t) { return K; }, [](int64_t, int64_t) { return MinTerm{}; });
 }
 
-void gemv_int8(const GemvArgs& a, const int8_t* q, const float* scales, int64_t Kp, int64_t G) {
+void gemv_int8(const GemvArgs& a, const int8_t* q, const float* scales, const float* mins, int64_t Kp, int64_t G) {
   const int64_t ng = Kp / G;
   if (a.M > kDirectMaxRows) {
     run_panel(a, G, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
       const I8W w{q + t * Kp * NT};
       for (int64_t k = k0; k < k1; ++k) {
-        const float* s = scales + (t * ng + k / G) * NT;
-        for (int v = 0; v < NV; ++v) vstore(panel + (k - k0) * NT + v * W, vmul(w.load(k, v), vload(s + v * W)));
+        const int64_t o = (t * ng + k / G) * NT;
+        for (int v = 0; v < NV; ++v) {
+          const vf wk = vmul(w.load(k, v), vload(scales + o + v * W));
+          vstore(panel + (k - k0) * NT + v * W, mins ? vadd(wk, vload(mins + o + v * W)) : wk);
+        }
       }
-    });
-    return;
-  }
-  run(a, [&](int64_t t) { return I8W{q + t * Kp * NT}; },
-      [&](int64_t t, int64_t k) { return scales + (t * ng + k / G) * NT; }, [&](int64_t k) { return (k / G + 1) * G; });
-}
-
-// Rows [k0, k1) (whole groups) of tile t's Q4_1 records as fp32 weights d * q + m.
-void dequant_q4(const Q4Unpack& u, const uint8_t* rec, int64_t R, int64_t G, int64_t k0, int64_t k1, float* panel) {
-  const vf sixteen = vset(16.0f), one = vset(1.0f);
-  for (int64_t g = k0 / G; g < k1 / G; ++g) {
-    const uint8_t* p = rec + g * R;
-    const f16* d = reinterpret_cast<const f16*>(p + G / 2 * NT);
-    float* out = panel + (g * G - k0) * NT;
-    for (int64_t i = 0; i < G / 2; ++i) {
-      const auto r = u.row(p + i * NT);
-      for (int v = 0; v < NV; ++v) {
-        const vf dv = vload(d + v * W), mv = vload(d + NT + v * W);
-        vstore(out + 2 * i * NT + v * W, vfma(vmul(vsub(u.even(r, v), one), sixteen), dv, mv));
-        vstore(out + (2 * i + 1) * NT + v * W, vfma(vmul(vsub(u.odd(r, v), one), sixteen), dv, mv));
-      }
-    }
-  }
-}
-
-void gemv_q4(const GemvArgs& a, const uint8_t* packed, int64_t G) {
-  const int64_t M = a.M, K = a.K, ng = K / G, R = G / 2 * NT + Q4_DM;
-  if (M > kDirectMaxRows) {
-    const Q4Unpack u;
-    run_panel(a, G, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
-      dequant_q4(u, packed + t * ng * R, R, G, k0, k1, panel);
     });
     return;
   }
   Scratch sx_buf;
-  float* sx = sx_buf.get(M * ng);  // per-row group sums of x
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < ng; ++g) {
-      float s = 0.0f;
-      for (int64_t k = 0; k < G; ++k) s += a.x[m * K + g * G + k];
-      sx[m * ng + g] = s;
-    }
-  const int64_t nblk = (M + MRQ_MAX - 1) / MRQ_MAX;
-  const int64_t mr = (M + nblk - 1) / nblk;
-  const int64_t gb = nblk == 1 ? ng : imax(1, KB / G);  // k blocks of ~KB: the tile block stays in L1
-  parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
-    const Q4Unpack u;
-    alignas(64) float acc[16 * NT];
-    for (int64_t t = t0; t < t1; ++t) {
-      const uint8_t* rec = packed + t * ng * R;
-      for (int64_t g0 = 0; g0 < ng; g0 += gb) {
-        const int64_t g1 = imin(ng, g0 + gb);
-        for (int64_t m0 = 0; m0 < M; m0 += mr)
-          block_q4_rows(int(imin(mr, M - m0)), u, rec, R, G, g0, g1, a.x + m0 * K, K, sx + m0 * ng, ng,
-                        acc + m0 * NT, g0 == 0);
-      }
-      store_tile(a, acc, t);
-    }
-  });
+  float* sx = nullptr;
+  if (mins) {
+    sx = sx_buf.get(a.M * ng);
+    group_sums(a, G, ng, sx);
+  }
+  run(a, [&](int64_t t) { return I8W{q + t * Kp * NT}; },
+      [&](int64_t t, int64_t k) { return scales + (t * ng + k / G) * NT; }, [&](int64_t k) { return (k / G + 1) * G; },
+      [&](int64_t t, int64_t k) {
+        return mins ? MinTerm{mins + (t * ng + k / G) * NT, sx + k / G, ng} : MinTerm{};
+      });
+}
+
+void gemv_q4(const GemvArgs& a, const uint8_t* packed, int64_t G) { gemv_nibbles<DMScales<4>>(a, packed, G); }
+
+void gemv_records(const GemvArgs& a, const uint8_t* packed, RecordFormat format) {
+  switch (format) {
+    case RecordFormat::Q4_1: return gemv_nibbles<DMScales<4>>(a, packed, 32);
+    case RecordFormat::Q5_1: return gemv_nibbles<DMScales<5>>(a, packed, 32);
+    case RecordFormat::Q4_K: return gemv_nibbles<KScales<4, 8>>(a, packed, 32);
+    case RecordFormat::Q5_K: return gemv_nibbles<KScales<5, 8>>(a, packed, 32);
+    case RecordFormat::Q6_K: return gemv_nibbles<SubScales<6, 32>>(a, packed, 16);
+    case RecordFormat::Q2_K: return gemv_nibbles<KScales<4, 16>>(a, packed, 16);
+    case RecordFormat::Q3_K: return gemv_nibbles<SubScales<4, 4>>(a, packed, 16);
+  }
 }
 
 }  // namespace PAGEMILL_ISA

@@ -123,6 +123,9 @@ inline vf vload_part(const bf16* p, int64_t n) { return widen_bf16(_mm256_maskz_
 inline vf vload_i8(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
+inline vf vload_u8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 
 inline __m256i narrow_bf16(vf v) {  // round to nearest even, NaN -> 0x7FC0 (torch's rule)
   const __m512i u = _mm512_castps_si512(v);
@@ -180,6 +183,9 @@ inline vf vload_part(const f16* p, int64_t n) { return _mm256_cvtph_ps(load_part
 inline vf vload_part(const bf16* p, int64_t n) { return widen_bf16(load_part16(p, n)); }
 inline vf vload_i8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline vf vload_u8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
 inline __m128i narrow_bf16(vf v) {
@@ -262,6 +268,11 @@ inline vf vload(const T* p) {
   return r;
 }
 inline vf vload_i8(const int8_t* p) {
+  vf r;
+  for (int i = 0; i < W; ++i) r.v[i] = float(p[i]);
+  return r;
+}
+inline vf vload_u8(const uint8_t* p) {
   vf r;
   for (int i = 0; i < W; ++i) r.v[i] = float(p[i]);
   return r;
