@@ -39,7 +39,13 @@ def save_hf_dir(gguf_path: str, out_dir: str) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     d, f = os.path.split(os.path.abspath(gguf_path))
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    # transformers refuses to save a model it loaded from GGUF: the same weights go into a fresh model first.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
     model.save_pretrained(out_dir)
     AutoTokenizer.from_pretrained(d, gguf_file=f).save_pretrained(out_dir)
     return out_dir

@@ -29,6 +29,15 @@ QUANT_GROUP = GGUF_BLOCK  # inputs per scale (and per min for int4): the GGUF bl
 FLOAT_LAYER_SUFFIXES = ("lm_head.weight", "embed_tokens.weight")  # the LM head's checkpoint names (tied or not)
 
 
+def unpack_int8_tiles(q: torch.Tensor, scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """The float32 weight [rows, cols] of pack_gemv_weight_int8's tiles (any group size): q * scale."""
+    t, kp, tile = q.shape
+    group = kp // scales.shape[1]
+    qr = q.transpose(1, 2).reshape(t * tile, kp // group, group)[:rows]
+    sr = scales.transpose(1, 2).reshape(t * tile, -1, 1)[:rows]
+    return torch.mul(qr, sr).view(rows, kp)[:, :cols].contiguous()
+
+
 class WeightOnlyLinearMethod(GGUFLinearMethod):
     """A float checkpoint weight quantized at load into int8 tiles or int4 (Q4_1) records, plus the oneDNN copy of
     their dequantized values; apply / dequantized_weight are the GGUF records' (same kernels, same layouts)."""
@@ -69,6 +78,12 @@ class WeightOnlyLinearMethod(GGUFLinearMethod):
         layer.mkldnn_weight = mkldnn_pack(weight)
         # As for GGUF, the plain weight is a third copy, kept only where oneDNN is unavailable.
         layer.weight = None if layer.mkldnn_weight is not None else weight
+
+    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
+        """The float32 weight the kernels multiply by: q * scale (int8), d * q + m (int4)."""
+        if layer.gemv_q8 is not None:
+            return unpack_int8_tiles(*layer.gemv_q8, layer.out_features, layer.in_features)
+        return super().dequantized_weight(layer)
 
 
 class WeightOnlyQuantConfig(QuantConfig):
