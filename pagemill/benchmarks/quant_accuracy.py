@@ -8,8 +8,10 @@ decode batches.
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from pagemill.benchmarks.corpus import CORPUS_TEXT
 
@@ -33,21 +35,50 @@ def corpus_paragraphs() -> list[str]:
     return [p.strip() for p in CORPUS_TEXT.split("\n\n") if p.strip()]
 
 
-def save_hf_dir(gguf_path: str, out_dir: str) -> str:
-    """A GGUF model as a float32 safetensors HF directory (transformers dequantizes it), tokenizer included."""
+def dither_(weight: Any, generator: Any, group: int = 32) -> None:
+    """Add uniform noise of one Q4_1 step (per group of `group` inputs: (max - min) / 15) to a weight in place.
+
+    A Q4_1 file's dequantized weights are already on a 4-bit grid per group of 32, so int4 re-quantization recovers
+    them exactly; the noise makes a float weight whose Q4_1 rounding is (about) the stored one, as the original
+    checkpoint's was, so int4 / int8 errors are those of quantizing real float weights.
+    """
+    import torch
+
+    g = weight.view(weight.shape[0], -1, group)
+    step = (g.amax(-1, keepdim=True) - g.amin(-1, keepdim=True)) / 15
+    g.add_((torch.rand(g.shape, generator=generator) - 0.5) * step)
+
+
+def load_gguf_as_hf(gguf_path: str) -> tuple[Any, Any]:
+    """transformers' float32 model (dequantized) and tokenizer of a GGUF file."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     d, f = os.path.split(os.path.abspath(gguf_path))
-    loaded = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(d, gguf_file=f)
+
+
+def save_hf_dir(model: Any, tokenizer: Any, out_dir: str, dither_seed: int | None = None) -> str:
+    """A transformers model (e.g. loaded from GGUF) saved as a float32 safetensors HF directory with its tokenizer;
+    with `dither_seed`, the decoder layers' linear weights are dithered off their 4-bit grid (`dither_`)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     # transformers refuses to save a model it loaded from GGUF: the same weights go into a fresh model first.
-    config = loaded.config
+    config = copy.deepcopy(model.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
-    model.save_pretrained(out_dir)
-    AutoTokenizer.from_pretrained(d, gguf_file=f).save_pretrained(out_dir)
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh.load_state_dict(model.state_dict())
+    if dither_seed is not None:
+        generator = torch.Generator().manual_seed(dither_seed)
+        with torch.no_grad():
+            for name, p in fresh.named_parameters():
+                if ".layers." in name and p.dim() == 2 and p.shape[1] % 32 == 0:
+                    dither_(p.data, generator)
+    fresh.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
     return out_dir
 
 
