@@ -30,9 +30,32 @@ class Agreement:
     missing: int  # positions where float32's top-1 was not in the quantized top TOP_K (left out of the means)
 
 
+# Code and expository prose next to the corpus' fiction, so the positions are not all one register.
+EXTRA_PARAGRAPHS = [
+    "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n    out = []\n    i = j = 0\n"
+    "    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n            out.append(a[i])\n            i += 1\n"
+    "        else:\n            out.append(b[j])\n            j += 1\n    out.extend(a[i:])\n    out.extend(b[j:])\n"
+    "    return out\n\n\ndef binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n    while lo <= hi:\n"
+    "        mid = (lo + hi) // 2\n        if items[mid] == target:\n            return mid\n"
+    "        if items[mid] < target:\n            lo = mid + 1\n        else:\n            hi = mid - 1\n    return -1\n",
+    "Photosynthesis is the process by which green plants, algae and some bacteria turn light into chemical energy. "
+    "In the chloroplasts, chlorophyll absorbs mostly blue and red light, and that energy splits water molecules, "
+    "releasing oxygen as a by-product. The hydrogen and the energy captured in ATP and NADPH then drive the Calvin "
+    "cycle, which fixes carbon dioxide from the air into sugars. Nearly all the oxygen in the atmosphere and most "
+    "of the food eaten on Earth can be traced back to this reaction, which is why ecologists call plants the "
+    "primary producers of almost every ecosystem on land and in the sea.",
+    "The heart is a muscular organ about the size of a closed fist that pumps blood through the body. It has four "
+    "chambers: the two upper atria receive blood, and the two lower ventricles push it out. The right side sends "
+    "blood to the lungs, where it picks up oxygen and releases carbon dioxide; the left side then pumps the "
+    "oxygen-rich blood through the arteries to every organ. Valves between the chambers keep the blood flowing in "
+    "one direction, and an electrical signal that starts in the sinoatrial node sets the rhythm of each beat, "
+    "about seventy times a minute at rest.",
+]
+
+
 def corpus_paragraphs() -> list[str]:
-    """The built-in public-domain corpus, one sequence per paragraph (about 1.7k SmolLM2 tokens in all)."""
-    return [p.strip() for p in CORPUS_TEXT.split("\n\n") if p.strip()]
+    """The built-in public-domain corpus and EXTRA_PARAGRAPHS, one sequence per paragraph (~1.6k SmolLM2 tokens)."""
+    return [p.strip() for p in CORPUS_TEXT.split("\n\n") if p.strip()] + EXTRA_PARAGRAPHS
 
 
 def dither_(weight: Any, generator: Any, group: int = 32) -> None:
