@@ -26,9 +26,11 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=64,
                         help="prefill tokens per step (<= 64: the GEMV records; more: oneDNN)")
     parser.add_argument("--dither-seed", type=int, default=0)
-    parser.add_argument("--quantizations", default="int8,int4")
+    parser.add_argument("--no-bf16", action="store_true", help="leave out the bfloat16-matmul reference row")
     args = parser.parse_args()
-    quantizations = tuple(args.quantizations.split(","))
+    variants = {"int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}}
+    if not args.no_bf16:  # a known scale: the float weights rounded to bfloat16 (8 significant bits)
+        variants["bf16 matmuls"] = {"linear_dtype": "bfloat16"}
     with tempfile.TemporaryDirectory() as tmp:
         if args.hf_dir:
             dirs = {os.path.basename(os.path.normpath(args.hf_dir)): args.hf_dir}
@@ -38,11 +40,11 @@ def main() -> None:
                     f"dithered (seed {args.dither_seed})": save_hf_dir(model, tok, os.path.join(tmp, "dithered"),
                                                                        dither_seed=args.dither_seed)}
             del model
-        print(f"{'weights':<24} {'quant':<6} {'positions':>9} {'top-1 agree':>11} {'mean |dlp|':>10} "
+        print(f"{'weights':<24} {'variant':<12} {'positions':>9} {'top-1 agree':>11} {'mean |dlp|':>10} "
               f"{'max |dlp|':>9} {'missing':>7}")
         for name, path in dirs.items():
-            for a in measure(path, quantizations, chunk=args.chunk):
-                print(f"{name:<24} {a.quantization:<6} {a.positions:>9} {a.top1_agreement:>11.4f} "
+            for a in measure(path, variants, chunk=args.chunk):
+                print(f"{name:<24} {a.name:<12} {a.positions:>9} {a.top1_agreement:>11.4f} "
                       f"{a.mean_abs_dlogprob:>10.4f} {a.max_abs_dlogprob:>9.3f} {a.missing:>7}", flush=True)
 
 

@@ -20,9 +20,9 @@ TOP_K = 20  # prompt logprobs kept per position: float32's top-1 must be among t
 
 @dataclass
 class Agreement:
-    """One quantization against float32 over the corpus."""
+    """One variant (a quantization, a matmul dtype) against float32 over the corpus."""
 
-    quantization: str
+    name: str  # the variant: int8, int4, ...
     positions: int
     top1_agreement: float  # fraction of positions whose top-1 token is float32's
     mean_abs_dlogprob: float  # mean |logprob_q(t) - logprob_f32(t)| of float32's top-1 token t
@@ -105,21 +105,22 @@ def save_hf_dir(model: Any, tokenizer: Any, out_dir: str, dither_seed: int | Non
     return out_dir
 
 
-def prompt_topk(model: str, quantization: str, token_lists: list[list[int]], chunk: int = 64,
-                **llm_kwargs: object) -> list[list[dict[int, float]]]:
-    """Per sequence and position (from the second token on), the TOP_K tokens' logprobs of the engine."""
+def prompt_topk(model: str, token_lists: list[list[int]], chunk: int = 64,
+                **llm_kwargs: Any) -> list[list[dict[int, float]]]:
+    """Per sequence and position (from the second token on), the TOP_K tokens' logprobs of an engine built with
+    `llm_kwargs` (quantization=..., linear_dtype=...)."""
     from pagemill import LLM, SamplingParams
 
     max_len = max(len(t) for t in token_lists) + 16
-    llm = LLM(model, quantization=quantization, max_model_len=max_len, max_num_batched_tokens=chunk,
-              kv_cache_memory="256MiB", enable_prefix_caching=False, **llm_kwargs)
+    llm = LLM(model, max_model_len=max_len, max_num_batched_tokens=chunk, kv_cache_memory="256MiB",
+              enable_prefix_caching=False, **llm_kwargs)
     outs = llm.generate([{"prompt_token_ids": t} for t in token_lists],
                         SamplingParams(max_tokens=1, prompt_logprobs=TOP_K), use_tqdm=False)
     return [[{t: lp.logprob for t, lp in d.items() if lp.rank is not None and lp.rank <= TOP_K}
              for d in o.prompt_logprobs[1:]] for o in outs]
 
 
-def compare(quantization: str, ref: list[list[dict[int, float]]], other: list[list[dict[int, float]]]) -> Agreement:
+def compare(name: str, ref: list[list[dict[int, float]]], other: list[list[dict[int, float]]]) -> Agreement:
     """Top-1 agreement and |delta logprob| of the reference's top-1 token, over every position."""
     agree = missing = 0
     errors: list[float] = []
@@ -132,16 +133,20 @@ def compare(quantization: str, ref: list[list[dict[int, float]]], other: list[li
             else:
                 missing += 1
     positions = sum(len(s) for s in ref)
-    return Agreement(quantization, positions, agree / positions, sum(errors) / max(len(errors), 1),
+    return Agreement(name, positions, agree / positions, sum(errors) / max(len(errors), 1),
                      max(errors, default=0.0), missing)
 
 
-def measure(model: str, quantizations: tuple[str, ...] = ("int8", "int4"), chunk: int = 64,
-            **llm_kwargs: object) -> list[Agreement]:
-    """Each quantization of an HF-directory model against its float32 self over the corpus paragraphs."""
+DEFAULT_VARIANTS = {"int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}}
+
+
+def measure(model: str, variants: dict[str, dict[str, Any]] | None = None, chunk: int = 64) -> list[Agreement]:
+    """Each variant (name -> LLM kwargs; default int8 and int4) of an HF-directory model against its float32 self
+    over the corpus paragraphs."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
     token_lists = [tok.encode(p) for p in corpus_paragraphs()]
-    ref = prompt_topk(model, "none", token_lists, chunk, **llm_kwargs)
-    return [compare(q, ref, prompt_topk(model, q, token_lists, chunk, **llm_kwargs)) for q in quantizations]
+    ref = prompt_topk(model, token_lists, chunk)
+    return [compare(name, ref, prompt_topk(model, token_lists, chunk, **kwargs))
+            for name, kwargs in (variants or DEFAULT_VARIANTS).items()]
