@@ -32,12 +32,14 @@ class Agreement:
 
 # Code and expository prose next to the corpus' fiction, so the positions are not all one register.
 EXTRA_PARAGRAPHS = [
-    "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n    out = []\n    i = j = 0\n"
+    "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n"
+    "    out = []\n    i = j = 0\n"
     "    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n            out.append(a[i])\n            i += 1\n"
     "        else:\n            out.append(b[j])\n            j += 1\n    out.extend(a[i:])\n    out.extend(b[j:])\n"
     "    return out\n\n\ndef binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n    while lo <= hi:\n"
     "        mid = (lo + hi) // 2\n        if items[mid] == target:\n            return mid\n"
-    "        if items[mid] < target:\n            lo = mid + 1\n        else:\n            hi = mid - 1\n    return -1\n",
+    "        if items[mid] < target:\n            lo = mid + 1\n        else:\n"
+    "            hi = mid - 1\n    return -1\n",
     "Photosynthesis is the process by which green plants, algae and some bacteria turn light into chemical energy. "
     "In the chloroplasts, chlorophyll absorbs mostly blue and red light, and that energy splits water molecules, "
     "releasing oxygen as a by-product. The hydrogen and the energy captured in ATP and NADPH then drive the Calvin "

@@ -18,7 +18,8 @@ def get_quant_config(linear_dtype: str, quantization: str, model_dtype: torch.dt
     """The chooser of every linear layer's method, from the engine options and (GGUF) the file's tensor table."""
     check_linear_options(linear_dtype, quantization)
     if quantization in WEIGHT_ONLY_QUANTIZATIONS and gguf_tensor_types is not None:
-        raise ValueError(f"quantization={quantization!r} quantizes a float checkpoint; a GGUF file is already quantized.")
+        raise ValueError(f"quantization={quantization!r} quantizes a float checkpoint; a GGUF file is already "
+                         "quantized.")
     dtype = model_dtype if linear_dtype == "auto" else getattr(torch, linear_dtype)
     dense = DenseQuantConfig(dtype, model_dtype, kernels, prepack=quantization == "gguf")
     if quantization == "gguf":

@@ -97,7 +97,8 @@ class WeightOnlyQuantConfig(QuantConfig):
                              "engine does not use (attention_backend='torch', or the kernels are not built).")
         if dense.linear_dtype not in (torch.float32, torch.float16):
             raise ValueError(f"quantization={weight_format!r} needs float32 or float16 matmuls (the GEMV kernels' "
-                             f"inputs); linear_dtype resolves to {str(dense.linear_dtype).removeprefix('torch.')}.")
+                             f"inputs); linear_dtype resolves to {str(dense.linear_dtype).removeprefix('torch.')} (set "
+                             "linear_dtype='float32' or 'float16').")
         self.weight_format, self.dense = weight_format, dense
 
     def get_linear_method(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:
