@@ -105,11 +105,12 @@ def test_bad_options_name_the_field(smol_path):
     assert resolve_quantization("int4", from_gguf=False) == "int4"
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3"])  # untied head; tied head; fused qkv / gate_up tensors
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_tiny_llama_runs_a_batch(tiny_models, quantization):
-    """Every decoder linear of the tiny Llama is quantized (the untied LM head stays float32); a batch of short
-    and long prompts (GEMV and oneDNN prefills, GEMV decodes) generates its tokens."""
-    llm = LLM(tiny_models["llama"], quantization=quantization, kv_cache_memory="16MiB", max_model_len=256,
+def test_tiny_models_run_a_batch(tiny_models, kind, quantization):
+    """Every decoder linear of a tiny model is quantized (the LM head, tied or not, stays float32); a batch of
+    short and long prompts (GEMV and oneDNN prefills, GEMV decodes) generates its tokens."""
+    llm = LLM(tiny_models[kind], quantization=quantization, kv_cache_memory="16MiB", max_model_len=256,
               enable_prefix_caching=False)
     formats = Counter(m.weight_format for m in engine_model(llm).modules() if hasattr(m, "quant_method"))
     assert formats == Counter({quantization: 8, "float32": 1})  # 2 layers x (qkv, o, gate_up, down); the head
