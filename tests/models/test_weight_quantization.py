@@ -105,6 +105,18 @@ def test_bad_options_name_the_field(smol_path):
     assert resolve_quantization("int4", from_gguf=False) == "int4"
 
 
+def test_cli_flag_reaches_the_engine_args():
+    """`--quantization int4` is an engine flag (generated from EngineArgs) whose help names the choices."""
+    import argparse
+
+    from pagemill.entrypoints.openai.cli_args import add_engine_args, engine_args_from_namespace
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_args_from_namespace(parser.parse_args(["--quantization", "int4"])).quantization == "int4"
+    assert "int8 / int4" in " ".join(parser.format_help().split())
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3"])  # untied head; tied head; fused qkv / gate_up tensors
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
 def test_tiny_models_run_a_batch(tiny_models, kind, quantization):
