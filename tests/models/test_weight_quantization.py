@@ -54,6 +54,24 @@ def test_every_path_multiplies_by_the_dequantized_weight(quantization):
         torch.testing.assert_close(lin(x), F.linear(x, dq, b), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_float16_matmuls_use_the_same_quantized_values(quantization):
+    """With linear_dtype=float16 the fp16 GEMV (<= 8 rows) and the fp16 copy (more) compute with dequantized_weight
+    to float16 precision, reading and returning float16."""
+    torch.manual_seed(3)
+    w, b = torch.randn(130, 96), torch.randn(130)
+    lin = ColumnParallelLinear(96, 130, True, layer_context(quantization=quantization, linear_dtype="float16"),
+                               "model.layers.0.mlp.down_proj")
+    lin.load_weight("weight", w)
+    lin.load_weight("bias", b)
+    lin.process_weights_after_loading()
+    dq = lin.quant_method.dequantized_weight(lin)
+    for rows in (1, 8, 9, 100):
+        x = torch.randn(rows, 96).half()
+        y, ref = lin(x), F.linear(x.float(), dq, b)
+        assert y.dtype == torch.float16 and (y.float() - ref).abs().max() <= 2e-3 * ref.abs().max()
+
+
 def test_int4_recovers_weights_already_on_a_q4_1_grid():
     """A weight that is d * q + m per group of 32 (fp16 d, m) comes back bit for bit (a GGUF Q4_1 model's values)."""
     torch.manual_seed(1)
