@@ -175,6 +175,8 @@ def test_smollm2_teacher_forced_agreement(smol_hf_dirs):
         for a in res.values():
             print(f"{name} {a}")
     assert stored["int4"].top1_agreement == 1.0 and stored["int4"].mean_abs_dlogprob < 1e-4
+    # Measured 98.0% / 97.2%: int8's 0.55% weight error flips near ties as often as bfloat16 matmuls (98.2% / 97.8%);
+    # 99% is out of reach for symmetric int8 per group on this 135M model (group 16 gives the same).
     assert stored["int8"].top1_agreement >= 0.97 and stored["int8"].mean_abs_dlogprob < 0.04
     assert dithered["int8"].top1_agreement >= 0.95 and dithered["int8"].mean_abs_dlogprob < 0.05
     assert dithered["int4"].top1_agreement >= 0.55 and dithered["int4"].mean_abs_dlogprob < 0.7
