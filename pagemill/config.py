@@ -44,7 +44,8 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 LINEAR_DTYPES = ("auto", "float32", "float16", "bfloat16")
-QUANTIZATIONS = ("auto", "none", "gguf")
+WEIGHT_ONLY_QUANTIZATIONS = ("int8", "int4")  # float checkpoints quantized at load (layers/quantization/weight_only.py)
+QUANTIZATIONS = ("auto", "none", "gguf", *WEIGHT_ONLY_QUANTIZATIONS)
 
 
 def check_linear_options(linear_dtype: str, quantization: str) -> None:
@@ -57,11 +58,15 @@ def check_linear_options(linear_dtype: str, quantization: str) -> None:
 
 def resolve_quantization(quantization: str, from_gguf: bool) -> str:
     """auto = keep GGUF weights in their block formats (it changes no weight value), else none; gguf needs a GGUF
-    file (the blocks are read from it)."""
+    file (the blocks are read from it); int8 / int4 need float weights (safetensors), not a GGUF file's."""
+    check_linear_options("auto", quantization)
     if quantization == "auto":
         return "gguf" if from_gguf else "none"
     if quantization == "gguf" and not from_gguf:
         raise ValueError("quantization='gguf' needs a GGUF model file (the blocks are read from it).")
+    if quantization in WEIGHT_ONLY_QUANTIZATIONS and from_gguf:
+        raise ValueError(f"quantization={quantization!r} quantizes a float (safetensors) checkpoint at load; this "
+                         "model is a GGUF file, already quantized: use quantization='auto' (its own blocks) or 'none'.")
     return quantization
 
 
@@ -78,7 +83,7 @@ class ModelConfig:
     served_model_name: str | None = None
     seed: int = 0
     linear_dtype: str = "auto"  # matmul precision; auto = the model dtype (exact float32)
-    quantization: str = "none"  # none | gguf (resolved from auto)
+    quantization: str = "none"  # none | gguf | int8 | int4 (resolved from auto)
 
     @property
     def architecture(self) -> str:
@@ -191,7 +196,8 @@ class EngineArgs:
     attention_backend: str = "auto"
     linear_dtype: str = "auto"  # float16/bfloat16: 3-4x faster GEMMs, top-1 within 99% of float32
     kv_cache_dtype: str = "auto"  # float16/bfloat16: half the KV bytes (attention reads, cache capacity)
-    quantization: str = "auto"  # gguf (auto for GGUF files): small-batch GEMVs stream the Q4_1/Q8_0 weights as stored
+    quantization: str = "auto"  # gguf (auto for GGUF files): small-batch GEMVs stream the Q4_1/Q8_0 weights as stored;
+    # int8 / int4: a safetensors model's linears quantized at load (weight-only, per group of 32) for the same GEMVs
     profile: bool = False  # time each part of the engine step (StepProfiler)
     disable_log_stats: bool = True
 

@@ -1,4 +1,4 @@
-"""Linear methods (float, prepacked, GGUF blocks) and the engine options that choose them."""
+"""Linear methods (float, prepacked, GGUF blocks, int8/int4 weight-only) and the engine options that choose them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from pagemill.config import check_linear_options
+from pagemill.config import WEIGHT_ONLY_QUANTIZATIONS, check_linear_options
 from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig
 from pagemill.layers.quantization.dense import DenseQuantConfig
 
@@ -17,10 +17,17 @@ def get_quant_config(linear_dtype: str, quantization: str, model_dtype: torch.dt
                      gguf_tensor_types: dict[str, int] | None = None) -> QuantConfig:
     """The chooser of every linear layer's method, from the engine options and (GGUF) the file's tensor table."""
     check_linear_options(linear_dtype, quantization)
+    if quantization in WEIGHT_ONLY_QUANTIZATIONS and gguf_tensor_types is not None:
+        raise ValueError(f"quantization={quantization!r} quantizes a float checkpoint; a GGUF file is already "
+                         "quantized.")
     dtype = model_dtype if linear_dtype == "auto" else getattr(torch, linear_dtype)
     dense = DenseQuantConfig(dtype, model_dtype, kernels, prepack=quantization == "gguf")
     if quantization == "gguf":
         from pagemill.layers.quantization.gguf import GGUFQuantConfig
 
         return GGUFQuantConfig(gguf_tensor_types or {}, dense)
+    if quantization in WEIGHT_ONLY_QUANTIZATIONS:
+        from pagemill.layers.quantization.weight_only import WeightOnlyQuantConfig
+
+        return WeightOnlyQuantConfig(quantization, dense)
     return dense

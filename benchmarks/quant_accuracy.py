@@ -1,0 +1,52 @@
+"""int8 / int4 weight-only quantization vs float32: teacher-forced top-1 agreement and |delta logprob| on SmolLM2.
+
+The embedded SmolLM2 GGUF is saved as safetensors HF directories twice: with its stored values (already Q4_1 per
+group of 32, so int4 recovers them exactly) and dithered off that grid by one Q4_1 step of uniform noise (a float
+checkpoint, as the original was). Each quantization reads the corpus paragraphs with prompt logprobs against the
+float32 engine on the same directory (pagemill.benchmarks.quant_accuracy). Accuracy, not a timing.
+
+    python benchmarks/quant_accuracy.py [--model FILE.gguf | --hf-dir DIR] [--chunk 64] [--dither-seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+from pagemill.benchmarks.quant_accuracy import load_gguf_as_hf, measure, save_hf_dir
+from pagemill.loader.default_model import default_model_path
+
+
+def main() -> None:
+    """Print one table row per (weights, quantization)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="GGUF file to save as HF directories (default: SmolLM2)")
+    parser.add_argument("--hf-dir", default=None, help="an HF safetensors directory to measure as it is instead")
+    parser.add_argument("--chunk", type=int, default=64,
+                        help="prefill tokens per step (<= 64: the GEMV records; more: oneDNN)")
+    parser.add_argument("--dither-seed", type=int, default=0)
+    parser.add_argument("--no-bf16", action="store_true", help="leave out the bfloat16-matmul reference row")
+    args = parser.parse_args()
+    variants = {"int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}}
+    if not args.no_bf16:  # a known scale: the float weights rounded to bfloat16 (8 significant bits)
+        variants["bf16 matmuls"] = {"linear_dtype": "bfloat16"}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.hf_dir:
+            dirs = {os.path.basename(os.path.normpath(args.hf_dir)): args.hf_dir}
+        else:
+            model, tok = load_gguf_as_hf(args.model or default_model_path())
+            dirs = {"stored (Q4_1 values)": save_hf_dir(model, tok, os.path.join(tmp, "stored")),
+                    f"dithered (seed {args.dither_seed})": save_hf_dir(model, tok, os.path.join(tmp, "dithered"),
+                                                                       dither_seed=args.dither_seed)}
+            del model
+        print(f"{'weights':<24} {'variant':<12} {'positions':>9} {'top-1 agree':>11} {'mean |dlp|':>10} "
+              f"{'max |dlp|':>9} {'missing':>7}")
+        for name, path in dirs.items():
+            for a in measure(path, variants, chunk=args.chunk):
+                print(f"{name:<24} {a.name:<12} {a.positions:>9} {a.top1_agreement:>11.4f} "
+                      f"{a.mean_abs_dlogprob:>10.4f} {a.max_abs_dlogprob:>9.3f} {a.missing:>7}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

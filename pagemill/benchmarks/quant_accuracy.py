@@ -1,0 +1,154 @@
+"""Accuracy of int8 / int4 weight-only quantization against float32, teacher-forced over a fixed corpus.
+
+Each quantized engine reads the same token sequences as the float32 engine (prompt logprobs, no sampling); per
+position it reports whether its top-1 token is float32's, and |delta logprob| of float32's top-1 token. Prefills
+run in chunks of at most `chunk` tokens, so the few-row paths (the GEMV records) compute them, as they compute
+decode batches.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from pagemill.benchmarks.corpus import CORPUS_TEXT
+
+TOP_K = 20  # prompt logprobs kept per position: float32's top-1 must be among the quantized model's top 20
+
+
+@dataclass
+class Agreement:
+    """One variant (a quantization, a matmul dtype) against float32 over the corpus."""
+
+    name: str  # the variant: int8, int4, ...
+    positions: int
+    top1_agreement: float  # fraction of positions whose top-1 token is float32's
+    mean_abs_dlogprob: float  # mean |logprob_q(t) - logprob_f32(t)| of float32's top-1 token t
+    max_abs_dlogprob: float
+    missing: int  # positions where float32's top-1 was not in the quantized top TOP_K (left out of the means)
+
+
+# Code and expository prose next to the corpus' fiction, so the positions are not all one register.
+EXTRA_PARAGRAPHS = [
+    "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n"
+    "    out = []\n    i = j = 0\n"
+    "    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n            out.append(a[i])\n            i += 1\n"
+    "        else:\n            out.append(b[j])\n            j += 1\n    out.extend(a[i:])\n    out.extend(b[j:])\n"
+    "    return out\n\n\ndef binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n    while lo <= hi:\n"
+    "        mid = (lo + hi) // 2\n        if items[mid] == target:\n            return mid\n"
+    "        if items[mid] < target:\n            lo = mid + 1\n        else:\n"
+    "            hi = mid - 1\n    return -1\n",
+    "Photosynthesis is the process by which green plants, algae and some bacteria turn light into chemical energy. "
+    "In the chloroplasts, chlorophyll absorbs mostly blue and red light, and that energy splits water molecules, "
+    "releasing oxygen as a by-product. The hydrogen and the energy captured in ATP and NADPH then drive the Calvin "
+    "cycle, which fixes carbon dioxide from the air into sugars. Nearly all the oxygen in the atmosphere and most "
+    "of the food eaten on Earth can be traced back to this reaction, which is why ecologists call plants the "
+    "primary producers of almost every ecosystem on land and in the sea.",
+    "The heart is a muscular organ about the size of a closed fist that pumps blood through the body. It has four "
+    "chambers: the two upper atria receive blood, and the two lower ventricles push it out. The right side sends "
+    "blood to the lungs, where it picks up oxygen and releases carbon dioxide; the left side then pumps the "
+    "oxygen-rich blood through the arteries to every organ. Valves between the chambers keep the blood flowing in "
+    "one direction, and an electrical signal that starts in the sinoatrial node sets the rhythm of each beat, "
+    "about seventy times a minute at rest.",
+]
+
+
+def corpus_paragraphs() -> list[str]:
+    """The built-in public-domain corpus and EXTRA_PARAGRAPHS, one sequence per paragraph (~1.6k SmolLM2 tokens)."""
+    return [p.strip() for p in CORPUS_TEXT.split("\n\n") if p.strip()] + EXTRA_PARAGRAPHS
+
+
+def dither_(weight: Any, generator: Any, group: int = 32) -> None:
+    """Add uniform noise of one Q4_1 step (per group of `group` inputs: (max - min) / 15) to a weight in place.
+
+    A Q4_1 file's dequantized weights are already on a 4-bit grid per group of 32, so int4 re-quantization recovers
+    them exactly; the noise makes a float weight whose Q4_1 rounding is (about) the stored one, as the original
+    checkpoint's was, so int4 / int8 errors are those of quantizing real float weights.
+    """
+    import torch
+
+    g = weight.view(weight.shape[0], -1, group)
+    step = (g.amax(-1, keepdim=True) - g.amin(-1, keepdim=True)) / 15
+    g.add_((torch.rand(g.shape, generator=generator) - 0.5) * step)
+
+
+def load_gguf_as_hf(gguf_path: str) -> tuple[Any, Any]:
+    """transformers' float32 model (dequantized) and tokenizer of a GGUF file."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d, f = os.path.split(os.path.abspath(gguf_path))
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(d, gguf_file=f)
+
+
+def save_hf_dir(model: Any, tokenizer: Any, out_dir: str, dither_seed: int | None = None) -> str:
+    """A transformers model (e.g. loaded from GGUF) saved as a float32 safetensors HF directory with its tokenizer;
+    with `dither_seed`, the decoder layers' linear weights are dithered off their 4-bit grid (`dither_`)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    # transformers refuses to save a model it loaded from GGUF: the same weights go into a fresh model first.
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh.load_state_dict(model.state_dict())
+    if dither_seed is not None:
+        generator = torch.Generator().manual_seed(dither_seed)
+        with torch.no_grad():
+            for name, p in fresh.named_parameters():
+                if ".layers." in name and p.dim() == 2 and p.shape[1] % 32 == 0:
+                    dither_(p.data, generator)
+    fresh.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def prompt_topk(model: str, token_lists: list[list[int]], chunk: int = 64,
+                **llm_kwargs: Any) -> list[list[dict[int, float]]]:
+    """Per sequence and position (from the second token on), the TOP_K tokens' logprobs of an engine built with
+    `llm_kwargs` (quantization=..., linear_dtype=...)."""
+    from pagemill import LLM, SamplingParams
+
+    max_len = max(len(t) for t in token_lists) + 16
+    llm = LLM(model, max_model_len=max_len, max_num_batched_tokens=chunk, kv_cache_memory="256MiB",
+              enable_prefix_caching=False, **llm_kwargs)
+    outs = llm.generate([{"prompt_token_ids": t} for t in token_lists],
+                        SamplingParams(max_tokens=1, prompt_logprobs=TOP_K), use_tqdm=False)
+    return [[{t: lp.logprob for t, lp in d.items() if lp.rank is not None and lp.rank <= TOP_K}
+             for d in o.prompt_logprobs[1:]] for o in outs]
+
+
+def compare(name: str, ref: list[list[dict[int, float]]], other: list[list[dict[int, float]]]) -> Agreement:
+    """Top-1 agreement and |delta logprob| of the reference's top-1 token, over every position."""
+    agree = missing = 0
+    errors: list[float] = []
+    for ref_seq, seq in zip(ref, other, strict=True):
+        for r, o in zip(ref_seq, seq, strict=True):
+            top = max(r, key=r.get)
+            agree += int(max(o, key=o.get) == top)
+            if top in o:
+                errors.append(abs(o[top] - r[top]))
+            else:
+                missing += 1
+    positions = sum(len(s) for s in ref)
+    return Agreement(name, positions, agree / positions, sum(errors) / max(len(errors), 1),
+                     max(errors, default=0.0), missing)
+
+
+DEFAULT_VARIANTS = {"int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}}
+
+
+def measure(model: str, variants: dict[str, dict[str, Any]] | None = None, chunk: int = 64) -> list[Agreement]:
+    """Each variant (name -> LLM kwargs; default int8 and int4) of an HF-directory model against its float32 self
+    over the corpus paragraphs."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    token_lists = [tok.encode(p) for p in corpus_paragraphs()]
+    ref = prompt_topk(model, token_lists, chunk)
+    return [compare(name, ref, prompt_topk(model, token_lists, chunk, **kwargs))
+            for name, kwargs in (variants or DEFAULT_VARIANTS).items()]

@@ -1,0 +1,108 @@
+"""Weight-only int8 / int4 quantization of a float (safetensors) checkpoint at load, run by the GGUF records' kernels.
+
+- int8: symmetric, per group of 32 inputs (q in [-127, 127], fp32 scale = max|w| / 127): `pack_gemv_weight_int8`'s
+  tiles for `gemv_int8`. Groups of 32 rather than one scale per output channel: an outlier weight then coarsens
+  32 neighbours instead of the whole row, for 1/8 byte more per weight (1.125 bytes in all), and it is the layout
+  of GGUF's Q8_0, the one the kernel is measured on.
+- int4: asymmetric, per group of 32 (w = d * q + m, q in 0..15, fp16 d = (max - min) / 15, fp16 m = min): the
+  Q4_1 records `pack_gemv_weight_q4` fits for `gemv_q4` (0.625 bytes per weight).
+
+Few rows stream the records (GGUFLinearMethod.apply); more rows use oneDNN on the dequantized records, so both
+paths multiply by the same weight values. The LM head (tied or not) and the embedding stay float: the head's
+error lands directly on the logits, and a tied head shares the embedding's table at no extra memory.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig, copy_into
+from pagemill.layers.quantization.dense import DenseQuantConfig, mkldnn_pack
+from pagemill.layers.quantization.gguf import GGUF_BLOCK, GGUFLinearMethod
+
+WEIGHT_ONLY_FORMATS = ("int8", "int4")
+QUANT_GROUP = GGUF_BLOCK  # inputs per scale (and per min for int4): the GGUF block the unpackers read
+FLOAT_LAYER_SUFFIXES = ("lm_head.weight", "embed_tokens.weight")  # the LM head's checkpoint names (tied or not)
+
+
+def unpack_int8_tiles(q: torch.Tensor, scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """The float32 weight [rows, cols] of pack_gemv_weight_int8's tiles (any group size): q * scale."""
+    t, kp, tile = q.shape
+    group = kp // scales.shape[1]
+    qr = q.transpose(1, 2).reshape(t * tile, kp // group, group)[:rows]
+    sr = scales.transpose(1, 2).reshape(t * tile, -1, 1)[:rows]
+    return torch.mul(qr, sr).view(rows, kp)[:, :cols].contiguous()
+
+
+class WeightOnlyLinearMethod(GGUFLinearMethod):
+    """A float checkpoint weight quantized at load into int8 tiles or int4 (Q4_1) records, plus the oneDNN copy of
+    their dequantized values; apply / dequantized_weight are the GGUF records' (same kernels, same layouts)."""
+
+    def __init__(self, weight_format: str, dtype: torch.dtype, kernels: Any) -> None:
+        if weight_format not in WEIGHT_ONLY_FORMATS:
+            raise ValueError(f"quantization must be one of {', '.join(WEIGHT_ONLY_FORMATS)}, got {weight_format!r}.")
+        super().__init__(weight_format, dtype, kernels)
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
+        """A float32 staging weight [out, in] that the checkpoint fills (freed once quantized)."""
+        layer.in_features, layer.out_features = in_features, out_features
+        layer.weight = torch.empty(out_features, in_features, dtype=torch.float32)
+
+    def load_weight(self, layer: nn.Module, loaded: Any, row_offset: int, shard_index: int) -> None:
+        """Copy (converting to float32) into rows [row_offset, + rows) of the staging weight."""
+        if not isinstance(loaded, torch.Tensor) or not loaded.is_floating_point():
+            raise ValueError(f"quantization={self.weight_format!r} quantizes float checkpoint tensors, got "
+                             f"{type(loaded).__name__} {getattr(loaded, 'dtype', getattr(loaded, 'format', ''))}")
+        copy_into(layer.weight.narrow(0, row_offset, loaded.shape[0]), loaded)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Quantize the staging weight into the kernel's layout, then the oneDNN copy of the dequantized values."""
+        w = layer.weight
+        if not torch.isfinite(w).all():
+            raise ValueError(f"quantization={self.weight_format!r}: the checkpoint weight has non-finite values")
+        if self.weight_format == "int8":
+            layer.gemv_q4, layer.gemv_q8 = None, list(self.kernels.pack_gemv_weight_int8(w, QUANT_GROUP))
+        else:
+            packed, err = self.kernels.pack_gemv_weight_q4(w, QUANT_GROUP)
+            if not math.isfinite(float(err)):  # d or m past float16's range
+                raise ValueError("quantization='int4' needs weights within float16 range (|w| <= 32768)")
+            layer.gemv_q4, layer.gemv_q8 = packed, None
+        layer.weight = None
+        del w
+        layer.gemv_bias = None if layer.bias is None else layer.bias.float()
+        weight = self.dequantized_weight(layer).to(self.input_dtype)
+        layer.mkldnn_weight = mkldnn_pack(weight)
+        # As for GGUF, the plain weight is a third copy, kept only where oneDNN is unavailable.
+        layer.weight = None if layer.mkldnn_weight is not None else weight
+
+    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
+        """The float32 weight the kernels multiply by: q * scale (int8), d * q + m (int4)."""
+        if layer.gemv_q8 is not None:
+            return unpack_int8_tiles(*layer.gemv_q8, layer.out_features, layer.in_features)
+        return super().dequantized_weight(layer)
+
+
+class WeightOnlyQuantConfig(QuantConfig):
+    """int8 / int4 weight-only quantization of every linear layer but the LM head; the dense method elsewhere."""
+
+    def __init__(self, weight_format: str, dense: DenseQuantConfig) -> None:
+        if weight_format not in WEIGHT_ONLY_FORMATS:
+            raise ValueError(f"quantization must be one of {', '.join(WEIGHT_ONLY_FORMATS)}, got {weight_format!r}.")
+        if dense.kernels is None:
+            raise ValueError(f"quantization={weight_format!r} runs pagemill's compiled GEMV kernels, which this "
+                             "engine does not use (attention_backend='torch', or the kernels are not built).")
+        if dense.linear_dtype not in (torch.float32, torch.float16):
+            raise ValueError(f"quantization={weight_format!r} needs float32 or float16 matmuls (the GEMV kernels' "
+                             f"inputs); linear_dtype resolves to {str(dense.linear_dtype).removeprefix('torch.')} (set "
+                             "linear_dtype='float32' or 'float16').")
+        self.weight_format, self.dense = weight_format, dense
+
+    def get_linear_method(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:
+        """The quantized method, except for the LM head and inputs not a whole number of groups (dense)."""
+        if in_features % QUANT_GROUP or any(n.endswith(FLOAT_LAYER_SUFFIXES) for n in checkpoint_names):
+            return self.dense.get_linear_method(checkpoint_names, in_features)
+        return WeightOnlyLinearMethod(self.weight_format, self.dense.linear_dtype, self.dense.kernels)

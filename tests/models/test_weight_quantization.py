@@ -1,0 +1,199 @@
+"""int8 / int4 weight-only quantization of safetensors models at load: the layers compute with the values they
+report, the options are checked, the tiny models run, and SmolLM2 stays close to float32."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagemill import LLM, SamplingParams
+from pagemill.config import check_linear_options, resolve_quantization
+from pagemill.layers.linear import ColumnParallelLinear, QKVParallelLinear
+from pagemill.layers.quantization import get_quant_config
+from pagemill.layers.quantization.dense import UnquantizedLinearMethod
+from pagemill.layers.quantization.gguf import RECORDS_MAX_ROWS
+from pagemill.layers.quantization.weight_only import WeightOnlyLinearMethod
+from tests.conftest import SMOL_PROMPTS, require_kernels, requires_kernels
+from tests.layers.helpers import engine_model, layer_context
+
+pytestmark = requires_kernels
+
+
+def _quantized_layer(quantization: str, w: torch.Tensor, bias: torch.Tensor | None) -> ColumnParallelLinear:
+    lin = ColumnParallelLinear(w.shape[1], w.shape[0], bias is not None, layer_context(quantization=quantization),
+                               "model.layers.0.mlp.down_proj")
+    lin.load_weight("weight", w)
+    if bias is not None:
+        lin.load_weight("bias", bias)
+    lin.process_weights_after_loading()
+    return lin
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_every_path_multiplies_by_the_dequantized_weight(quantization):
+    """GEMV records (1..64 rows) and oneDNN (more) compute F.linear of dequantized_weight, which is within half a
+    quantization step of the checkpoint weight (group of 32: max|w| / 127 for int8, (max - min) / 15 for int4)."""
+    torch.manual_seed(0)
+    w, b = torch.randn(130, 96), torch.randn(130)
+    lin = _quantized_layer(quantization, w, b)
+    assert lin.weight_format == quantization and isinstance(lin.quant_method, WeightOnlyLinearMethod)
+    dq = lin.quant_method.dequantized_weight(lin)
+    groups = w.view(130, 3, 32)
+    if quantization == "int8":
+        step = groups.abs().amax(-1, keepdim=True) / 127
+    else:
+        step = (groups.amax(-1, keepdim=True) - groups.amin(-1, keepdim=True)) / 15
+    err = (dq.view(130, 3, 32) - groups).abs()
+    assert (err <= step * 0.5 + groups.abs().amax(-1, keepdim=True) * 2e-3).all()  # + fp16 rounding of d and m
+    assert err.max() > 0  # random weights are not on the grid: this is a real quantization
+    for rows in (1, 5, RECORDS_MAX_ROWS, RECORDS_MAX_ROWS + 1, 200):
+        x = torch.randn(rows, 96)
+        torch.testing.assert_close(lin(x), F.linear(x, dq, b), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_float16_matmuls_use_the_same_quantized_values(quantization):
+    """With linear_dtype=float16 the fp16 GEMV (<= 8 rows) and the fp16 copy (more) compute with dequantized_weight
+    to float16 precision, reading and returning float16."""
+    torch.manual_seed(3)
+    w, b = torch.randn(130, 96), torch.randn(130)
+    lin = ColumnParallelLinear(96, 130, True, layer_context(quantization=quantization, linear_dtype="float16"),
+                               "model.layers.0.mlp.down_proj")
+    lin.load_weight("weight", w)
+    lin.load_weight("bias", b)
+    lin.process_weights_after_loading()
+    dq = lin.quant_method.dequantized_weight(lin)
+    for rows in (1, 8, 9, 100):
+        x = torch.randn(rows, 96).half()
+        y, ref = lin(x), F.linear(x.float(), dq, b)
+        assert y.dtype == torch.float16 and (y.float() - ref).abs().max() <= 2e-3 * ref.abs().max()
+
+
+def test_int4_recovers_weights_already_on_a_q4_1_grid():
+    """A weight that is d * q + m per group of 32 (fp16 d, m) comes back bit for bit (a GGUF Q4_1 model's values)."""
+    torch.manual_seed(1)
+    q = torch.randint(0, 16, (64, 4, 32)).float()
+    q[..., 0], q[..., 1] = 0, 15  # each group spans the whole grid, as Q4_1's min/max fit makes it
+    d = (torch.rand(64, 4, 1) * 0.1).half().float()
+    m = (-torch.rand(64, 4, 1)).half().float()
+    w = (q * d + m).view(64, 128)
+    lin = _quantized_layer("int4", w, None)
+    assert torch.equal(lin.quant_method.dequantized_weight(lin), w)
+
+
+def test_qkv_shards_are_quantized_as_one_weight():
+    """A fused layer's shards fill one staging weight, quantized once; rows keep their shard's values."""
+    torch.manual_seed(2)
+    ctx = layer_context(quantization="int8")
+    qkv = QKVParallelLinear(64, 16, 4, 2, False, ctx, [f"model.layers.0.self_attn.{s}_proj" for s in "qkv"])
+    parts = {"q": torch.randn(64, 64), "k": torch.randn(32, 64), "v": torch.randn(32, 64)}
+    for shard, t in parts.items():
+        qkv.load_weight("weight", t, shard)
+    qkv.process_weights_after_loading()
+    full = torch.cat(list(parts.values()))
+    dq = qkv.quant_method.dequantized_weight(qkv)
+    assert dq.shape == full.shape and (dq - full).abs().max() <= full.abs().max() / 127
+
+
+def test_lm_head_and_unaligned_layers_stay_float():
+    """The LM head (tied or not) keeps the dense method; so does a layer whose inputs are not whole groups."""
+    config = get_quant_config("auto", "int4", torch.float32, require_kernels())
+    for names, k in ((["lm_head.weight"], 64), (["model.embed_tokens.weight"], 64), (["a.weight"], 48)):
+        assert type(config.get_linear_method(names, k)) is UnquantizedLinearMethod, names
+    assert isinstance(config.get_linear_method(["model.layers.0.mlp.down_proj.weight"], 64), WeightOnlyLinearMethod)
+
+
+def test_bad_options_name_the_field(smol_path):
+    """Unknown values, a GGUF model, the torch engine and bfloat16 matmuls are refused with the field named."""
+    with pytest.raises(ValueError, match="quantization must be one of .*int8, int4.*'int3'"):
+        check_linear_options("auto", "int3")
+    with pytest.raises(ValueError, match="quantization='int8'.*GGUF"):
+        resolve_quantization("int8", from_gguf=True)
+    with pytest.raises(ValueError, match="quantization='int4'.*GGUF"):
+        LLM(smol_path, quantization="int4")
+    with pytest.raises(ValueError, match="quantization='int8'.*kernels"):
+        get_quant_config("auto", "int8", torch.float32, None)
+    with pytest.raises(ValueError, match="linear_dtype resolves to bfloat16"):
+        get_quant_config("bfloat16", "int8", torch.float32, require_kernels())
+    with pytest.raises(ValueError, match="quantization='int8'.*GGUF"):
+        get_quant_config("auto", "int8", torch.float32, require_kernels(), gguf_tensor_types={})
+    assert resolve_quantization("int4", from_gguf=False) == "int4"
+
+
+def test_cli_flag_reaches_the_engine_args():
+    """`--quantization int4` is an engine flag (generated from EngineArgs) whose help names the choices."""
+    import argparse
+
+    from pagemill.entrypoints.openai.cli_args import add_engine_args, engine_args_from_namespace
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_args_from_namespace(parser.parse_args(["--quantization", "int4"])).quantization == "int4"
+    assert "int8 / int4" in " ".join(parser.format_help().split())
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3"])  # untied head; tied head; fused qkv / gate_up tensors
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_tiny_models_run_a_batch(tiny_models, kind, quantization):
+    """Every decoder linear of a tiny model is quantized (the LM head, tied or not, stays float32); a batch of
+    short and long prompts (GEMV and oneDNN prefills, GEMV decodes) generates its tokens."""
+    llm = LLM(tiny_models[kind], quantization=quantization, kv_cache_memory="16MiB", max_model_len=256,
+              enable_prefix_caching=False)
+    formats = Counter(m.weight_format for m in engine_model(llm).modules() if hasattr(m, "quant_method"))
+    assert formats == Counter({quantization: 8, "float32": 1})  # 2 layers x (qkv, o, gate_up, down); the head
+    prompts = [[1 + i] * (3 + 7 * i) for i in range(4)] + [list(range(5, 105))]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    vocab = len(llm.get_tokenizer())
+    for o in outs:
+        assert len(o.outputs[0].token_ids) == 12 and all(0 <= t < vocab for t in o.outputs[0].token_ids)
+
+
+@pytest.fixture(scope="module")
+def smol_hf_dirs(smol_hf, tmp_path_factory) -> dict[str, str]:
+    """SmolLM2 as safetensors HF directories: its GGUF's values ("stored") and dithered off the 4-bit grid."""
+    from pagemill.benchmarks.quant_accuracy import save_hf_dir
+
+    root = tmp_path_factory.mktemp("smol-hf")
+    model, tok = smol_hf
+    return {"stored": save_hf_dir(model, tok, str(root / "stored")),
+            "dithered": save_hf_dir(model, tok, str(root / "dithered"), dither_seed=0)}
+
+
+@pytest.mark.slow
+def test_smollm2_teacher_forced_agreement(smol_hf_dirs):
+    """Top-1 agreement with float32 over the corpus. The stored weights are Q4_1 values, so int4 recovers them
+    exactly; dithered, they are real float weights (measured: see benchmarks/README.md, weight-only quantization)."""
+    from pagemill.benchmarks.quant_accuracy import measure
+
+    stored = {a.name: a for a in measure(smol_hf_dirs["stored"])}
+    dithered = {a.name: a for a in measure(smol_hf_dirs["dithered"])}
+    for name, res in (("stored", stored), ("dithered", dithered)):
+        for a in res.values():
+            print(f"{name} {a}")
+    assert stored["int4"].top1_agreement == 1.0 and stored["int4"].mean_abs_dlogprob < 1e-4
+    # Measured 98.0% / 97.2%: int8's 0.55% weight error flips near ties as often as bfloat16 matmuls (98.2% / 97.8%);
+    # 99% is out of reach for symmetric int8 per group on this 135M model (group 16 gives the same).
+    assert stored["int8"].top1_agreement >= 0.97 and stored["int8"].mean_abs_dlogprob < 0.04
+    assert dithered["int8"].top1_agreement >= 0.95 and dithered["int8"].mean_abs_dlogprob < 0.05
+    assert dithered["int4"].top1_agreement >= 0.55 and dithered["int4"].mean_abs_dlogprob < 0.7
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_close_to_float32(smol_hf_dirs):
+    """Greedy continuations of the SmolLM2 HF directory: int4 recovers its Q4_1 values, so its tokens are float32's;
+    int8 follows float32's for a while, then parts at a near tie (measured common prefixes: 32, 32, 5, 3, 4, 0)."""
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    runs = {}
+    for q in ("none", "int8", "int4"):
+        llm = LLM(smol_hf_dirs["stored"], quantization=q, kv_cache_memory="64MiB", max_model_len=256)
+        runs[q] = [o.outputs[0].token_ids for o in llm.generate(SMOL_PROMPTS[:6], params, use_tqdm=False)]
+        del llm
+    assert runs["int4"] == runs["none"]
+    common = [next((i for i, (a, b) in enumerate(zip(f, q)) if a != b), len(f))
+              for f, q in zip(runs["none"], runs["int8"])]
+    print(f"int8 vs float32 greedy: common prefix {common} of 32 tokens")
+    assert max(common) == 32 and sum(common) >= 48
