@@ -57,17 +57,59 @@ def pack_records(parts: list[tuple[str, torch.Tensor]]) -> tuple[str, Any]:
     return kind, pack_int8(parts)
 
 
-class GGUFLinearMethod(LinearMethodBase):
-    """The layer's GGUF blocks as GEMV records (the parts of a fused layer may mix formats: see pack_records),
-    plus a oneDNN copy of the dequantized weight for more rows than the GEMV serves. `records` names the record
-    kind (q4, q5, q4k, q5k, q6k, int8); weight_format the file formats (q5_0, or q5_0+q8_0 for a mixed fused layer)."""
+class RecordsLinearMethod(LinearMethodBase):
+    """Weights held as GEMV records (`records` names the kind: q4, q5, q4k, q5k, q6k, int8) for up to max_rows
+    rows, plus a oneDNN copy of their dequantized values for more rows. Subclasses make the records at load."""
+
+    def __init__(self, records: str, weight_format: str, dtype: torch.dtype, kernels: Any) -> None:
+        self.records, self.weight_format, self.input_dtype, self.kernels = records, weight_format, dtype, kernels
+        self.max_rows = RECORDS_MAX_ROWS if dtype == torch.float32 else F16_GEMV_MAX_ROWS
+        self.record_bytes = 0  # of the layer's records, once packed (the weight-format report)
+
+    def set_records(self, layer: nn.Module, records: Any, weight: torch.Tensor | None = None) -> None:
+        """Install the layer's records and the oneDNN copy of `weight` (their float32 values; decoded if None)."""
+        layer.gemv_records = records
+        self.record_bytes = record_bytes(records)
+        layer.gemv_bias = None if layer.bias is None else layer.bias.float()
+        if weight is None:
+            weight = self.dequantized_weight(layer)
+        weight = weight.to(self.input_dtype)
+        layer.mkldnn_weight = mkldnn_pack(weight)
+        # With the oneDNN copy nothing reads a plain weight (a third copy, 4 bytes per weight): it is kept only where
+        # oneDNN is unavailable.
+        layer.weight = None if layer.mkldnn_weight is not None else weight
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The records GEMV up to max_rows rows, else oneDNN."""
+        x = x.to(self.input_dtype)
+        if x.dim() == 2 and x.shape[0] <= self.max_rows:
+            out = torch.empty(x.shape[0], layer.out_features, dtype=self.input_dtype)
+            rec = layer.gemv_records
+            if self.records == "int8":
+                self.kernels.gemv_int8(out, x.contiguous(), rec[0], rec[1], layer.gemv_bias,
+                                       rec[2] if len(rec) > 2 else None)
+            else:
+                self.kernels.gemv_records(out, x.contiguous(), rec, PLANE_LAYOUTS[self.records][3], layer.gemv_bias)
+            return out
+        if layer.mkldnn_weight is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, layer.mkldnn_weight, layer.bias, "none", [], "")
+        return F.linear(x, layer.weight, layer.bias)
+
+    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
+        """The float32 weight the records hold."""
+        if self.records in PLANE_LAYOUTS:
+            return unpack_planes(self.records, layer.gemv_records, layer.out_features)
+        return unpack_int8(layer.gemv_records, layer.out_features, layer.in_features)
+
+
+class GGUFLinearMethod(RecordsLinearMethod):
+    """The layer's GGUF blocks as GEMV records (the parts of a fused layer may mix formats: see pack_records);
+    weight_format names the file formats (q5_0, or q5_0+q8_0 for a mixed fused layer). The records hold exactly
+    the file's dequantized values."""
 
     def __init__(self, formats: set[str], dtype: torch.dtype, kernels: Any) -> None:
-        self.formats, self.input_dtype, self.kernels = formats, dtype, kernels
-        self.weight_format = "+".join(sorted(formats))
-        self.max_rows = RECORDS_MAX_ROWS if dtype == torch.float32 else F16_GEMV_MAX_ROWS
-        self.records = record_kind(formats)
-        self.record_bytes = 0  # of the layer's records, once packed (the weight-format report)
+        super().__init__(record_kind(formats), "+".join(sorted(formats)), dtype, kernels)
+        self.formats = formats
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
         """Room for the checkpoint parts (loaded lazily from the file; nothing is allocated)."""
@@ -87,45 +129,17 @@ class GGUFLinearMethod(LinearMethodBase):
         rows = sum(p.shape[0] for _, p in parts)
         if rows != layer.out_features:
             raise ValueError(f"GGUF blocks cover {rows} of {layer.out_features} rows")
-        self.records, layer.gemv_records = pack_records([(p.format, p.blocks) for _, p in parts])
-        self.record_bytes = record_bytes(layer.gemv_records)
-        layer.gemv_bias = None if layer.bias is None else layer.bias.float()
+        self.records, records = pack_records([(p.format, p.blocks) for _, p in parts])
         # A layer may already hold the same values as floats (a tied LM head: the embedding's table); else decode.
         weight = getattr(layer, "float_weight", None)
         if weight is None:
             weight = torch.empty(layer.out_features, layer.in_features, dtype=torch.float32)
             for offset, part in parts:
                 part.load_into(weight.narrow(0, offset, part.shape[0]))  # gguf.quants' arithmetic, bit for bit
-        weight = weight.to(self.input_dtype)
-        layer.mkldnn_weight = mkldnn_pack(weight)
-        # With the oneDNN copy nothing reads a plain weight (a third copy, 4 bytes per weight): it is kept only where
-        # oneDNN is unavailable.
-        layer.weight = None if layer.mkldnn_weight is not None else weight
+        self.set_records(layer, records, weight)
         for _, part in parts:
             part.release()
         layer.gguf_parts = {}
-
-    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """The records GEMV up to max_rows rows, else oneDNN."""
-        x = x.to(self.input_dtype)
-        if x.dim() == 2 and x.shape[0] <= self.max_rows:
-            out = torch.empty(x.shape[0], layer.out_features, dtype=self.input_dtype)
-            rec = layer.gemv_records
-            if self.records == "int8":
-                self.kernels.gemv_int8(out, x.contiguous(), rec[0], rec[1], layer.gemv_bias,
-                                       rec[2] if len(rec) > 2 else None)
-            else:
-                self.kernels.gemv_records(out, x.contiguous(), rec, PLANE_LAYOUTS[self.records][3], layer.gemv_bias)
-            return out
-        if layer.mkldnn_weight is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, layer.mkldnn_weight, layer.bias, "none", [], "")
-        return F.linear(x, layer.weight, layer.bias)
-
-    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
-        """The float32 weight the records hold (bit-identical to the file's dequantized values)."""
-        if self.records in PLANE_LAYOUTS:
-            return unpack_planes(self.records, layer.gemv_records, layer.out_features)
-        return unpack_int8(layer.gemv_records, layer.out_features, layer.in_features)
 
 
 class GGUFQuantConfig(QuantConfig):

@@ -21,31 +21,22 @@ import torch
 from torch import nn
 
 from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig, copy_into
-from pagemill.layers.quantization.dense import DenseQuantConfig, mkldnn_pack
-from pagemill.layers.quantization.gguf import GGUF_BLOCK, GGUFLinearMethod
+from pagemill.layers.quantization.dense import DenseQuantConfig
+from pagemill.layers.quantization.gguf import RecordsLinearMethod
 
 WEIGHT_ONLY_FORMATS = ("int8", "int4")
-QUANT_GROUP = GGUF_BLOCK  # inputs per scale (and per min for int4): the GGUF block the unpackers read
+QUANT_GROUP = 32  # inputs per scale (and per min for int4): the GGUF block the unpackers read
 FLOAT_LAYER_SUFFIXES = ("lm_head.weight", "embed_tokens.weight")  # the LM head's checkpoint names (tied or not)
 
 
-def unpack_int8_tiles(q: torch.Tensor, scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """The float32 weight [rows, cols] of pack_gemv_weight_int8's tiles (any group size): q * scale."""
-    t, kp, tile = q.shape
-    group = kp // scales.shape[1]
-    qr = q.transpose(1, 2).reshape(t * tile, kp // group, group)[:rows]
-    sr = scales.transpose(1, 2).reshape(t * tile, -1, 1)[:rows]
-    return torch.mul(qr, sr).view(rows, kp)[:, :cols].contiguous()
-
-
-class WeightOnlyLinearMethod(GGUFLinearMethod):
+class WeightOnlyLinearMethod(RecordsLinearMethod):
     """A float checkpoint weight quantized at load into int8 tiles or int4 (Q4_1) records, plus the oneDNN copy of
     their dequantized values; apply / dequantized_weight are the GGUF records' (same kernels, same layouts)."""
 
     def __init__(self, weight_format: str, dtype: torch.dtype, kernels: Any) -> None:
         if weight_format not in WEIGHT_ONLY_FORMATS:
             raise ValueError(f"quantization must be one of {', '.join(WEIGHT_ONLY_FORMATS)}, got {weight_format!r}.")
-        super().__init__(weight_format, dtype, kernels)
+        super().__init__("int8" if weight_format == "int8" else "q4", weight_format, dtype, kernels)
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
         """A float32 staging weight [out, in] that the checkpoint fills (freed once quantized)."""
@@ -65,25 +56,14 @@ class WeightOnlyLinearMethod(GGUFLinearMethod):
         if not torch.isfinite(w).all():
             raise ValueError(f"quantization={self.weight_format!r}: the checkpoint weight has non-finite values")
         if self.weight_format == "int8":
-            layer.gemv_q4, layer.gemv_q8 = None, list(self.kernels.pack_gemv_weight_int8(w, QUANT_GROUP))
+            records = list(self.kernels.pack_gemv_weight_int8(w, QUANT_GROUP))
         else:
-            packed, err = self.kernels.pack_gemv_weight_q4(w, QUANT_GROUP)
+            records, err = self.kernels.pack_gemv_weight_q4(w, QUANT_GROUP)
             if not math.isfinite(float(err)):  # d or m past float16's range
                 raise ValueError("quantization='int4' needs weights within float16 range (|w| <= 32768)")
-            layer.gemv_q4, layer.gemv_q8 = packed, None
         layer.weight = None
         del w
-        layer.gemv_bias = None if layer.bias is None else layer.bias.float()
-        weight = self.dequantized_weight(layer).to(self.input_dtype)
-        layer.mkldnn_weight = mkldnn_pack(weight)
-        # As for GGUF, the plain weight is a third copy, kept only where oneDNN is unavailable.
-        layer.weight = None if layer.mkldnn_weight is not None else weight
-
-    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
-        """The float32 weight the kernels multiply by: q * scale (int8), d * q + m (int4)."""
-        if layer.gemv_q8 is not None:
-            return unpack_int8_tiles(*layer.gemv_q8, layer.out_features, layer.in_features)
-        return super().dequantized_weight(layer)
+        self.set_records(layer, records)
 
 
 class WeightOnlyQuantConfig(QuantConfig):
