@@ -116,7 +116,7 @@ def moe_reference(tiny_moe_models, smol_hf) -> dict[str, tuple[list[list[int]], 
 ENGINE_PATHS = {
     "batch": dict(kv_cache_memory="64MiB", block_size=8),
     "chunked_prefill": dict(kv_cache_memory="64MiB", block_size=8, max_num_batched_tokens=16),
-    "preemption": dict(num_gpu_blocks_override=14, block_size=8, max_model_len=112, enable_prefix_caching=False),
+    "preemption": dict(num_gpu_blocks_override=12, block_size=8, max_model_len=80, enable_prefix_caching=False),
 }
 
 
