@@ -1,8 +1,8 @@
 """Fused mixture-of-experts: top-k routing, and every expert's gated MLP over its own tokens in one pass.
 
 The experts' weights are stacked (gate+up [E, 2I, H], down [E, H, I]); the (token, expert) pairs are sorted by
-expert once, each *active* expert runs one GEMM (a GEMV at decode) over its contiguous rows, and the weighted rows
-go back to their tokens. No per-token Python loop, and experts that got no token cost nothing.
+expert once, each *active* expert runs one GEMM (a GEMV at decode) over its contiguous rows (all of them in one
+torch grouped_mm call), and the weighted rows go back to their tokens. No per-token Python loop, and experts that got no token cost nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pagemill.layers.context import LayerContext
@@ -19,6 +20,8 @@ from pagemill.layers.quantization.base import copy_into
 
 # a per-expert checkpoint weight: <prefix>.experts.<e>.<projection>.weight
 _EXPERT_WEIGHT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight$")
+# torch >= 2.10: every expert's GEMM in one call (on CPU, the same BLAS GEMMs as one torch.mm per expert)
+_GROUPED_MM = getattr(F, "grouped_mm", None)
 
 
 def select_experts(router_logits: torch.Tensor, top_k: int,
@@ -33,35 +36,41 @@ def select_experts(router_logits: torch.Tensor, top_k: int,
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor, act_and_mul: Callable[[torch.Tensor, torch.dtype], torch.Tensor]
-                  ) -> torch.Tensor:
+                  topk_ids: torch.Tensor, act_and_mul: Callable[[torch.Tensor, torch.dtype], torch.Tensor],
+                  grouped_mm: bool = True) -> torch.Tensor:
     """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]) for every token t.
 
     x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; act_and_mul([gate | up], dtype) -> act(gate) *
-    up. The k contributions of a token are summed in top-k order, as HF's grouped experts do.
+    up. The k contributions of a token are summed in top-k order, as HF's grouped experts do. `grouped_mm`: the
+    experts' GEMMs in one torch grouped_mm call where torch has it, else one torch.mm per active expert.
     """
     num_tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     flat_ids = topk_ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)  # the (token, expert) pairs grouped by expert
-    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    offsets = torch.cumsum(torch.bincount(flat_ids, minlength=w13.shape[0]), 0, dtype=torch.int32)
+    gemm = _grouped_gemm if grouped_mm and _GROUPED_MM is not None else _per_expert_gemm
     rows = x.index_select(0, order // top_k)
-    active = []  # (expert, first row, rows) of the experts with tokens
-    start = 0
-    for expert, n in enumerate(counts):
-        if n:
-            active.append((expert, start, n))
-            start += n
-    gate_up = x.new_empty(rows.shape[0], w13.shape[1])
-    for expert, s, n in active:
-        torch.mm(rows[s:s + n], w13[expert].t(), out=gate_up[s:s + n])
-    h = act_and_mul(gate_up, x.dtype)
-    out = x.new_empty(rows.shape[0], hidden)
-    for expert, s, n in active:
-        torch.mm(h[s:s + n], w2[expert].t(), out=out[s:s + n])
+    out = gemm(act_and_mul(gemm(rows, w13, offsets), x.dtype), w2, offsets)
     out *= topk_weights.reshape(-1)[order].unsqueeze(1).to(out.dtype)
     # back to (token, rank) order, then each token's k rows summed
     return out.new_empty(out.shape).index_copy_(0, order, out).view(num_tokens, top_k, hidden).sum(dim=1)
+
+
+def _grouped_gemm(rows: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """rows [S, in] grouped by expert (group e ends at offsets[e]) times w[e]^T ([E, out, in]): one torch call."""
+    return _GROUPED_MM(rows, w.transpose(1, 2), offs=offsets)
+
+
+def _per_expert_gemm(rows: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """As _grouped_gemm, one torch.mm per expert with rows (experts without any are skipped)."""
+    out = rows.new_empty(rows.shape[0], w.shape[1])
+    start = 0
+    for expert, end in enumerate(offsets.tolist()):
+        if end > start:
+            torch.mm(rows[start:end], w[expert].t(), out=out[start:end])
+        start = end
+    return out
 
 
 class FusedMoE(nn.Module):

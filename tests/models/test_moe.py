@@ -35,9 +35,10 @@ def _loop_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, logits
     return out
 
 
+@pytest.mark.parametrize("grouped_mm", [True, False])
 @pytest.mark.parametrize("num_tokens", [1, 3, 257])
 @pytest.mark.parametrize("top_k,renormalize", [(2, True), (2, False), (3, True)])
-def test_fused_experts_match_per_expert_loop(num_tokens, top_k, renormalize):
+def test_fused_experts_match_per_expert_loop(num_tokens, top_k, renormalize, grouped_mm):
     torch.manual_seed(num_tokens * 10 + top_k)
     experts, hidden, inter = 8, 64, 48
     x = torch.randn(num_tokens, hidden)
@@ -47,7 +48,7 @@ def test_fused_experts_match_per_expert_loop(num_tokens, top_k, renormalize):
     logits[:, [2, 5]] = -1e4  # experts 2 and 5 get no token
     weights, ids = select_experts(logits, top_k, renormalize)
     assert not torch.isin(ids, torch.tensor([2, 5])).any()
-    got = fused_experts(x, w13, w2, weights, ids, TorchLayerOps().silu_and_mul)
+    got = fused_experts(x, w13, w2, weights, ids, TorchLayerOps().silu_and_mul, grouped_mm=grouped_mm)
     ref = _loop_reference(x, w13, w2, logits, top_k, renormalize)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
