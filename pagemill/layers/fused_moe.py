@@ -19,7 +19,7 @@ from pagemill.layers.context import LayerContext
 from pagemill.layers.quantization.base import copy_into
 
 # a per-expert checkpoint weight: <prefix>.experts.<e>.<projection>.weight
-_EXPERT_WEIGHT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight$")
+_EXPERT_WEIGHT = re.compile(r"^(?P<prefix>(?:.*\.)?experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight$")
 # torch >= 2.10: every expert's GEMM in one call (on CPU, the same BLAS GEMMs as one torch.mm per expert)
 _GROUPED_MM = getattr(F, "grouped_mm", None)
 
@@ -142,7 +142,7 @@ def split_stacked_experts(weights: Iterable[tuple[str, Any]],
     gate, up, down = proj_names
     for name, tensor in weights:
         prefix, _, leaf = name.rpartition(".")
-        if not prefix.endswith(".experts") or leaf not in ("gate_up_proj", "down_proj"):
+        if prefix.rpartition(".")[2] != "experts" or leaf not in ("gate_up_proj", "down_proj"):
             yield name, tensor
             continue
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 3:

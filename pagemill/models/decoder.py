@@ -144,10 +144,8 @@ class DecoderLayer(nn.Module):
                  prefix: str, mlp_factory: MLPFactory | None = None) -> None:
         super().__init__()
         self.self_attn = DecoderAttention(spec, layer_idx, rotary, ctx, f"{prefix}.self_attn")
-        if mlp_factory is None:
-            self.mlp = GatedMLP(spec, ctx, f"{prefix}.mlp")
-        else:
-            self.mlp = mlp_factory(layer_idx, ctx, f"{prefix}.mlp")
+        self.mlp = (mlp_factory(layer_idx, ctx, f"{prefix}.mlp") if mlp_factory is not None
+                    else GatedMLP(spec, ctx, f"{prefix}.mlp"))
 
         def norm(out_dtype: torch.dtype) -> RMSNorm:
             return RMSNorm(spec.hidden_size, spec.rms_norm_eps, ctx.ops, out_dtype, spec.norm_one_plus)

@@ -59,9 +59,10 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """[T, hidden] -> [T, hidden]."""
-        out = self.experts(h, self.gate(h))
+        # .forward, not __call__: no module hooks here (as the decoder kit's hot path)
+        out = self.experts.forward(h, self.gate(h))
         if self.shared_expert is not None:
-            shared = torch.sigmoid(self.shared_expert_gate(h)) * self.shared_expert(h)
+            shared = torch.sigmoid(self.shared_expert_gate(h)) * self.shared_expert.forward(h)
             out = out + shared.to(out.dtype)
         return out
 

@@ -10,7 +10,12 @@ import torch.nn.functional as F
 from pagemill import LLM, SamplingParams
 from pagemill.kernels.ops import TorchLayerOps
 from pagemill.layers.fused_moe import FusedMoE, expert_target, fused_experts, select_experts, split_stacked_experts
+from pagemill.models.decoder import DecoderForCausalLM, DecoderSpec
+from pagemill.models.moe import MoESpec, SparseMoeBlock
+from pagemill.models.qwen2_moe import Qwen2MoeForCausalLM
+from pagemill.models.weights import load_checkpoint_weights
 from tests.conftest import SMOL_PROMPTS, hf_greedy
+from tests.layers.helpers import layer_context
 
 MOE_KINDS = ["mixtral", "qwen2_moe", "qwen3_moe"]
 MAX_TOKENS = 24
@@ -64,10 +69,7 @@ def test_select_experts_routing():
 
 
 def _fused_moe(num_experts: int, hidden: int, inter: int, proj_names: tuple[str, str, str]) -> FusedMoE:
-    from types import SimpleNamespace
-
-    ctx = SimpleNamespace(tp_size=1, dtype=torch.float32, ops=TorchLayerOps())
-    return FusedMoE(num_experts, 2, hidden, inter, True, ctx, proj_names=proj_names)
+    return FusedMoE(num_experts, 2, hidden, inter, True, layer_context(kernels=False), proj_names=proj_names)
 
 
 def test_per_expert_and_stacked_checkpoints_load_the_same():
@@ -92,6 +94,43 @@ def test_per_expert_and_stacked_checkpoints_load_the_same():
     assert expert_target("model.layers.0.mlp.shared_expert.gate_proj.weight") is None
     with pytest.raises(ValueError, match="no 'w1:4'"):
         layer.load_weight("w1:4", torch.zeros(inter, hidden))
+
+
+@pytest.mark.parametrize("norm_topk_prob", [False, True])
+def test_qwen2_moe_block_matches_hf(norm_topk_prob):
+    """Router, fused experts and the sigmoid-gated shared expert, loaded from HF's own block (stacked experts)."""
+    from transformers import Qwen2MoeConfig
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+
+    torch.manual_seed(1)
+    config = Qwen2MoeConfig(vocab_size=32, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+                            moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                            norm_topk_prob=norm_topk_prob)
+    hf = Qwen2MoeSparseMoeBlock(config).eval()
+    with torch.no_grad():
+        for param in hf.parameters():
+            param.normal_(0, 0.2)
+    moe = Qwen2MoeForCausalLM.moe_spec(config)
+    assert moe.renormalize == norm_topk_prob and moe.sparse_layers == (True, True)
+    block = SparseMoeBlock(DecoderSpec.from_hf_config(config), moe, layer_context(kernels=False), "mlp",
+                           ("gate_proj", "up_proj", "down_proj"))
+    weights = [(f"mlp.{name}", t.detach()) for name, t in hf.state_dict().items()]
+    assert "mlp.experts.gate_up_proj" in dict(weights)  # transformers 5 keeps the experts stacked
+    root = torch.nn.Module()
+    root.mlp = block
+    load_checkpoint_weights(root, split_stacked_experts(weights, ("gate_proj", "up_proj", "down_proj")),
+                            DecoderForCausalLM.packed_modules_mapping, lambda name: [expert_target(name) or name])
+    x = torch.randn(40, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(block(x), hf(x.unsqueeze(0)).squeeze(0), rtol=1e-5, atol=1e-5)
+
+
+def test_qwen_sparse_layers():
+    from transformers import Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3], num_experts=4)
+    assert MoESpec.qwen_sparse_layers(config) == (False, True, False, False, False, True)
 
 
 def _prompts(tok) -> list[list[int]]:
