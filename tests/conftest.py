@@ -136,7 +136,14 @@ def _save_tiny(kind: str, root: str, tokenizer) -> str:
              "gemma3_text": dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8, tie_word_embeddings=True,
                                  layer_types=["sliding_attention", "full_attention"]),
              "phi3": dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
-                          pad_token_id=0)}[kind]
+                          pad_token_id=0),
+             # MoE: 8 experts, top-2; Qwen2-MoE's layer 0 dense (mlp_only_layers), layer 1 with its shared expert
+             "mixtral": dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=None, rope_theta=1e6),
+             "qwen2_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                               shared_expert_intermediate_size=96, norm_topk_prob=False, mlp_only_layers=[0],
+                               rope_theta=1e6),
+             "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                               head_dim=32, rope_theta=1e6)}[kind]
     config = AutoConfig.for_model(kind, **{**common, **extra})
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     path = os.path.join(root, f"tiny-{kind}")
@@ -150,3 +157,10 @@ def tiny_models(tmp_path_factory, smol_hf) -> dict[str, str]:
     """Tiny random Llama, Qwen2, Mistral, Qwen3, Gemma 3 and Phi-3 models saved with save_pretrained (SmolLM2's tokenizer)."""
     root = str(tmp_path_factory.mktemp("tiny"))
     return {k: _save_tiny(k, root, smol_hf[1]) for k in ("llama", "qwen2", "mistral", "qwen3", "gemma3_text", "phi3")}
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_models(tmp_path_factory, smol_hf) -> dict[str, str]:
+    """Tiny random Mixtral, Qwen2-MoE and Qwen3-MoE models saved with save_pretrained (SmolLM2's tokenizer)."""
+    root = str(tmp_path_factory.mktemp("tiny_moe"))
+    return {k: _save_tiny(k, root, smol_hf[1]) for k in ("mixtral", "qwen2_moe", "qwen3_moe")}

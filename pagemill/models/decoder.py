@@ -1,12 +1,13 @@
 """The decoder kit: the pieces decoder-only families share, assembled from a `DecoderSpec`.
 
 A family is a spec (QKV bias, QK norm, norm style and placement, activation, per-layer sliding window and RoPE,
-embedding scale) plus what is truly new about it; Llama, Qwen2, Qwen3 and Mistral are specs only.
+embedding scale) plus what is truly new about it; Llama, Qwen2, Qwen3 and Mistral are specs only. A family whose
+feed-forward block differs per layer (MoE) overrides `DecoderForCausalLM.build_mlp`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,9 +109,9 @@ class DecoderAttention(nn.Module):
 class GatedMLP(nn.Module):
     """act(gate) * up, then down: fused gate/up projection (SwiGLU or GeGLU)."""
 
-    def __init__(self, spec: DecoderSpec, ctx: LayerContext, prefix: str) -> None:
+    def __init__(self, spec: DecoderSpec, ctx: LayerContext, prefix: str, intermediate_size: int | None = None) -> None:
         super().__init__()
-        inter = spec.intermediate_size
+        inter = intermediate_size or spec.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(spec.hidden_size, [inter, inter], spec.mlp_bias, ctx,
                                                        [f"{prefix}.gate_proj", f"{prefix}.up_proj"])
         self.down_proj = RowParallelLinear(inter, spec.hidden_size, spec.mlp_bias, ctx, f"{prefix}.down_proj")
@@ -118,9 +119,19 @@ class GatedMLP(nn.Module):
         self.act_and_mul = ops.silu_and_mul if spec.activation == "silu" else ops.gelu_tanh_and_mul
         self.act_dtype = self.down_proj.input_dtype
 
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The dtype the block reads (its input norm emits it)."""
+        return self.gate_up_proj.input_dtype
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """[T, hidden] -> [T, hidden]."""
         return self.down_proj(self.act_and_mul(self.gate_up_proj(h), self.act_dtype))
+
+
+# (layer index, LayerContext, module prefix) -> the layer's feed-forward block: [T, hidden] -> [T, hidden], with an
+# `input_dtype` property
+MLPFactory = Callable[[int, LayerContext, str], nn.Module]
 
 
 class DecoderLayer(nn.Module):
@@ -130,10 +141,11 @@ class DecoderLayer(nn.Module):
     """
 
     def __init__(self, spec: DecoderSpec, layer_idx: int, rotary: RotaryEmbedding, ctx: LayerContext,
-                 prefix: str) -> None:
+                 prefix: str, mlp_factory: MLPFactory | None = None) -> None:
         super().__init__()
         self.self_attn = DecoderAttention(spec, layer_idx, rotary, ctx, f"{prefix}.self_attn")
-        self.mlp = GatedMLP(spec, ctx, f"{prefix}.mlp")
+        self.mlp = (mlp_factory(layer_idx, ctx, f"{prefix}.mlp") if mlp_factory is not None
+                    else GatedMLP(spec, ctx, f"{prefix}.mlp"))
 
         def norm(out_dtype: torch.dtype) -> RMSNorm:
             return RMSNorm(spec.hidden_size, spec.rms_norm_eps, ctx.ops, out_dtype, spec.norm_one_plus)
@@ -142,10 +154,10 @@ class DecoderLayer(nn.Module):
         self.sandwich = spec.sandwich_norm
         if self.sandwich:  # HF names: post_attention_layernorm normalises the attention output here
             self.post_attention_layernorm = norm(ctx.dtype)
-            self.pre_feedforward_layernorm = norm(self.mlp.gate_up_proj.input_dtype)
+            self.pre_feedforward_layernorm = norm(self.mlp.input_dtype)
             self.post_feedforward_layernorm = norm(ctx.dtype)
         else:  # Llama: post_attention_layernorm is the MLP's input norm
-            self.post_attention_layernorm = norm(self.mlp.gate_up_proj.input_dtype)
+            self.post_attention_layernorm = norm(self.mlp.input_dtype)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,13 +178,14 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     """Embedding, the decoder layers and the final norm (HF's `model.` prefix)."""
 
-    def __init__(self, spec: DecoderSpec, hf_config: Any, ctx: LayerContext, prefix: str = "model") -> None:
+    def __init__(self, spec: DecoderSpec, hf_config: Any, ctx: LayerContext, prefix: str = "model",
+                 mlp_factory: MLPFactory | None = None) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, ctx)
         self.embed_scale = spec.embed_scale
         ropes = {t: RotaryEmbedding(hf_config, ctx.max_position, ctx.dtype, t) for t in set(spec.rope_layer_types)}
         self.layers = nn.ModuleList(
-            DecoderLayer(spec, i, ropes[spec.rope_layer_types[i]], ctx, f"{prefix}.layers.{i}")
+            DecoderLayer(spec, i, ropes[spec.rope_layer_types[i]], ctx, f"{prefix}.layers.{i}", mlp_factory)
             for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, ctx.ops, ctx.dtype, spec.norm_one_plus)
 
@@ -201,7 +214,7 @@ class DecoderForCausalLM(nn.Module):
         super().__init__()
         self.config = hf_config
         self.spec = self.decoder_spec(hf_config)
-        self.model = DecoderModel(self.spec, hf_config, ctx)
+        self.model = DecoderModel(self.spec, hf_config, ctx, mlp_factory=self.build_mlp)
         tied = self.spec.tie_word_embeddings
         self.lm_head = ParallelLMHead(self.spec.vocab_size, self.spec.hidden_size, ctx,
                                       "model.embed_tokens.weight" if tied else "lm_head.weight",
@@ -211,6 +224,10 @@ class DecoderForCausalLM(nn.Module):
     def decoder_spec(cls, hf_config: Any) -> DecoderSpec:
         """This family's spec from its HF config."""
         return DecoderSpec.from_hf_config(hf_config)
+
+    def build_mlp(self, layer_idx: int, ctx: LayerContext, prefix: str) -> nn.Module:
+        """Layer `layer_idx`'s feed-forward block: the gated MLP (MoE families override it)."""
+        return GatedMLP(self.spec, ctx, prefix)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states [T, hidden] for T flattened tokens."""

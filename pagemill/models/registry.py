@@ -7,25 +7,34 @@ from torch import nn
 from pagemill.models.gemma3 import Gemma3ForCausalLM
 from pagemill.models.llama import LlamaForCausalLM
 from pagemill.models.mistral import MistralForCausalLM
+from pagemill.models.mixtral import MixtralForCausalLM
 from pagemill.models.phi3 import Phi3ForCausalLM
 from pagemill.models.qwen2 import Qwen2ForCausalLM
+from pagemill.models.qwen2_moe import Qwen2MoeForCausalLM
 from pagemill.models.qwen3 import Qwen3ForCausalLM
+from pagemill.models.qwen3_moe import Qwen3MoeForCausalLM
 
 _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 _MODEL_TYPES: dict[str, type[nn.Module]] = {
     "gemma3_text": Gemma3ForCausalLM,
     "llama": LlamaForCausalLM,
     "mistral": MistralForCausalLM,
+    "mixtral": MixtralForCausalLM,
     "phi3": Phi3ForCausalLM,
     "qwen2": Qwen2ForCausalLM,
+    "qwen2_moe": Qwen2MoeForCausalLM,
     "qwen3": Qwen3ForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM,
 }
 
 
