@@ -106,7 +106,8 @@ class KVCacheManager:
         self._num_stored[rid] = num_computed + num_new_tokens
         if self.enable_caching:
             num_full = (num_computed + num_new_tokens) // self.block_size
-            self._ensure_hashes(request, num_full)
+            if num_full > len(request.block_hashes):
+                self._ensure_hashes(request, num_full)
             for g in self.groups:
                 g.cache_blocks(rid, request.block_hashes, num_full)
         return new_blocks
