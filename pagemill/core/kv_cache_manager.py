@@ -41,6 +41,7 @@ class KVCacheManager:
         self.replaced_blocks: dict[str, list[tuple[int, int, int]]] = {}
         self._num_stored: dict[str, int] = {}  # tokens each request keeps in its blocks
         self.num_cow_copies = 0
+        self._no_hits: KVCacheBlocks = self.empty_blocks()  # read only
 
     @property
     def usage(self) -> float:
@@ -83,7 +84,7 @@ class KVCacheManager:
         """Make room for `num_new_tokens` more tokens; the new blocks per group, or None (and no change but the
         dropping of blocks outside a sliding window) if the pool is too small."""
         rid = request.request_id
-        hits = new_computed_blocks or self.empty_blocks()
+        hits = new_computed_blocks or self._no_hits
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_required = cdiv(num_computed + num_new_tokens + num_lookahead_tokens, self.block_size)
         need = 0
