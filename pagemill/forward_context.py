@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -10,8 +10,8 @@ _forward_context: Any = None
 
 
 @contextmanager
-def set_forward_context(attn_metadata: Any) -> Iterator[None]:
-    """Make `attn_metadata` visible to every Attention layer for the duration of one forward."""
+def set_forward_context(attn_metadata: Sequence[Any]) -> Iterator[None]:
+    """Make `attn_metadata` (one per KV cache group) visible to every Attention layer for one forward."""
     global _forward_context
     prev, _forward_context = _forward_context, attn_metadata
     try:
@@ -20,8 +20,8 @@ def set_forward_context(attn_metadata: Any) -> Iterator[None]:
         _forward_context = prev
 
 
-def get_attn_metadata() -> Any:
-    """The metadata of the forward in progress."""
+def get_attn_metadata() -> Sequence[Any]:
+    """The metadata of the forward in progress, one per KV cache group."""
     if _forward_context is None:
         raise RuntimeError("Attention layers run only inside set_forward_context().")
     return _forward_context

@@ -10,7 +10,7 @@ import torch
 
 @dataclass
 class CommonAttentionMetadata:
-    """Where each request's tokens sit in the flattened batch and in the paged KV cache.
+    """Where each request's tokens sit in the flattened batch and in the paged KV cache (one per KV cache group).
 
     Requests are in the order the backend asked for (`AttentionBackend.batch_order`): decodes first.
     """
@@ -21,6 +21,9 @@ class CommonAttentionMetadata:
     query_start_loc: np.ndarray  # [B + 1]
     seq_lens: np.ndarray  # [B] tokens in the KV cache after this step
     num_computed_tokens: np.ndarray  # [B] tokens in the KV cache before this step
-    block_table: np.ndarray  # [B, max_blocks] block ids (0 = null block pads)
+    # [B, max_blocks] block ids of this metadata's KV cache group (0 = null block pads). For a sliding-window group
+    # the entries wholly before a request's window may name blocks the pool has since given to others: a backend
+    # never lets keys outside the window contribute (mask or skip them).
+    block_table: np.ndarray
     block_size: int
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is written

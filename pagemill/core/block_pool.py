@@ -13,7 +13,7 @@ class KVCacheBlock:
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
-        self.block_hash: int | None = None
+        self.block_hash: tuple[int, int] | None = None  # (block hash, KV cache group) once full and cached
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
 
@@ -65,7 +65,11 @@ class FreeKVCacheBlockQueue:
 
 
 class BlockPool:
-    """All KV blocks of the cache. Block 0 is a reserved null block used to pad block tables."""
+    """All KV blocks of the cache, shared by every KV cache group (a block id belongs to one group at a time).
+
+    Block 0 is a reserved null block: it pads block tables and stands for a sliding group's dropped blocks;
+    touching and freeing skip it.
+    """
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
@@ -76,21 +80,23 @@ class BlockPool:
         self.num_usable_blocks = self.free_block_queue.num_free_blocks  # all but the null block
         self.null_block = self.blocks[0]
         self.null_block.ref_cnt = 1
-        self.cached_block_hash_to_block: dict[int, KVCacheBlock] = {}
+        self.cached_block_hash_to_block: dict[tuple[int, int], KVCacheBlock] = {}
 
-    def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
-        """The block holding the KV of `block_hash`, if still cached."""
-        return self.cached_block_hash_to_block.get(block_hash)
+    def get_cached_block(self, block_hash: int, group_id: int = 0) -> KVCacheBlock | None:
+        """The block holding group `group_id`'s KV of `block_hash`, if still cached."""
+        return self.cached_block_hash_to_block.get((block_hash, group_id))
 
-    def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[int], start: int, end: int) -> None:
-        """Register blocks[start:end] (now full) under their hashes."""
+    def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[int], start: int, end: int,
+                          group_id: int = 0) -> None:
+        """Register blocks[start:end] (now full) of group `group_id` under their hashes."""
+        null = self.null_block
         for i in range(start, end):
             block = blocks[i]
-            if block.block_hash is not None:
-                continue  # a prefix hit: already cached
-            h = block_hashes[i]
-            block.block_hash = h
-            self.cached_block_hash_to_block.setdefault(h, block)
+            if block.block_hash is not None or block is null:
+                continue  # a prefix hit (already cached), or a dropped sliding-window block
+            key = (block_hashes[i], group_id)
+            block.block_hash = key
+            self.cached_block_hash_to_block.setdefault(key, block)
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
         """Take `n` blocks from the head of the free queue, evicting their cached hashes."""
@@ -113,14 +119,20 @@ class BlockPool:
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference to blocks found by a prefix-cache hit (pulling free ones out of the queue)."""
+        null = self.null_block
         for block in blocks:
+            if block is null:
+                continue
             if block.ref_cnt == 0:
                 self.free_block_queue.remove(block)
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block; blocks reaching zero join the free queue in this order."""
+        null = self.null_block
         for block in ordered_blocks:
+            if block is null:
+                continue
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self.free_block_queue.append(block)

@@ -1,10 +1,21 @@
-"""Per-request block tables on top of the block pool: prefix-cache lookups, slot allocation, freeing."""
+"""Per-request block tables on top of the block pool: prefix-cache lookups, slot allocation, freeing.
+
+One block table per KV cache group (vLLM v1's hybrid KV cache manager): layers are grouped by attention type, and
+a sliding-window group drops the blocks its window has left behind. All groups share one pool; a request's
+tables have equal lengths, so they grow together.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pagemill.core.block_pool import BlockPool, KVCacheBlock
 from pagemill.core.kv_cache_utils import extend_block_hashes, get_hash_fn
+from pagemill.core.single_type_manager import FullAttentionManager, make_manager
 from pagemill.request import Request
+
+KVCacheBlocks = tuple[list[KVCacheBlock], ...]  # one list per KV cache group
+SwapLayout = tuple[int, tuple[int, ...]]  # (table length, leading null entries per group) of a swapped request
 
 
 def cdiv(a: int, b: int) -> int:
@@ -16,109 +27,128 @@ class KVCacheManager:
     """Allocates and frees KV blocks for requests; finds cached prefixes (vLLM v1's interface)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 hash_algo: str = "builtin") -> None:
+                 hash_algo: str = "builtin", group_windows: Sequence[int | None] = (None,)) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks)
         self.hash_fn = get_hash_fn(hash_algo)
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        self.num_cached_blocks: dict[str, int] = {}
+        self.groups: list[FullAttentionManager] = [make_manager(self.block_pool, block_size, g, w)
+                                                   for g, w in enumerate(group_windows)]
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
         self.blocks_to_copy: list[tuple[int, int]] = []  # copy-on-write (src, dst), drained every step
-        self.replaced_blocks: dict[str, list[tuple[int, int]]] = {}  # req -> (table index, new block id)
+        # req -> (group, table index, new block id) after copy-on-write
+        self.replaced_blocks: dict[str, list[tuple[int, int, int]]] = {}
         self._num_stored: dict[str, int] = {}  # tokens each request keeps in its blocks
         self.num_cow_copies = 0
+        self._no_hits: KVCacheBlocks = self.empty_blocks()  # read only
 
     @property
     def usage(self) -> float:
         """Fraction of the KV cache in use."""
         return self.block_pool.get_usage()
 
+    def empty_blocks(self) -> KVCacheBlocks:
+        """No blocks in any group."""
+        return tuple([] for _ in self.groups)
+
     def _ensure_hashes(self, request: Request, num_full_blocks: int) -> None:
         extra = (request.cache_salt,) if request.cache_salt else None
         extend_block_hashes(self.hash_fn, request.block_hashes, request.all_token_ids, self.block_size,
                             num_full_blocks, extra)
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        """The longest run of cached full blocks at the start of the request, and how many tokens that is.
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """The longest cached prefix every group can serve (its blocks per group), and how many tokens that is.
 
-        The last token is never a hit: its logits must be computed.
+        The last token is never a hit: its logits must be computed. A sliding group serves a prefix of length L
+        when it holds the blocks of the window before L; a shorter L is tried until all groups agree.
         """
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
-            return [], 0
+            return self.empty_blocks(), 0
         max_blocks = (request.num_tokens - 1) // self.block_size
         self._ensure_hashes(request, max_blocks)
-        hits: list[KVCacheBlock] = []
-        for h in request.block_hashes[:max_blocks]:
-            block = self.block_pool.get_cached_block(h)
-            if block is None:
+        hashes = request.block_hashes
+        while True:
+            hits = tuple(g.find_longest_cache_hit(hashes, max_blocks) for g in self.groups)
+            n = min(len(h) for h in hits)
+            if all(len(h) == n for h in hits):
                 break
-            hits.append(block)
+            max_blocks = n  # a full group's hit shortens exactly; a sliding group's must be found again
         self.prefix_cache_queries += request.num_tokens
-        self.prefix_cache_hits += len(hits) * self.block_size
-        return hits, len(hits) * self.block_size
+        self.prefix_cache_hits += n * self.block_size
+        return hits, n * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_blocks: list[KVCacheBlock] | None = None,
-                       num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:
-        """Make room for `num_new_tokens` more tokens; None (and no change) if the pool is too small."""
-        new_computed_blocks = new_computed_blocks or []
-        req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
+                       new_computed_blocks: KVCacheBlocks | None = None,
+                       num_lookahead_tokens: int = 0) -> KVCacheBlocks | None:
+        """Make room for `num_new_tokens` more tokens; the new blocks per group, or None (and no change but the
+        dropping of blocks outside a sliding window) if the pool is too small."""
+        rid = request.request_id
+        hits = new_computed_blocks or self._no_hits
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_required = cdiv(num_computed + num_new_tokens + num_lookahead_tokens, self.block_size)
-        num_new_blocks = num_required - len(req_blocks) - len(new_computed_blocks)
-        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-        # Shared blocks that this step writes into must be copied first (copy-on-write).
-        cow = [i for i in range(num_computed // self.block_size, min(len(req_blocks), num_required))
-               if req_blocks[i].ref_cnt > 1]
-        if num_new_blocks + len(cow) > self.block_pool.get_num_free_blocks() - num_evictable_hits:
-            if not req_blocks:
-                del self.req_to_blocks[request.request_id]
+        need = 0
+        plans = []
+        for g, group_hits in zip(self.groups, hits):
+            g.remove_skipped_blocks(rid, num_computed)
+            n, cow = g.plan(rid, num_required, group_hits, num_computed)
+            need += n
+            plans.append(cow)
+        if need > self.block_pool.get_num_free_blocks():
             return None
-        for i in cow:
-            src = req_blocks[i]
-            dst = self.block_pool.get_new_blocks(1)[0]
-            self.block_pool.free_blocks([src])
-            req_blocks[i] = dst
-            self.blocks_to_copy.append((src.block_id, dst.block_id))
-            self.num_cow_copies += 1
-            self.replaced_blocks.setdefault(request.request_id, []).append((i, dst.block_id))
-        if new_computed_blocks:
-            self.block_pool.touch(new_computed_blocks)
-            req_blocks.extend(new_computed_blocks)
-        new_blocks = self.block_pool.get_new_blocks(max(num_new_blocks, 0))
-        req_blocks.extend(new_blocks)
-        self._num_stored[request.request_id] = num_computed + num_new_tokens
+        for group_hits in hits:
+            self.block_pool.touch(group_hits)
+        replaced: list[tuple[int, int, int]] = []
+        new_blocks = tuple(g.allocate(rid, num_required, group_hits, cow, self.blocks_to_copy, replaced)
+                           for g, group_hits, cow in zip(self.groups, hits, plans))
+        if replaced:
+            self.num_cow_copies += len(replaced)
+            self.replaced_blocks.setdefault(rid, []).extend(replaced)
+        self._num_stored[rid] = num_computed + num_new_tokens
         if self.enable_caching:
             num_full = (num_computed + num_new_tokens) // self.block_size
-            start = self.num_cached_blocks.get(request.request_id, 0)
-            if num_full > start:
+            if num_full > len(request.block_hashes):
                 self._ensure_hashes(request, num_full)
-                self.block_pool.cache_full_blocks(req_blocks, request.block_hashes, start, num_full)
-                self.num_cached_blocks[request.request_id] = num_full
+            for g in self.groups:
+                g.cache_blocks(rid, request.block_hashes, num_full)
         return new_blocks
 
-    def allocate_for_swap_in(self, request: Request, num_blocks: int) -> list[KVCacheBlock]:
-        """Fresh blocks for a swapped-out request's contents (the caller checked there is room)."""
-        blocks = self.block_pool.get_new_blocks(num_blocks)
-        self.req_to_blocks[request.request_id] = list(blocks)
-        self.num_cached_blocks[request.request_id] = 0
+    def swap_layout(self, request_id: str) -> tuple[list[int], SwapLayout]:
+        """The request's blocks to swap out (group by group, null entries left out) and the layout to restore."""
+        ids, leads = [], []
+        null = self.block_pool.null_block
+        length = 0
+        for g in self.groups:
+            blocks = g.req_to_blocks.get(request_id, [])
+            length = len(blocks)
+            lead = next((i for i, b in enumerate(blocks) if b is not null), length)
+            leads.append(lead)
+            ids.extend(b.block_id for b in blocks[lead:])
+        return ids, (length, tuple(leads))
+
+    def allocate_for_swap_in(self, request: Request, layout: SwapLayout) -> list[KVCacheBlock]:
+        """Fresh blocks for a swapped-out request's contents, in swap_layout's order (the caller checked room)."""
+        length, leads = layout
+        null = self.block_pool.null_block
+        out: list[KVCacheBlock] = []
+        for g, lead in zip(self.groups, leads):
+            blocks = self.block_pool.get_new_blocks(length - lead)
+            g.set_table(request.request_id, [null] * lead + blocks, 0)
+            out.extend(blocks)
         self._num_stored[request.request_id] = request.num_computed_tokens
-        return blocks
+        return out
 
     def fork(self, parent: Request, child: Request, num_tokens: int) -> None:
         """Share the parent's blocks holding its first `num_tokens` tokens with `child` (by reference count)."""
-        blocks = self.req_to_blocks[parent.request_id][: cdiv(num_tokens, self.block_size)]
-        self.block_pool.touch(blocks)
-        self.req_to_blocks[child.request_id] = list(blocks)
-        full = num_tokens // self.block_size
-        if self.enable_caching:
-            self.num_cached_blocks[child.request_id] = min(self.num_cached_blocks.get(parent.request_id, 0), full)
+        n, full = cdiv(num_tokens, self.block_size), num_tokens // self.block_size
+        for g in self.groups:
+            blocks = g.req_to_blocks[parent.request_id][:n]
+            self.block_pool.touch(blocks)
+            g.set_table(child.request_id, list(blocks), min(g.num_cached_blocks.get(parent.request_id, 0), full))
         child.block_hashes = parent.block_hashes[:full]
         self._num_stored[child.request_id] = num_tokens
 
-    def take_step_changes(self) -> tuple[list[tuple[int, int]], dict[str, list[tuple[int, int]]]]:
+    def take_step_changes(self) -> tuple[list[tuple[int, int]], dict[str, list[tuple[int, int, int]]]]:
         """The copy-on-write copies and block-table replacements made since the last call."""
         out = (self.blocks_to_copy, self.replaced_blocks)
         self.blocks_to_copy, self.replaced_blocks = [], {}
@@ -126,24 +156,34 @@ class KVCacheManager:
 
     def memory_stats(self) -> dict[str, float]:
         """Blocks used and shared, tokens stored, reserved-but-unused slots, and the saving from sharing."""
-        logical = sum(len(b) for b in self.req_to_blocks.values())
-        used = {b.block_id for blocks in self.req_to_blocks.values() for b in blocks}
+        null = self.block_pool.null_block
+        tables = [blocks for g in self.groups for blocks in g.req_to_blocks.values()]
+        logical = sum(1 for blocks in tables for b in blocks if b is not null)
+        used = {b.block_id for blocks in tables for b in blocks if b is not null}
         shared = sum(1 for bid in used if self.block_pool.blocks[bid].ref_cnt > 1)
-        stored = sum(self._num_stored.get(rid, 0) for rid in self.req_to_blocks)
+        rids = self.groups[0].req_to_blocks
+        stored = sum(self._num_stored.get(rid, 0) for rid in rids)
+        # Unused slots sit in the last block of each table.
+        unused = sum(len(self.groups) * (len(rids[rid]) * self.block_size - self._num_stored.get(rid, 0))
+                     for rid in rids)
         return {"blocks_used": len(used), "blocks_shared": shared, "logical_blocks": logical,
-                "tokens_stored": stored, "slots_reserved_unused": logical * self.block_size - stored,
+                "tokens_stored": stored, "slots_reserved_unused": unused,
                 "sharing_saving": (1 - len(used) / logical) if logical else 0.0}
 
-    def free(self, request: Request) -> None:
-        """Release a request's blocks, tail first so that its last blocks are evicted first."""
-        blocks = self.req_to_blocks.pop(request.request_id, [])
-        self.num_cached_blocks.pop(request.request_id, None)
-        self._num_stored.pop(request.request_id, None)
-        self.block_pool.free_blocks(reversed(blocks))
+    def num_blocks_held(self, request_id: str) -> int:
+        """Blocks (not null) in the request's tables, all groups together."""
+        null = self.block_pool.null_block
+        return sum(1 for g in self.groups for b in g.req_to_blocks.get(request_id, ()) if b is not null)
 
-    def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's block table."""
-        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+    def free(self, request: Request) -> None:
+        """Release a request's blocks in every group."""
+        for g in self.groups:
+            g.free(request.request_id)
+        self._num_stored.pop(request.request_id, None)
+
+    def get_block_ids(self, request_id: str) -> list[list[int]]:
+        """The request's block table of each group."""
+        return [[b.block_id for b in g.req_to_blocks.get(request_id, [])] for g in self.groups]
 
     def reset_prefix_cache(self) -> bool:
         """Drop all cached prefixes (only when nothing runs)."""

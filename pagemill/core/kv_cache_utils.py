@@ -38,13 +38,33 @@ def extend_block_hashes(hash_fn: Callable[[object], int], block_hashes: list[int
                                               extra_keys))
 
 
+def kv_cache_groups(windows: Sequence[int | None], max_model_len: int) -> list[tuple[int | None, list[int]]]:
+    """Layers grouped by attention type (as vLLM's hybrid KV cache manager): (window or None, layer indices).
+
+    A window that reaches max_model_len never drops a token, so its layers count as full attention. Every group
+    has as many layers as the smallest type (the last group of a type may have fewer), so one physical KV tensor
+    per position in a group serves one layer of every group and a block id belongs to one group at a time.
+    """
+    by_type: dict[int | None, list[int]] = {}
+    for i, w in enumerate(windows):
+        by_type.setdefault(w if w is not None and w < max_model_len else None, []).append(i)
+    size = min(len(layers) for layers in by_type.values())
+    return [(w, layers[i:i + size]) for w, layers in sorted(by_type.items(), key=lambda kv: kv[0] is not None)
+            for i in range(0, len(layers), size)]
+
+
 @dataclass(frozen=True)
 class KVCacheConfig:
-    """The KV cache the worker allocated: blocks (block 0 is the null block), host swap blocks, block size."""
+    """The KV cache the worker allocated: blocks (block 0 is the null block), host swap blocks, block size, and
+    the sliding window of each KV cache group (None: full attention; one block table per group and request)."""
 
     num_blocks: int
     block_size: int
     num_swap_blocks: int = 0
+    group_windows: tuple[int | None, ...] = (None,)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "group_windows", tuple(self.group_windows))  # (a list after a JSON round trip)
 
     @property
     def usable_blocks(self) -> int:
@@ -53,5 +73,11 @@ class KVCacheConfig:
 
     @property
     def usable_tokens(self) -> int:
-        """Tokens the usable blocks hold."""
-        return self.usable_blocks * self.block_size
+        """Tokens the usable blocks hold if every group kept all of a sequence's blocks (a lower bound)."""
+        return self.usable_blocks // len(self.group_windows) * self.block_size
+
+    def max_blocks_per_request(self, num_tokens: int, chunk: int) -> int:
+        """Most blocks one request of `num_tokens` tokens holds at once when steps compute up to `chunk` tokens."""
+        n = -(-num_tokens // self.block_size)
+        return sum(n if w is None else min(n, -(-(w - 1 + chunk) // self.block_size) + 1)
+                   for w in self.group_windows)

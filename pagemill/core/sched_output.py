@@ -16,7 +16,7 @@ class NewRequestData:
     token_ids: list[int]  # prompt + outputs so far
     num_prompt_tokens: int
     sampling_params: SamplingParams
-    block_ids: list[int]
+    block_ids: list[list[int]]  # one block table per KV cache group (equal lengths)
     num_computed_tokens: int
     eos_token_id: int | None = None
 
@@ -26,9 +26,9 @@ class CachedRequestData:
     """A running request the runner already holds: only what changed."""
 
     req_id: str
-    new_block_ids: list[int]
+    new_block_ids: list[list[int]]  # per KV cache group (equal lengths)
     num_computed_tokens: int
-    replaced_block_ids: list[tuple[int, int]] | None = None  # (table index, block id) after copy-on-write
+    replaced_block_ids: list[tuple[int, int, int]] | None = None  # (group, table index, block id) after copy-on-write
 
 
 @dataclass

@@ -12,7 +12,7 @@ import time
 from collections import deque
 
 from pagemill.config import CacheConfig, SchedulerConfig
-from pagemill.core.kv_cache_manager import KVCacheManager, cdiv
+from pagemill.core.kv_cache_manager import KVCacheManager, SwapLayout, cdiv
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.swap_space import SwapSpace
 from pagemill.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
@@ -70,7 +70,7 @@ class Scheduler:
         self.block_size = kv_cache_config.block_size
         self.kv_cache_manager = KVCacheManager(kv_cache_config.num_blocks, kv_cache_config.block_size,
                                                cache_config.enable_prefix_caching,
-                                               cache_config.prefix_caching_hash_algo)
+                                               cache_config.prefix_caching_hash_algo, kv_cache_config.group_windows)
         self.requests: dict[str, Request] = {}
         self.waiting = _WaitingQueue(scheduler_config.policy)
         self.running: list[Request] = []
@@ -80,6 +80,7 @@ class Scheduler:
         self.num_swapped_out = 0  # preemptions by swapping (counter)
         self.swap_space = SwapSpace(kv_cache_config.num_swap_blocks)
         self._swap_out: list[tuple[int, int]] = []
+        self._swap_layouts: dict[str, SwapLayout] = {}  # swapped-out request -> its block tables' shape
         self.num_prompt_tokens = 0  # computed prompt tokens (counter)
         self.num_generation_tokens = 0
 
@@ -109,6 +110,7 @@ class Scheduler:
                 if req.swapped_blocks is not None:
                     self.swap_space.free(req.swapped_blocks)
                     req.swapped_blocks = None
+                    del self._swap_layouts[rid]
             req.status = status
             self._free(req)
             done.append(req)
@@ -165,7 +167,7 @@ class Scheduler:
             if new_blocks is None:
                 break  # req itself was preempted; everything after it is gone too
             num_scheduled[req.request_id] = num_new
-            cached_reqs.append(CachedRequestData(req.request_id, [b.block_id for b in new_blocks],
+            cached_reqs.append(CachedRequestData(req.request_id, [[b.block_id for b in g] for g in new_blocks],
                                                  req.num_computed_tokens))
             replaced = self.kv_cache_manager.replaced_blocks.pop(req.request_id, None)
             if replaced:
@@ -176,7 +178,7 @@ class Scheduler:
         now = time.monotonic()
         while not preempted and len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
-            hit_blocks, num_hit = [], 0
+            hit_blocks, num_hit = None, 0
             if req.swapped_blocks is not None:
                 if not self._swap_in(req, min(req.num_tokens - req.num_computed_tokens, budget), swap_in):
                     break
@@ -229,11 +231,14 @@ class Scheduler:
         req.record_event(EngineCoreEventType.PREEMPTED)
         req.num_preemptions += 1
         self.num_preemptions += 1
-        block_ids = self.kv_cache_manager.get_block_ids(req.request_id)
-        swap_ids = self.swap_space.allocate(len(block_ids)) if self.config.preemption_mode == "swap" else None
+        swap_ids = None
+        if self.config.preemption_mode == "swap":
+            block_ids, layout = self.kv_cache_manager.swap_layout(req.request_id)
+            swap_ids = self.swap_space.allocate(len(block_ids))
         if swap_ids is not None:
             self._swap_out.extend(zip(block_ids, swap_ids))
             req.swapped_blocks = swap_ids
+            self._swap_layouts[req.request_id] = layout
             self.num_swapped_out += 1
         else:
             req.num_computed_tokens = 0
@@ -242,10 +247,13 @@ class Scheduler:
 
     def _swap_in(self, req: Request, num_new: int, swap_in: list[tuple[int, int]]) -> bool:
         """Bring a swapped-out request back into fresh KV blocks, if the pool has room for it and its new tokens."""
-        needed = cdiv(req.num_computed_tokens + num_new, self.block_size)
+        length, _ = layout = self._swap_layouts[req.request_id]
+        grow = max(cdiv(req.num_computed_tokens + num_new, self.block_size) - length, 0)
+        needed = len(req.swapped_blocks) + grow * len(layout[1])
         if needed > self.kv_cache_manager.block_pool.get_num_free_blocks():
             return False
-        blocks = self.kv_cache_manager.allocate_for_swap_in(req, len(req.swapped_blocks))
+        del self._swap_layouts[req.request_id]
+        blocks = self.kv_cache_manager.allocate_for_swap_in(req, layout)
         swap_in.extend(zip(req.swapped_blocks, (b.block_id for b in blocks)))
         self.swap_space.free(req.swapped_blocks)
         req.swapped_blocks = None

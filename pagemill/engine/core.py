@@ -26,11 +26,12 @@ class EngineCore:
         self.config = config
         self.executor = UniProcExecutor(config)
         self.kv_cache_config = self.executor.kv_cache_config
-        capacity = self.kv_cache_config.usable_tokens
-        if capacity < config.scheduler_config.max_model_len:
+        sc = config.scheduler_config
+        needed = self.kv_cache_config.max_blocks_per_request(sc.max_model_len, sc.max_num_batched_tokens)
+        if needed > self.kv_cache_config.usable_blocks:
             raise ValueError(
-                f"kv_cache_memory holds {capacity} tokens, fewer than max_model_len "
-                f"({config.scheduler_config.max_model_len}): raise kv_cache_memory or lower max_model_len.")
+                f"kv_cache_memory holds {self.kv_cache_config.usable_blocks} blocks, fewer than one sequence of "
+                f"max_model_len ({sc.max_model_len}) needs ({needed}): raise kv_cache_memory or lower max_model_len.")
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.kv_cache_config)
         self._last_log = time.monotonic()
         self.profiler = StepProfiler(config.profile)

@@ -36,11 +36,12 @@ class Attention(nn.Module):
                       and rotary.cos.dtype in caps.fused_dtypes and (q_norm is None or caps.qk_norm_hook))
         self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner
+        self.kv_cache_group = 0  # which KV cache group's block table this layer reads (set by the runner)
 
     def forward(self, qkv: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """qkv [T, (Hq + 2 Hk) * D] -> [T, Hq * D] in out_dtype."""
         t = qkv.shape[0]
-        metadata = get_attn_metadata()
+        metadata = get_attn_metadata()[self.kv_cache_group]
         if self.fused:
             out = self.backend.forward_fused(self, qkv, positions, self.rotary.cos, self.rotary.sin, self.kv_cache,
                                              metadata, self.out_dtype)

@@ -15,7 +15,7 @@ from pagemill.sampling_params import SamplingParams
 class InputBatch:
     """Numpy buffers with one row per live request."""
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int) -> None:
+    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int, num_groups: int = 1) -> None:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.max_blocks = -(-max_model_len // block_size)
@@ -23,7 +23,8 @@ class InputBatch:
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
-        self.block_table = np.zeros((max_num_reqs, self.max_blocks), dtype=np.int64)
+        # One block table per KV cache group; a request's tables have equal lengths (num_blocks).
+        self.block_table = np.zeros((num_groups, max_num_reqs, self.max_blocks), dtype=np.int64)
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
         self.params: list[SamplingParams | None] = [None] * max_num_reqs
         self.eos_token_id: list[int | None] = [None] * max_num_reqs
@@ -43,8 +44,8 @@ class InputBatch:
         self.num_tokens[row] = n
         self.num_prompt_tokens[row] = new.num_prompt_tokens
         self.num_computed_tokens[row] = new.num_computed_tokens
-        nb = len(new.block_ids)
-        self.block_table[row, :nb] = new.block_ids
+        nb = len(new.block_ids[0])
+        self.block_table[:, row, :nb] = new.block_ids
         self.num_blocks[row] = nb
         sp = new.sampling_params
         self.params[row] = sp
@@ -67,12 +68,13 @@ class InputBatch:
         self.generators.pop(row, None)
         self._free_rows.append(row)
 
-    def append_blocks(self, row: int, block_ids: list[int]) -> None:
-        """Extend a row's block table."""
-        if block_ids:
+    def append_blocks(self, row: int, block_ids: list[list[int]]) -> None:
+        """Extend a row's block tables (one list of new block ids per group, equal lengths)."""
+        n = len(block_ids[0])
+        if n:
             nb = int(self.num_blocks[row])
-            self.block_table[row, nb:nb + len(block_ids)] = block_ids
-            self.num_blocks[row] = nb + len(block_ids)
+            self.block_table[:, row, nb:nb + n] = block_ids
+            self.num_blocks[row] = nb + n
 
     def append_token(self, row: int, token_id: int) -> None:
         """Record a sampled token."""

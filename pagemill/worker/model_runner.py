@@ -15,7 +15,7 @@ from pagemill.attention.backend import batch_permutation
 from pagemill.attention.metadata import CommonAttentionMetadata
 from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
-from pagemill.core.kv_cache_utils import KVCacheConfig
+from pagemill.core.kv_cache_utils import KVCacheConfig, kv_cache_groups
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.forward_context import set_forward_context
 from pagemill.kernels.ops import select_layer_ops
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 class StepInputs:
     """One step's flattened batch: model inputs plus the per-request arrays sampling needs."""
 
-    attn_metadata: CommonAttentionMetadata
+    attn_metadata: list[CommonAttentionMetadata]  # one per KV cache group
     input_ids: torch.Tensor
     positions: torch.Tensor
     req_ids: list[str]  # in batch order
@@ -74,26 +74,34 @@ class ModelRunner:
         self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)
         if self.kv_dtype not in self.backend.capabilities.kv_cache_dtypes:
             raise ValueError(f"kv_cache_dtype {self.kv_dtype} is not supported by the {self.backend.name} backend.")
+        layers = self.model.attention_layers()
+        groups = kv_cache_groups([layer.sliding_window for layer in layers], mc.max_model_len)
+        # Layers per group: one KV tensor per position in a group serves one layer of every group.
+        self.group_size = max(len(ids) for _, ids in groups)
         self.num_blocks = self._num_blocks()
         shape = self.backend.kv_cache_shape(self.num_blocks, cc.block_size, mc.num_kv_heads, mc.head_dim)
         # One allocation for all layers, so a copy-on-write of blocks is one indexed copy for every layer.
-        self.kv_cache = lazy_zeros((mc.num_layers, *shape), self.kv_dtype)
+        self.kv_cache = lazy_zeros((self.group_size, *shape), self.kv_dtype)
         self.kv_caches = list(self.kv_cache.unbind(0))
         per_block = self.kv_cache[:, :, 0].numel() * self.kv_cache.element_size()
         num_swap_blocks = int(cc.swap_space // per_block) if config.scheduler_config.preemption_mode == "swap" else 0
         # Host swap space for preempted requests' blocks (pages are only touched when used).
-        swap_shape = (mc.num_layers, 2, num_swap_blocks, *shape[2:])
+        swap_shape = (self.group_size, 2, num_swap_blocks, *shape[2:])
         self.swap_cache = torch.empty(swap_shape, dtype=self.kv_dtype) if num_swap_blocks else None
         # What the engine core builds the scheduler from (the config stays read-only).
-        self.kv_cache_config = KVCacheConfig(self.num_blocks, cc.block_size, num_swap_blocks)
-        logger.info("KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB), %d swap blocks",
-                    self.kv_cache_config.usable_blocks, cc.block_size, self.kv_cache_config.usable_tokens,
+        self.kv_cache_config = KVCacheConfig(self.num_blocks, cc.block_size, num_swap_blocks,
+                                             tuple(w for w, _ in groups))
+        logger.info("KV cache: %d blocks of %d tokens x %d layers in %d groups (windows %s) = %d tokens (%.2f GiB), "
+                    "%d swap blocks", self.kv_cache_config.usable_blocks, cc.block_size, self.group_size,
+                    len(groups), self.kv_cache_config.group_windows, self.kv_cache_config.usable_tokens,
                     self.num_blocks * per_block / 2**30, num_swap_blocks)
-        for layer, cache in zip(self.model.attention_layers(), self.kv_caches):
-            layer.kv_cache = cache
+        for g, (_, layer_ids) in enumerate(groups):
+            for pos, i in enumerate(layer_ids):
+                layers[i].kv_cache, layers[i].kv_cache_group = self.kv_caches[pos], g
         from pagemill.worker.input_batch import InputBatch
 
-        self.input_batch = InputBatch(config.scheduler_config.max_num_seqs, mc.max_model_len, cc.block_size)
+        self.input_batch = InputBatch(config.scheduler_config.max_num_seqs, mc.max_model_len, cc.block_size,
+                                      len(groups))
         self.sampler = Sampler()
         self.profiler = StepTimer(config.profile)  # its timings go back in ModelRunnerOutput.timings
 
@@ -102,7 +110,7 @@ class ModelRunner:
         if cc.num_gpu_blocks_override:
             return cc.num_gpu_blocks_override
         elem = torch.tensor([], dtype=self.kv_dtype).element_size()
-        per_block = mc.num_layers * 2 * cc.block_size * mc.num_kv_heads * mc.head_dim * elem
+        per_block = self.group_size * 2 * cc.block_size * mc.num_kv_heads * mc.head_dim * elem
         num_blocks = max(2, cc.kv_cache_memory // per_block)
         return int(num_blocks)
 
@@ -118,8 +126,8 @@ class ModelRunner:
         for c in so.scheduled_cached_reqs:
             row = ib.req_id_to_row[c.req_id]
             if c.replaced_block_ids:
-                for idx, block_id in c.replaced_block_ids:
-                    ib.block_table[row, idx] = block_id
+                for group, idx, block_id in c.replaced_block_ids:
+                    ib.block_table[group, row, idx] = block_id
             ib.append_blocks(row, c.new_block_ids)
             ib.num_computed_tokens[row] = c.num_computed_tokens
         if so.blocks_to_swap_out:  # before anything can overwrite the freed blocks
@@ -148,7 +156,8 @@ class ModelRunner:
             return ModelRunnerOutput({})
         with prof.section("prepare"):
             step = self._prepare(so)
-        with prof.section("forward"), set_forward_context(self.backend.build_metadata(step.attn_metadata)):
+        metadata = [self.backend.build_metadata(md) for md in step.attn_metadata]
+        with prof.section("forward"), set_forward_context(metadata):
             hidden = self.model(step.input_ids, step.positions)
         return self._sample(hidden, step)
 
@@ -171,14 +180,15 @@ class ModelRunner:
         token_rows = rows[req_idx]
         input_ids = ib.token_ids[token_rows, positions]
         bs = self.block_size
-        slot_mapping = ib.block_table[token_rows, positions // bs] * bs + positions % bs
+        slot_mapping = ib.block_table[:, token_rows, positions // bs] * bs + positions % bs  # [groups, T]
         seq_lens = computed + counts
         max_blocks = int(ib.num_blocks[rows].max())
-        md = CommonAttentionMetadata(
-            num_reqs=num_reqs, num_decodes=int((counts == 1).sum()), num_actual_tokens=total,
-            query_start_loc=np.concatenate([[0], cu]), seq_lens=seq_lens, num_computed_tokens=computed,
-            block_table=ib.block_table[rows, :max_blocks], block_size=bs,
-            slot_mapping=torch.from_numpy(slot_mapping))
+        tables = ib.block_table[:, rows, :max_blocks]
+        qsl, num_decodes = np.concatenate([[0], cu]), int((counts == 1).sum())
+        md = [CommonAttentionMetadata(
+            num_reqs=num_reqs, num_decodes=num_decodes, num_actual_tokens=total, query_start_loc=qsl,
+            seq_lens=seq_lens, num_computed_tokens=computed, block_table=tables[g], block_size=bs,
+            slot_mapping=torch.from_numpy(slot_mapping[g])) for g in range(len(tables))]
         ib.num_computed_tokens[rows] = seq_lens
         return StepInputs(md, torch.from_numpy(input_ids), torch.from_numpy(positions), req_ids, rows, counts,
                           computed, starts, cu, seq_lens)

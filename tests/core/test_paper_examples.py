@@ -20,18 +20,18 @@ def _compute(mgr: KVCacheManager, req: Request, n: int) -> list:
     blocks = mgr.allocate_slots(req, n)
     assert blocks is not None
     req.num_computed_tokens += n
-    return blocks
+    return blocks[0]
 
 
 def test_fig6_decode_fills_a_block_then_allocates():
     mgr = KVCacheManager(num_blocks=8, block_size=4, enable_caching=False)
     req = _req("a", [1, 2, 3, 4, 5, 6, 7])  # 7 prompt tokens: 2 blocks, the second one 3/4 full
     _compute(mgr, req, 7)
-    assert len(mgr.req_to_blocks["a"]) == 2
+    assert len(mgr.groups[0].req_to_blocks["a"]) == 2
     req.append_output_token(8)  # fills the last slot of block 2
     assert _compute(mgr, req, 1) == []
     req.append_output_token(9)  # needs a new block
-    assert len(_compute(mgr, req, 1)) == 1 and len(mgr.req_to_blocks["a"]) == 3
+    assert len(_compute(mgr, req, 1)) == 1 and len(mgr.groups[0].req_to_blocks["a"]) == 3
 
 
 def test_fig8_parallel_samples_share_then_copy_on_write():
@@ -41,13 +41,13 @@ def test_fig8_parallel_samples_share_then_copy_on_write():
     b = _req("b", [1, 2, 3, 4, 5, 6, 7])
     mgr.fork(a, b, 7)
     b.num_computed_tokens = 7
-    shared = list(mgr.req_to_blocks["a"])
-    assert [x.block_id for x in shared] == mgr.get_block_ids("b") and all(x.ref_cnt == 2 for x in shared)
+    shared = list(mgr.groups[0].req_to_blocks["a"])
+    assert [x.block_id for x in shared] == mgr.get_block_ids("b")[0] and all(x.ref_cnt == 2 for x in shared)
     a.append_output_token(10)
     _compute(mgr, a, 1)  # a writes into the shared last block: copy-on-write
     copies, _ = mgr.take_step_changes()
-    assert copies == [(shared[1].block_id, mgr.req_to_blocks["a"][1].block_id)]
-    assert mgr.req_to_blocks["a"][0] is mgr.req_to_blocks["b"][0]  # the full first block stays shared
+    assert copies == [(shared[1].block_id, mgr.groups[0].req_to_blocks["a"][1].block_id)]
+    assert mgr.groups[0].req_to_blocks["a"][0] is mgr.groups[0].req_to_blocks["b"][0]  # the full first block stays shared
     b.append_output_token(11)
     _compute(mgr, b, 1)  # b is now the only owner: writes in place, no copy
     assert mgr.take_step_changes()[0] == [] and mgr.num_cow_copies == 1
@@ -74,7 +74,7 @@ def test_fig9_beam_search_frees_exactly_the_pruned_beams_blocks():
     mgr.free(beams[3])
     # Exactly their private blocks come back; the shared prompt blocks stay (ref count 2).
     assert mgr.block_pool.get_num_free_blocks() == free_before + 2
-    assert all(b.ref_cnt == 2 for b in mgr.req_to_blocks["b0"][:2])
+    assert all(b.ref_cnt == 2 for b in mgr.groups[0].req_to_blocks["b0"][:2])
     check_invariants_of_manager(mgr)
 
 
@@ -109,13 +109,13 @@ def test_random_fork_append_free_sequences(ops, block_size, caching):
                 live[child.request_id] = child
             elif op == "append":
                 req.append_output_token(x % 50 + 1)
-                written = mgr.req_to_blocks[req.request_id]
+                written = mgr.groups[0].req_to_blocks[req.request_id]
                 before = {b.block_id: b.ref_cnt for b in written}
                 if mgr.allocate_slots(req, 1) is None:
                     req.all_token_ids.pop(), req.output_token_ids.pop()
                 else:
                     # the block written by this token is never shared
-                    target = mgr.req_to_blocks[req.request_id][req.num_computed_tokens // block_size]
+                    target = mgr.groups[0].req_to_blocks[req.request_id][req.num_computed_tokens // block_size]
                     assert target.ref_cnt == 1, before
                     req.num_computed_tokens += 1
             else:  # free / preempt both release every block
@@ -124,7 +124,7 @@ def test_random_fork_append_free_sequences(ops, block_size, caching):
         mgr.take_step_changes()
         check_invariants_of_manager(mgr)
         for r in live.values():  # waste per sequence under one block
-            assert len(mgr.req_to_blocks[r.request_id]) * block_size - r.num_computed_tokens < block_size
+            assert len(mgr.groups[0].req_to_blocks[r.request_id]) * block_size - r.num_computed_tokens < block_size
     for r in list(live.values()):
         mgr.free(r)
     assert mgr.block_pool.get_num_free_blocks() == mgr.block_pool.num_blocks - 1

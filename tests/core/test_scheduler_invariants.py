@@ -26,13 +26,24 @@ def make_scheduler(num_blocks: int, block_size: int = 4, budget: int = 32, max_s
 def check_invariants(s: Scheduler) -> None:
     check_invariants_of_manager(s.kv_cache_manager)
     for req in s.running:
-        assert len(s.kv_cache_manager.req_to_blocks[req.request_id]) * s.block_size >= req.num_computed_tokens
+        for g in s.kv_cache_manager.groups:
+            assert len(g.req_to_blocks[req.request_id]) * s.block_size >= req.num_computed_tokens
 
 
 def check_invariants_of_manager(mgr) -> None:
-    """Ref counts equal table references; free + used = total; the free queue is exactly the free blocks."""
+    """Ref counts equal table references; free + used = total; the free queue is exactly the free blocks; a block
+    belongs to one group; a request's tables have equal lengths."""
     pool = mgr.block_pool
-    refs = Counter(b.block_id for blocks in mgr.req_to_blocks.values() for b in blocks)
+    refs = Counter(b.block_id for g in mgr.groups for blocks in g.req_to_blocks.values() for b in blocks
+                   if b.block_id)
+    owners = {}
+    for g in mgr.groups:
+        for blocks in g.req_to_blocks.values():
+            for b in blocks:
+                if b.block_id:
+                    assert owners.setdefault(b.block_id, g.group_id) == g.group_id
+    for rid in mgr.groups[0].req_to_blocks:
+        assert len({len(g.req_to_blocks[rid]) for g in mgr.groups}) == 1
     for b in pool.blocks[1:]:
         assert b.ref_cnt == refs[b.block_id], f"block {b.block_id}: ref_cnt {b.ref_cnt} != {refs[b.block_id]} references"
     free_ids = [b.block_id for b in pool.free_block_queue]
@@ -40,8 +51,10 @@ def check_invariants_of_manager(mgr) -> None:
     assert set(free_ids) == {b.block_id for b in pool.blocks[1:] if b.ref_cnt == 0}
     used = sum(1 for b in pool.blocks[1:] if b.ref_cnt > 0)
     assert used + pool.get_num_free_blocks() == pool.num_blocks - 1
-    for h, b in pool.cached_block_hash_to_block.items():
-        assert b.block_hash == h
+    for key, b in pool.cached_block_hash_to_block.items():
+        assert b.block_hash == key
+        if b.ref_cnt:
+            assert owners[b.block_id] == key[1]  # cached under the group that holds it
 
 
 def run_to_completion(s: Scheduler, rng: random.Random, max_steps: int = 5000) -> dict[str, list[int]]:
@@ -92,7 +105,7 @@ def test_random_workload_keeps_invariants_and_frees_everything(seed, policy):
     run_to_completion(s, rng)
     pool = s.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_blocks - 1
-    assert not s.kv_cache_manager.req_to_blocks
+    assert not any(g.req_to_blocks for g in s.kv_cache_manager.groups)
 
 
 def test_preemption_by_recompute_happens_and_recovers():

@@ -50,7 +50,7 @@ def build_metadata(reqs: list[Req], vocab_size: int) -> SamplingMetadata:
     rows = []
     for i, r in enumerate(reqs):
         tokens = r.prompt + r.output
-        new = NewRequestData(f"r{i}", tokens, len(r.prompt), r.params, [0], len(tokens), r.eos)
+        new = NewRequestData(f"r{i}", tokens, len(r.prompt), r.params, [[0]], len(tokens), r.eos)
         rows.append(runner.input_batch.add_request(new))
     return runner._sampling_metadata(np.array(rows))
 
