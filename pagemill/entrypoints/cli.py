@@ -78,7 +78,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 def cmd_env(args: argparse.Namespace) -> None:
-    """Print the machine, ISA, kernel and library facts (like `vllm collect-env`)."""
+    """Print the machine, ISA, kernel and library facts (like `vllm collect-env`), or the supported models."""
+    if args.models:
+        from pagemill.models.registry import format_supported_models
+
+        print(format_supported_models())
+        return
     from pagemill.env import main as env_main
 
     env_main(as_json=args.json)
@@ -111,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     env = sub.add_parser("env", help="print the CPU, ISA flags, kernel variant and library versions")
     env.add_argument("--json", action="store_true", help="print JSON instead of text")
+    env.add_argument("--models", action="store_true", help="list the supported model families instead")
     env.set_defaults(func=cmd_env)
 
     try:

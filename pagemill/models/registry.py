@@ -1,6 +1,8 @@
-"""Model registry: HF architecture name or GGUF/HF model_type -> model class."""
+"""Model registry: the supported families, by HF architecture name, HF model_type and GGUF `general.architecture`."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from torch import nn
 
@@ -14,33 +16,44 @@ from pagemill.models.qwen2_moe import Qwen2MoeForCausalLM
 from pagemill.models.qwen3 import Qwen3ForCausalLM
 from pagemill.models.qwen3_moe import Qwen3MoeForCausalLM
 
-_ARCHITECTURES: dict[str, type[nn.Module]] = {
-    "Gemma3ForCausalLM": Gemma3ForCausalLM,
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": MistralForCausalLM,
-    "MixtralForCausalLM": MixtralForCausalLM,
-    "Phi3ForCausalLM": Phi3ForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
-}
-_MODEL_TYPES: dict[str, type[nn.Module]] = {
-    "gemma3_text": Gemma3ForCausalLM,
-    "llama": LlamaForCausalLM,
-    "mistral": MistralForCausalLM,
-    "mixtral": MixtralForCausalLM,
-    "phi3": Phi3ForCausalLM,
-    "qwen2": Qwen2ForCausalLM,
-    "qwen2_moe": Qwen2MoeForCausalLM,
-    "qwen3": Qwen3ForCausalLM,
-    "qwen3_moe": Qwen3MoeForCausalLM,
-}
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One supported family: its class and the names that select it (GGUF only where a GGUF of it is tested)."""
+
+    name: str
+    model_class: type[nn.Module]
+    architecture: str  # HF `architectures[0]`
+    model_type: str  # HF config model_type (also what a GGUF's config maps to)
+    gguf_architectures: tuple[str, ...] = ()  # GGUF general.architecture values run and tested from a GGUF file
+
+
+MODEL_FAMILIES: tuple[ModelFamily, ...] = (
+    ModelFamily("Llama / SmolLM2", LlamaForCausalLM, "LlamaForCausalLM", "llama", ("llama",)),
+    ModelFamily("Mistral", MistralForCausalLM, "MistralForCausalLM", "mistral"),
+    ModelFamily("Qwen2", Qwen2ForCausalLM, "Qwen2ForCausalLM", "qwen2"),
+    ModelFamily("Qwen3", Qwen3ForCausalLM, "Qwen3ForCausalLM", "qwen3"),
+    ModelFamily("Gemma 3 (text)", Gemma3ForCausalLM, "Gemma3ForCausalLM", "gemma3_text", ("gemma3",)),
+    ModelFamily("Phi-3", Phi3ForCausalLM, "Phi3ForCausalLM", "phi3"),
+    ModelFamily("Mixtral (MoE)", MixtralForCausalLM, "MixtralForCausalLM", "mixtral"),
+    ModelFamily("Qwen2-MoE", Qwen2MoeForCausalLM, "Qwen2MoeForCausalLM", "qwen2_moe"),
+    ModelFamily("Qwen3-MoE", Qwen3MoeForCausalLM, "Qwen3MoeForCausalLM", "qwen3_moe"),
+)
+_ARCHITECTURES = {f.architecture: f.model_class for f in MODEL_FAMILIES}
+_MODEL_TYPES = {f.model_type: f.model_class for f in MODEL_FAMILIES}
 
 
 def supported_architectures() -> list[str]:
     """Names accepted by `get_model_class`."""
     return sorted(_ARCHITECTURES)
+
+
+def format_supported_models() -> str:
+    """The table `pagemill env --models` prints: family, HF architecture, model_type, tested GGUF architectures."""
+    rows = [("family", "HF architecture", "model_type", "GGUF general.architecture")]
+    rows += [(f.name, f.architecture, f.model_type, ", ".join(f.gguf_architectures) or "-") for f in MODEL_FAMILIES]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
 def get_model_class(hf_config) -> type[nn.Module]:

@@ -98,3 +98,18 @@ def test_env_text_and_flags():
     assert arm["asimd"] and arm["sve"] and not arm["sve2"] and "avx2" not in arm
     assert kv_cache_dtype_support({"active": None})["float16"] == "torch reference"
     assert kv_cache_dtype_support({"active": "avx2"})["bfloat16"] == "kernel"
+
+
+def test_env_models_lists_every_registered_family():
+    """`pagemill env --models` lists each family's HF architecture, and the GGUF architectures run from files."""
+    from pagemill.models.registry import MODEL_FAMILIES
+
+    r = subprocess.run([sys.executable, "-m", "pagemill.entrypoints.cli", "env", "--models"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert len(lines) == 1 + len(MODEL_FAMILIES)
+    for family in MODEL_FAMILIES:
+        row = next(line for line in lines if family.architecture in line)
+        assert family.model_type in row.split()
+    assert any("gemma3_text" in line and line.rstrip().endswith("gemma3") for line in lines)
