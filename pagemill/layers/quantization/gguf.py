@@ -66,13 +66,20 @@ class RecordsLinearMethod(LinearMethodBase):
         self.max_rows = RECORDS_MAX_ROWS if dtype == torch.float32 else F16_GEMV_MAX_ROWS
         self.record_bytes = 0  # of the layer's records, once packed (the weight-format report)
 
-    def set_records(self, layer: nn.Module, records: Any, weight: torch.Tensor | None = None) -> None:
-        """Install the layer's records and the oneDNN copy of `weight` (their float32 values; decoded if None)."""
+    def set_records(self, layer: nn.Module, records: Any, weight: torch.Tensor | None = None,
+                    shared: bool = False) -> None:
+        """Install the layer's records and the oneDNN copy of `weight` (their float32 values; decoded if None). A
+        `shared` weight (a tied LM head's embedding table) in the matmul dtype is used as it is, with no copy."""
         layer.gemv_records = records
         self.record_bytes = record_bytes(records)
         layer.gemv_bias = None if layer.bias is None else layer.bias.float()
         if weight is None:
             weight = self.dequantized_weight(layer)
+        if shared and weight.dtype == self.input_dtype:
+            # The head's many-row matmuls (> max_rows sequences, prompt logprobs) are rare: F.linear on the shared
+            # table instead of a second copy (Gemma 3's 262k x 640 table: 671 MB saved).
+            layer.mkldnn_weight, layer.weight = None, weight
+            return
         weight = weight.to(self.input_dtype)
         layer.mkldnn_weight = mkldnn_pack(weight)
         # With the oneDNN copy nothing reads a plain weight (a third copy, 4 bytes per weight): it is kept only where
@@ -132,11 +139,12 @@ class GGUFLinearMethod(RecordsLinearMethod):
         self.records, records = pack_records([(p.format, p.blocks) for _, p in parts])
         # A layer may already hold the same values as floats (a tied LM head: the embedding's table); else decode.
         weight = getattr(layer, "float_weight", None)
+        shared = weight is not None
         if weight is None:
             weight = torch.empty(layer.out_features, layer.in_features, dtype=torch.float32)
             for offset, part in parts:
                 part.load_into(weight.narrow(0, offset, part.shape[0]))  # gguf.quants' arithmetic, bit for bit
-        self.set_records(layer, records, weight)
+        self.set_records(layer, records, weight, shared)
         for _, part in parts:
             part.release()
         layer.gguf_parts = {}
