@@ -252,7 +252,8 @@ def test_llm_default_load_peak_memory():
 
 
 def test_linear_weights_are_dropped_and_rebuilt_exactly(smol_llm, smol_weights):
-    """Q4_1 / Q8_0 linears hold no plain float32 weight; their records hold it bit for bit."""
+    """Q4_1 / Q8_0 linears hold no plain float32 weight (the tied head reads the embedding's own table, no copy);
+    their records hold it bit for bit."""
     from pagemill.layers.quantization.gguf import GGUFLinearMethod
     from tests.layers.helpers import engine_model
 
@@ -260,7 +261,9 @@ def test_linear_weights_are_dropped_and_rebuilt_exactly(smol_llm, smol_weights):
     weights, _ = smol_weights
     model = engine_model(smol_llm)
     layers = [m for m in model.modules() if isinstance(getattr(m, "quant_method", None), GGUFLinearMethod)]
-    assert len(layers) == 121 and all(m.weight is None for m in layers)
+    assert len(layers) == 121 and all(m.weight is None for m in layers if m is not model.lm_head)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert model.lm_head.mkldnn_weight is None
     attn, mlp = model.model.layers[3].self_attn, model.model.layers[3].mlp
     pre = "model.layers.3."
     expected = {
