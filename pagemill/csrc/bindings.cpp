@@ -179,7 +179,8 @@ void silu_and_mul(torch::Tensor out, torch::Tensor x) {
 
 void rope_and_cache(torch::Tensor q_out, torch::Tensor k_out, torch::Tensor v_out, torch::Tensor qkv,
                     torch::Tensor positions, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
-                    torch::Tensor v_cache, torch::Tensor slot_mapping) {
+                    torch::Tensor v_cache, torch::Tensor slot_mapping, c10::optional<torch::Tensor> q_norm,
+                    c10::optional<torch::Tensor> k_norm, double norm_eps) {
   TORCH_CHECK(qkv.is_contiguous() && q_out.is_contiguous() && k_out.is_contiguous() && v_out.is_contiguous());
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && cos.is_contiguous() && sin.is_contiguous());
   TORCH_CHECK(q_out.scalar_type() == at::kFloat && k_out.scalar_type() == at::kFloat &&
@@ -187,6 +188,8 @@ void rope_and_cache(torch::Tensor q_out, torch::Tensor k_out, torch::Tensor v_ou
               "rope_and_cache: q_out, k_out, v_out and cos/sin must be float32");
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "rope_and_cache: K and V caches differ in dtype");
   TORCH_CHECK(positions.scalar_type() == at::kLong && slot_mapping.scalar_type() == at::kLong);
+  TORCH_CHECK(positions.is_contiguous() && slot_mapping.is_contiguous(),
+              "rope_and_cache: positions and slot_mapping must be contiguous");
   pagemill::RopeCacheArgs a;
   a.T = q_out.size(0), a.Hq = q_out.size(1), a.D = q_out.size(2), a.Hk = k_out.size(1);
   TORCH_CHECK(cos.size(1) == a.D && qkv.size(1) == (a.Hq + 2 * a.Hk) * a.D && a.D % 2 == 0,
@@ -198,6 +201,14 @@ void rope_and_cache(torch::Tensor q_out, torch::Tensor k_out, torch::Tensor v_ou
   a.positions = positions.data_ptr<int64_t>(), a.cos = cos.data_ptr<float>(), a.sin = sin.data_ptr<float>();
   a.k_cache = k_cache.data_ptr(), a.v_cache = v_cache.data_ptr(), a.cache_dtype = dtype_of(k_cache, "rope_and_cache cache");
   a.slot_mapping = slot_mapping.data_ptr<int64_t>(), a.num_threads = threads();
+  TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "rope_and_cache: q_norm and k_norm go together");
+  a.q_norm = a.k_norm = nullptr, a.norm_eps = static_cast<float>(norm_eps);
+  if (q_norm.has_value()) {
+    for (const auto* w : {&*q_norm, &*k_norm})
+      TORCH_CHECK(w->is_contiguous() && w->scalar_type() == at::kFloat && w->numel() == a.D,
+                  "rope_and_cache: q_norm / k_norm must be contiguous float32 [D]");
+    a.q_norm = q_norm->data_ptr<float>(), a.k_norm = k_norm->data_ptr<float>();
+  }
   active->rope_and_cache(a);
 }
 
@@ -322,7 +333,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "out = RMSNorm(x) * weight");
   m.def("fused_add_rms_norm", &fused_add_rms_norm, "residual += x; out = RMSNorm(residual) * weight");
   m.def("silu_and_mul", &silu_and_mul, "out = silu(x[:, :I]) * x[:, I:]");
-  m.def("rope_and_cache", &rope_and_cache, "RoPE on q/k from a fused qkv row, K/V written to the cache slots");
+  m.def("rope_and_cache", &rope_and_cache, "RoPE on q/k (after an optional per-head QK RMSNorm) from a fused qkv "
+        "row, K/V written to the cache slots", py::arg("q_out"), py::arg("k_out"), py::arg("v_out"), py::arg("qkv"),
+        py::arg("positions"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"), py::arg("v_cache"),
+        py::arg("slot_mapping"), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
+        py::arg("norm_eps") = 1e-6);
   m.def("pack_gemv_weight_f16", &pack_gemv_weight_f16, "Pack a [N, K] weight for gemv_f16: [ceil(N/64), K, 64] fp16");
   m.def("gemv_f16", &gemv_f16, "out = x @ W^T + bias (few rows streamed; more through fp32 panels), W packed by pack_gemv_weight_f16",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());

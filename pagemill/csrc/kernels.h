@@ -28,7 +28,7 @@ struct PagedAttentionArgs {
 };
 
 // q_out [T, Hq, D], k_out / v_out [T, Hk, D] fp32; qkv [T, (Hq + 2 Hk) D]; cos / sin [max_pos, D] fp32; the first
-// n_cached tokens are written to the cache slots (K transposed per block).
+// n_cached tokens are written to the cache slots (K transposed per block). q_norm / k_norm: Qwen3 / Gemma 3's QK norm.
 struct RopeCacheArgs {
   float* q_out;
   float* k_out;
@@ -42,6 +42,9 @@ struct RopeCacheArgs {
   void* v_cache;
   DType cache_dtype;
   const int64_t* slot_mapping;
+  const float* q_norm;  // [D] per-head RMSNorm scale applied to q before RoPE (nullptr: none); k_norm likewise
+  const float* k_norm;
+  float norm_eps;
   int64_t T, Hq, Hk, D, BS, n_cached;
   int num_threads;
 };

@@ -180,10 +180,11 @@ class ModelRunner:
         token_rows = rows[req_idx]
         input_ids = ib.token_ids[token_rows, positions]
         bs = self.block_size
-        slot_mapping = ib.block_table[:, token_rows, positions // bs] * bs + positions % bs  # [groups, T]
+        # [groups, T]; C order, so each group's row is contiguous (numpy's fancy indexing may return it transposed)
+        slot_mapping = np.ascontiguousarray(ib.block_table[:, token_rows, positions // bs] * bs + positions % bs)
         seq_lens = computed + counts
         max_blocks = int(ib.num_blocks[rows].max())
-        tables = ib.block_table[:, rows, :max_blocks]
+        tables = np.ascontiguousarray(ib.block_table[:, rows, :max_blocks])
         qsl, num_decodes = np.concatenate([[0], cu]), int((counts == 1).sum())
         md = [CommonAttentionMetadata(
             num_reqs=num_reqs, num_decodes=num_decodes, num_actual_tokens=total, query_start_loc=qsl,

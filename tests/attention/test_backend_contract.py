@@ -3,6 +3,8 @@ capabilities, and kernel vs reference chosen per engine (two engines side by sid
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -54,7 +56,13 @@ def test_attention_path_follows_declared_capabilities():
     cpu = type(cpu)(cpu.dtype, cpu.max_position, cpu.ops, cpu.quant_config, CpuPagedAttention())
     assert Attention(4, 16, 2, 0.25, cpu, rope, torch.float32).fused
     norms = RMSNorm(16, 1e-6, cpu.ops), RMSNorm(16, 1e-6, cpu.ops)
-    assert not Attention(4, 16, 2, 0.25, cpu, rope, torch.float32, None, *norms).fused  # no QK-norm hook
+    assert Attention(4, 16, 2, 0.25, cpu, rope, torch.float32, None, *norms).fused  # the kernel takes the QK norm
+
+    class NoQKNormHook(CpuPagedAttention):
+        capabilities = dataclasses.replace(CpuPagedAttention.capabilities, qk_norm_hook=False)
+
+    no_hook = type(cpu)(cpu.dtype, cpu.max_position, cpu.ops, cpu.quant_config, NoQKNormHook())
+    assert not Attention(4, 16, 2, 0.25, no_hook, rope, torch.float32, None, *norms).fused
     assert not Attention(4, 16, 2, 0.25, layer_context(kernels=False), rope, torch.float32).fused
 
 

@@ -13,7 +13,7 @@ from pagemill.attention.metadata import CommonAttentionMetadata
 class _Layer:
     def __init__(self, hq: int, hk: int, d: int, window: int | None) -> None:
         self.num_heads, self.num_kv_heads, self.head_dim = hq, hk, d
-        self.scale, self.sliding_window = d**-0.5, window
+        self.scale, self.sliding_window, self.qk_norm = d**-0.5, window, None
 
 
 def _batch(rng: np.random.Generator, specs: list[tuple[int, int]], block_size: int, num_blocks: int, hk: int,

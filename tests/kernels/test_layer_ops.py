@@ -82,3 +82,30 @@ def test_rope_and_cache_matches_rotary_and_index_copy(qkv_dtype: torch.dtype, hq
     untouched = torch.ones(num_slots, dtype=torch.bool)
     untouched[slots] = False
     assert k_cache[untouched].abs().sum() == 0 and v_cache[untouched].abs().sum() == 0
+
+
+@pytest.mark.parametrize("hq,hk,d", [(4, 1, 256), (4, 2, 40)])
+def test_rope_and_cache_with_qk_norm_matches_norm_then_rotary(hq: int, hk: int, d: int) -> None:
+    """Qwen3 / Gemma 3: the per-head RMSNorm of q and k (own scales) before RoPE, in the same kernel pass."""
+    cfg = LlamaConfig(hidden_size=hq * d, num_attention_heads=hq, num_key_value_heads=hk, rope_theta=1e6, head_dim=d)
+    rotary = RotaryEmbedding(cfg, 256, torch.float32)
+    t, num_slots = 7, 32
+    qkv = torch.randn(t, (hq + 2 * hk) * d) * 4
+    positions = torch.randint(0, 256, (t,))
+    slots = torch.randperm(num_slots)[:t]
+    q_w, k_w, eps = torch.rand(d) + 0.5, torch.rand(d) + 0.5, 1e-6
+    k_cache, v_cache = torch.zeros(num_slots, 1, hk, d), torch.zeros(num_slots, 1, hk, d)
+    q, k, v = torch.empty(t, hq, d), torch.empty(t, hk, d), torch.empty(t, hk, d)
+    load_kernels().rope_and_cache(q, k, v, qkv, positions, rotary.cos, rotary.sin, k_cache, v_cache, slots,
+                                  q_norm=q_w, k_norm=k_w, norm_eps=eps)
+    ops = TorchLayerOps()
+    q_ref, k_ref, _ = qkv.split([hq * d, hk * d, hk * d], dim=-1)
+    q_ref = ops.rms_norm(q_ref.reshape(t, hq, d), q_w, eps, torch.float32)
+    k_ref = ops.rms_norm(k_ref.reshape(t, hk, d), k_w, eps, torch.float32)
+    q_ref, k_ref = rotary(positions, q_ref, k_ref)
+    torch.testing.assert_close(q, q_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k, k_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_cache.view(num_slots, hk, d)[slots], k)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        load_kernels().rope_and_cache(q, k, v, qkv, positions, rotary.cos, rotary.sin, k_cache, v_cache,
+                                      torch.arange(2 * t)[::2], q_norm=q_w, k_norm=k_w, norm_eps=eps)

@@ -38,7 +38,8 @@ class CpuPagedAttention(TorchPagedAttention):
     """
 
     name = "cpu"
-    capabilities = AttentionCapabilities(fused_rope_cache_write=True, fused_dtypes=(torch.float32,))
+    capabilities = AttentionCapabilities(fused_rope_cache_write=True, fused_dtypes=(torch.float32,),
+                                         qk_norm_hook=True)
     batch_order = (0, 1, 2)  # decodes, context chunks, fresh prefills
 
     def __init__(self) -> None:
@@ -83,8 +84,12 @@ class CpuPagedAttention(TorchPagedAttention):
         k = torch.empty(t, layer.num_kv_heads, layer.head_dim)
         v = torch.empty(t, layer.num_kv_heads, layer.head_dim)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
+        norms = {}
+        if layer.qk_norm is not None:
+            q_norm, k_norm = layer.qk_norm
+            norms = dict(q_norm=q_norm.weight, k_norm=k_norm.weight, norm_eps=q_norm.eps)
         self.kernel.rope_and_cache(q, k, v, qkv.contiguous(), positions, cos, sin, k_cache, v_cache,
-                                   metadata.common.slot_mapping)
+                                   metadata.common.slot_mapping, **norms)
         k, v = self._as_stored(k, v, k_cache.dtype, metadata)
         out = torch.empty(t, layer.num_heads, layer.head_dim, dtype=out_dtype)
         self._attend(layer, q, k, v, k_cache, v_cache, metadata, out)

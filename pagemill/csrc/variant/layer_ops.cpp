@@ -111,13 +111,22 @@ void rope_and_cache(const RopeCacheArgs& a) {
       C* kc = static_cast<C*>(a.k_cache);
       C* vc = static_cast<C*>(a.v_cache);
       parallel_for(T, row_grain(Wd), a.num_threads, [&](int64_t b, int64_t e) {
+        Scratch buf;
+        float* normed = buf.get(D);
+        // RoPE of one head, after its RMSNorm when the layer has a QK norm (computed as the RMSNorm kernel does).
+        auto rope = [&](float* out, const X* x, const float* norm_w, const float* c, const float* s) {
+          if (norm_w == nullptr) return rope_head(out, x, c, s, D);
+          copy_row(normed, x, D);
+          norm_row(normed, normed, norm_w, D, a.norm_eps);
+          rope_head(out, static_cast<const float*>(normed), c, s, D);
+        };
         for (int64_t t = b; t < e; ++t) {
           const X* row = xp + t * Wd;
           const float* c = a.cos + a.positions[t] * D;
           const float* s = a.sin + a.positions[t] * D;
-          for (int64_t h = 0; h < Hq; ++h) rope_head(a.q_out + (t * Hq + h) * D, row + h * D, c, s, D);
+          for (int64_t h = 0; h < Hq; ++h) rope(a.q_out + (t * Hq + h) * D, row + h * D, a.q_norm, c, s);
           for (int64_t h = 0; h < Hk; ++h) {
-            rope_head(a.k_out + (t * Hk + h) * D, row + (Hq + h) * D, c, s, D);
+            rope(a.k_out + (t * Hk + h) * D, row + (Hq + h) * D, a.k_norm, c, s);
             copy_row(a.v_out + (t * Hk + h) * D, row + (Hq + Hk + h) * D, D);
           }
           if (t < a.n_cached) {  // K blocks are stored transposed, [Hk, D, BS], for the attention kernel
