@@ -77,23 +77,18 @@ def run_to_completion(s: Scheduler, rng: random.Random, max_steps: int = 5000) -
     raise AssertionError("did not finish")
 
 
-@pytest.mark.parametrize("seed", range(12))
-@pytest.mark.parametrize("policy", ["fcfs", "priority"])
-def test_random_workload_keeps_invariants_and_frees_everything(seed, policy):
-    rng = random.Random(seed)
-    num_blocks, block_size = rng.choice([12, 20, 40]), rng.choice([2, 4, 8])
-    # As in the engine, max_model_len never exceeds what the KV cache can hold.
-    s = make_scheduler(num_blocks=num_blocks, block_size=block_size, budget=rng.choice([8, 16, 64]),
-                       max_seqs=rng.choice([2, 4, 16]), policy=policy, max_len=(num_blocks - 1) * block_size)
-    shared = [rng.randrange(3, 50) for _ in range(12)]
-    n = 0
-    for step in range(60):
+def run_random_workload(s: Scheduler, rng: random.Random, steps: int, shared_len: int, max_suffix: int,
+                        max_tokens: int, priorities: int = 1) -> None:
+    """Random arrivals (half sharing a prefix), aborts and sampled tokens for `steps` steps, then run to completion;
+    the invariants are checked after every step."""
+    shared = [rng.randrange(3, 50) for _ in range(shared_len)]
+    for n in range(steps):
         if rng.random() < 0.4:
-            prompt = (shared if rng.random() < 0.5 else []) + [rng.randrange(3, 50) for _ in range(rng.randrange(1, 20))]
+            prompt = (shared if rng.random() < 0.5 else []) + [rng.randrange(3, 50)
+                                                                 for _ in range(rng.randrange(1, max_suffix))]
             prompt = prompt[: s.config.max_model_len - 1]
-            sp = SamplingParams(max_tokens=rng.randrange(1, 16), ignore_eos=True)
-            s.add_request(Request(f"r{n}", prompt, sp, None, float(n), priority=rng.randrange(3)))
-            n += 1
+            sp = SamplingParams(max_tokens=rng.randrange(1, max_tokens), ignore_eos=True)
+            s.add_request(Request(f"r{n}", prompt, sp, None, float(n), priority=rng.randrange(priorities)))
         if rng.random() < 0.05 and s.requests:
             s.finish_requests([rng.choice(list(s.requests))], RequestStatus.FINISHED_ABORTED)
         if s.has_unfinished_requests():
@@ -103,6 +98,17 @@ def test_random_workload_keeps_invariants_and_frees_everything(seed, policy):
             s.update_from_output(so, ModelRunnerOutput(sampled))
         check_invariants(s)
     run_to_completion(s, rng)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_random_workload_keeps_invariants_and_frees_everything(seed, policy):
+    rng = random.Random(seed)
+    num_blocks, block_size = rng.choice([12, 20, 40]), rng.choice([2, 4, 8])
+    # As in the engine, max_model_len never exceeds what the KV cache can hold.
+    s = make_scheduler(num_blocks=num_blocks, block_size=block_size, budget=rng.choice([8, 16, 64]),
+                       max_seqs=rng.choice([2, 4, 16]), policy=policy, max_len=(num_blocks - 1) * block_size)
+    run_random_workload(s, rng, steps=60, shared_len=12, max_suffix=20, max_tokens=16, priorities=3)
     pool = s.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_blocks - 1
     assert not any(g.req_to_blocks for g in s.kv_cache_manager.groups)

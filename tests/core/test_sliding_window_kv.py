@@ -13,7 +13,7 @@ from pagemill.core.sched_output import ModelRunnerOutput
 from pagemill.core.scheduler import Scheduler
 from pagemill.request import Request, RequestStatus
 from pagemill.sampling_params import SamplingParams
-from tests.core.test_scheduler_invariants import check_invariants, check_invariants_of_manager, run_to_completion
+from tests.core.test_scheduler_invariants import check_invariants_of_manager, run_random_workload
 
 BS, W = 4, 8
 
@@ -133,23 +133,7 @@ def test_random_workload_with_groups_keeps_invariants(seed, mode):
     max_len = 60
     assert cfg.max_blocks_per_request(max_len, budget) <= cfg.usable_blocks
     s = _scheduler(cfg.num_blocks, windows, mode, budget, rng.choice([2, 4, 8]), max_len)
-    shared = [rng.randrange(3, 50) for _ in range(14)]
-    n = 0
-    for _ in range(80):
-        if rng.random() < 0.4:
-            prompt = (shared if rng.random() < 0.5 else []) + [rng.randrange(3, 50) for _ in range(rng.randrange(1, 25))]
-            s.add_request(Request(f"r{n}", prompt, SamplingParams(max_tokens=rng.randrange(1, 30), ignore_eos=True),
-                                  None, float(n)))
-            n += 1
-        if rng.random() < 0.05 and s.requests:
-            s.finish_requests([rng.choice(list(s.requests))], RequestStatus.FINISHED_ABORTED)
-        if s.has_unfinished_requests():
-            so = s.schedule()
-            sampled = {rid: rng.randrange(3, 50) for rid in so.num_scheduled_tokens
-                       if s.requests[rid].num_computed_tokens == s.requests[rid].num_tokens}
-            s.update_from_output(so, ModelRunnerOutput(sampled))
-        check_invariants(s)
-    run_to_completion(s, rng)
+    run_random_workload(s, rng, steps=80, shared_len=14, max_suffix=25, max_tokens=30)
     pool = s.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_blocks - 1
     assert s.swap_space.num_free == s.swap_space.num_blocks and not s._swap_layouts

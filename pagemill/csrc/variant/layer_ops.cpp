@@ -112,7 +112,7 @@ void rope_and_cache(const RopeCacheArgs& a) {
       C* vc = static_cast<C*>(a.v_cache);
       parallel_for(T, row_grain(Wd), a.num_threads, [&](int64_t b, int64_t e) {
         Scratch buf;
-        float* normed = buf.get(D);
+        float* normed = a.q_norm != nullptr ? buf.get(D) : nullptr;  // no allocation for layers without QK norm
         // RoPE of one head, after its RMSNorm when the layer has a QK norm (computed as the RMSNorm kernel does).
         auto rope = [&](float* out, const X* x, const float* norm_w, const float* c, const float* s) {
           if (norm_w == nullptr) return rope_head(out, x, c, s, D);
