@@ -12,11 +12,13 @@ _os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
 from pagemill.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from pagemill.outputs import CompletionOutput, Logprob, RequestOutput
-from pagemill.sampling_params import RequestOutputKind, SamplingParams
+from pagemill.sampling_params import (GuidedDecodingParams, RequestOutputKind, SamplingParams,
+                                      StructuredOutputsParams)
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "RequestOutputKind",
-           "EngineArgs", "LLMEngine", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence", "__version__"]
+           "EngineArgs", "LLMEngine", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence", "StructuredOutputsParams",
+           "GuidedDecodingParams", "__version__"]
 
 
 def __getattr__(name: str):

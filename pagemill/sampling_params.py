@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 _SAMPLING_EPS = 1e-5
+STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 class RequestOutputKind(IntEnum):
@@ -14,6 +16,42 @@ class RequestOutputKind(IntEnum):
     CUMULATIVE = 0  # every output carries the whole text so far
     DELTA = 1  # every output carries only what is new
     FINAL_ONLY = 2  # one output when the request finishes
+
+
+@dataclass
+class StructuredOutputsParams:
+    """One output constraint of a request (vLLM's StructuredOutputsParams): exactly one of json (a JSON schema, as
+    a dict or its text), regex, choice, grammar (EBNF/GBNF or Lark), json_object=True or structural_tag."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    # Set by the engine: the backend that compiles this request's grammar (xgrammar | guidance).
+    _backend: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in STRUCTURED_OUTPUT_KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("structured_outputs must set exactly one of "
+                             f"{', '.join(STRUCTURED_OUTPUT_KINDS)}; got {', '.join(given) or 'none'}.")
+        if self.choice is not None and (not isinstance(self.choice, list) or not self.choice
+                                        or any(not isinstance(c, str) for c in self.choice)):
+            raise ValueError(f"structured_outputs.choice must be a non-empty list of strings, got {self.choice!r}.")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: json, regex, choice, grammar, json_object or structural_tag."""
+        return next(k for k in STRUCTURED_OUTPUT_KINDS if getattr(self, k) not in (None, False))
+
+
+GuidedDecodingParams = StructuredOutputsParams  # vLLM's older name, still sent by many clients
 
 
 @dataclass
@@ -41,6 +79,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: StructuredOutputsParams | None = None  # vLLM's older spelling of structured_outputs
     # Filled in by the engine from the model's generation config; not user input.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -52,6 +92,10 @@ class SamplingParams:
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None and self.structured_outputs != self.guided_decoding:
+                raise ValueError("give structured_outputs or guided_decoding (its older name), not both.")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
         if self.top_k is None or self.top_k < 0:
             self.top_k = 0  # vLLM treats -1 as "off"; 0 means off here too
         self._verify()
