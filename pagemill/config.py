@@ -170,6 +170,7 @@ class EngineConfig:
     log_stats: bool = False
     attention_backend: str = "auto"
     profile: bool = False
+    greedy_head_screen: bool = True
 
 
 @dataclass
@@ -199,6 +200,9 @@ class EngineArgs:
     quantization: str = "auto"  # gguf (auto for GGUF files): small-batch GEMVs stream the Q4_1/Q8_0 weights as stored;
     # int8 / int4: a safetensors model's linears quantized at load (weight-only, per group of 32) for the same GEMVs
     profile: bool = False  # time each part of the engine step (StepProfiler)
+    # Greedy rows pick their token from an int8 screen of the LM head plus an exact float32 recheck of the few
+    # tokens that could win (layers/head_screen.py): the same tokens, at int8 speed.
+    greedy_head_screen: bool = True
     disable_log_stats: bool = True
 
     @classmethod
@@ -251,7 +255,8 @@ class EngineArgs:
         )
         return EngineConfig(model_config, cache_config, scheduler_config,
                             num_threads=self.num_threads, log_stats=not self.disable_log_stats,
-                            attention_backend=self.attention_backend, profile=self.profile)
+                            attention_backend=self.attention_backend, profile=self.profile,
+                            greedy_head_screen=self.greedy_head_screen)
 
 
 def _default_kv_bytes() -> int:

@@ -23,7 +23,7 @@ using pagemill::KernelTable;
 #ifdef PAGEMILL_X86
 // CPUID feature bits, each counted only when the OS saves the registers it needs (XCR0).
 struct CpuFeatures {
-  bool avx2 = false, fma = false, f16c = false, avx512 = false, avx512vbmi = false, gfni = false;
+  bool avx2 = false, fma = false, f16c = false, avx512 = false, avx512vbmi = false, avx512vnni = false, gfni = false;
 };
 
 CpuFeatures detect_cpu() {
@@ -44,6 +44,7 @@ CpuFeatures detect_cpu() {
     f.avx2 = os_avx && (b & (1u << 5));
     f.avx512 = os_avx512 && (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) && (b & (1u << 31));  // F DQ BW VL
     f.avx512vbmi = f.avx512 && (c & (1u << 1));
+    f.avx512vnni = f.avx512 && (c & (1u << 11));
     f.gfni = c & (1u << 8);
   }
   return f;
@@ -63,7 +64,9 @@ const std::vector<Variant>& variants() {
 #ifdef PAGEMILL_X86
     const CpuFeatures f = detect_cpu();
     const bool avx2 = f.avx2 && f.fma && f.f16c;
-    v.push_back({"avx512_vbmi", pagemill::kernel_table_avx512_vbmi, avx2 && f.avx512 && f.avx512vbmi && f.gfni});
+    // Ice Lake / Zen 4 and later: VBMI, GFNI and VNNI (int8 dot products) together.
+    v.push_back({"avx512_vbmi", pagemill::kernel_table_avx512_vbmi,
+                 avx2 && f.avx512 && f.avx512vbmi && f.gfni && f.avx512vnni});
     v.push_back({"avx512", pagemill::kernel_table_avx512, avx2 && f.avx512});
     v.push_back({"avx2", pagemill::kernel_table_avx2, avx2});
 #endif
@@ -324,6 +327,33 @@ void gemv_q4(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::opti
   active->gemv_q4(a, packed.data_ptr<uint8_t>(), G);
 }
 
+// logits [M, N] fp32 for greedy rows: int8 screen, exact float32 wherever a row's maximum may be (variant/head_screen.cpp).
+int64_t head_screen(torch::Tensor logits, torch::Tensor x, torch::Tensor q, torch::Tensor scales, torch::Tensor offsets,
+                    torch::Tensor table, double weight_error, double weight_norm) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "head_screen: x must be contiguous float32 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K % 32 == 0, "head_screen: K must be a multiple of 32");
+  TORCH_CHECK(q.dim() == 4 && q.scalar_type() == at::kChar && q.is_contiguous() && q.size(1) * 4 == K &&
+                  q.size(2) == kGemvTile && q.size(3) == 4, "head_screen: q must come from pack_head_screen");
+  const int64_t tiles = q.size(0);
+  for (const auto* t : {&scales, &offsets})
+    TORCH_CHECK(t->dim() == 3 && t->size(0) == tiles && t->size(1) * 32 == K && t->size(2) == kGemvTile &&
+                    t->is_contiguous(), "head_screen: scales / offsets must come from pack_head_screen");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && offsets.scalar_type() == at::kInt, "head_screen: scales float32, offsets int32");
+  TORCH_CHECK(table.dim() == 2 && table.is_contiguous() && table.scalar_type() == at::kFloat && table.size(1) == K &&
+                  table.size(0) <= tiles * kGemvTile && table.size(0) > (tiles - 1) * kGemvTile,
+              "head_screen: table must be the contiguous float32 [N, K] weight");
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.scalar_type() == at::kFloat &&
+                  logits.size(0) == M && logits.size(1) == table.size(0), "head_screen: logits must be contiguous float32 [M, N]");
+  pagemill::HeadScreenArgs a;
+  a.logits = logits.data_ptr<float>(), a.x = x.data_ptr<float>(), a.q = q.data_ptr<int8_t>();
+  a.scales = scales.data_ptr<float>(), a.offsets = offsets.data_ptr<int32_t>(), a.table = table.data_ptr<float>();
+  a.weight_error = static_cast<float>(weight_error), a.weight_norm = static_cast<float>(weight_norm);
+  a.M = M, a.K = K, a.N = table.size(0), a.tiles = tiles, a.num_threads = threads();
+  if (M == 0) return 0;
+  return active->head_screen(a);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &isa, "The active kernel variant");
   m.def("set_isa", &set_isa, "Switch the active kernel variant (one this CPU supports)", py::arg("name"));
@@ -353,6 +383,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("w"), py::arg("group_size"));
   m.def("q4_max_error", &q4_max_error, "max |d*q + m - w| / max |w| of the Q4_1 fit of pack_gemv_weight_q4",
         py::arg("w"), py::arg("group_size"));
+  m.def("pack_head_screen", &pack_head_screen,
+        "int8 screen of an LM head [N, K] (per channel and group of 32): (q [T, K/4, 64, 4], scales, offsets [T, K/32, 64], "
+        "max per-channel |w - w~|, max |w~|)", py::arg("w"));
+  m.def("head_screen", &head_screen, "Greedy-exact LM head logits: int8 screen plus exact float32 recheck; returns the "
+        "number of logits recomputed", py::arg("logits"), py::arg("x"), py::arg("q"), py::arg("scales"),
+        py::arg("offsets"), py::arg("table"), py::arg("weight_error"), py::arg("weight_norm"));
   m.def("gemv_records", &gemv_records,
         "out = x @ W^T + bias over GGUF bit-plane records (q4_1, q5_1, q4_k, q5_k, q6_k, q2_k, q3_k; layouts: "
         "csrc/variant/gemv.cpp, made by pagemill.layers.quantization.gguf_records)",

@@ -63,6 +63,21 @@ struct GemvArgs {
   int num_threads;
 };
 
+// The LM head's greedy screen (variant/head_screen.cpp): logits [M, N] fp32, exact (float32, from `table` [N, K])
+// wherever a row's maximum may be, int8 approximations elsewhere. Weights from pack_head_screen: q [T, K / 4, 64, 4]
+// int8, scales and offsets [T, K / 32, 64]; weight_error / weight_norm: max per channel of |w - w~| and |w~|.
+struct HeadScreenArgs {
+  float* logits;
+  const float* x;
+  const int8_t* q;
+  const float* scales;
+  const int32_t* offsets;
+  const float* table;
+  float weight_error, weight_norm;
+  int64_t M, K, N, tiles;
+  int num_threads;
+};
+
 struct KernelTable {
   const char* name;
   void (*paged_attention)(const PagedAttentionArgs&);
@@ -80,6 +95,7 @@ struct KernelTable {
   void (*gemv_q4)(const GemvArgs&, const uint8_t* packed, int64_t G);
   // GGUF bit-plane records [tiles, K / (GR G), record bytes] (layouts: variant/gemv.cpp, sizes: record_bytes())
   void (*gemv_records)(const GemvArgs&, const uint8_t* packed, RecordFormat format);
+  int64_t (*head_screen)(const HeadScreenArgs&);  // returns how many logits were recomputed exactly
 };
 
 // One per compiled variant (see build.py); the bindings pick one at load time.

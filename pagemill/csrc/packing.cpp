@@ -147,3 +147,52 @@ double q4_max_error(torch::Tensor w, int64_t group_size) {
   return q4_fit(q4_check_weight(w, group_size, "q4_max_error"), group_size, nullptr);
 }
 
+
+// The LM head's int8 screen (variant/head_screen.cpp): per channel and group of 32, s = max|w| / 127 and q = round(w / s)
+// (exact for GGUF Q8_0 weights: s is the block's d), laid out as q [T, K / 4, 64, 4] (four consecutive k per channel),
+// scales and offsets (-128 * the group's code sum) [T, K / 32, 64]; also max over channels of |w - s q| and |s q|.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, double, double> pack_head_screen(torch::Tensor w) {
+  constexpr int64_t QG = 32;
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat && w.is_contiguous() && w.size(1) % QG == 0,
+              "pack_head_screen: w must be a contiguous float32 [N, K] matrix with K a multiple of 32");
+  const int64_t N = w.size(0), K = w.size(1), G = K / QG, T = (N + NT - 1) / NT;
+  auto q = torch::zeros({T, K / 4, NT, 4}, torch::dtype(at::kChar));
+  auto scales = torch::zeros({T, G, NT}, torch::dtype(at::kFloat));
+  auto offsets = torch::zeros({T, G, NT}, torch::dtype(at::kInt));
+  const float* wp = w.data_ptr<float>();
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* sp = scales.data_ptr<float>();
+  int32_t* op = offsets.data_ptr<int32_t>();
+  std::vector<double> err(N), norm(N);
+  bool finite = true;
+  at::parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const int64_t t = n / NT, c = n % NT;
+      double e2 = 0.0, q2 = 0.0;
+      for (int64_t g = 0; g < G; ++g) {
+        const float* wg = wp + n * K + g * QG;
+        float amax = 0.0f;
+        for (int64_t i = 0; i < QG; ++i) amax = std::max(amax, std::fabs(wg[i]));
+        if (!std::isfinite(amax)) finite = false;
+        const float s = amax / 127.0f;
+        int32_t sum = 0;
+        for (int64_t i = 0; i < QG; ++i) {
+          const int k = static_cast<int>(g * QG + i);
+          const int qi = s > 0.0f ? std::min(127, std::max(-127, static_cast<int>(std::nearbyint(wg[i] / s)))) : 0;
+          qp[((t * (K / 4) + k / 4) * NT + c) * 4 + k % 4] = static_cast<int8_t>(qi);
+          sum += qi;
+          const double approx = static_cast<double>(s) * qi;
+          e2 += (wg[i] - approx) * (wg[i] - approx);
+          q2 += approx * approx;
+        }
+        sp[(t * G + g) * NT + c] = s;
+        op[(t * G + g) * NT + c] = -128 * sum;
+      }
+      err[n] = std::sqrt(e2), norm[n] = std::sqrt(q2);
+    }
+  });
+  TORCH_CHECK(finite, "pack_head_screen: the weight has non-finite values");
+  const double max_err = N ? *std::max_element(err.begin(), err.end()) : 0.0;
+  const double max_norm = N ? *std::max_element(norm.begin(), norm.end()) : 0.0;
+  return {q, scales, offsets, max_err, max_norm};
+}

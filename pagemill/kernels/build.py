@@ -32,7 +32,7 @@ MODULE_NAME = "pagemill_kernels"
 ISA_ENV = "PAGEMILL_CPU_ISA"
 # Explicit flags per variant, best first. Each needs exactly the CPU features the bindings check at run time.
 X86_VARIANTS: dict[str, list[str]] = {
-    "avx512_vbmi": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vbmi", "-mgfni",
+    "avx512_vbmi": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vbmi", "-mgfni", "-mavx512vnni",
                     "-mavx2", "-mfma", "-mf16c"],
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],

@@ -19,6 +19,7 @@ from pagemill.core.kv_cache_utils import KVCacheConfig, kv_cache_groups
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.forward_context import set_forward_context
 from pagemill.kernels.ops import select_layer_ops
+from pagemill.layers.head_screen import HEAD_SCREEN_MIN_ROWS, GreedyHeadScreen
 from pagemill.loader.model_loader import load_model
 from pagemill.messages import LogprobsLists
 from pagemill.sample.metadata import SamplingMetadata
@@ -103,6 +104,10 @@ class ModelRunner:
         self.input_batch = InputBatch(config.scheduler_config.max_num_seqs, mc.max_model_len, cc.block_size,
                                       len(groups))
         self.sampler = Sampler()
+        self.head_screen = None
+        if config.greedy_head_screen:
+            self.head_screen = GreedyHeadScreen.for_head(getattr(self.model, "lm_head", None),
+                                                        getattr(ops, "kernels", None))
         self.profiler = StepTimer(config.profile)  # its timings go back in ModelRunnerOutput.timings
 
     def _num_blocks(self) -> int:
@@ -207,7 +212,7 @@ class ModelRunner:
             if len(sample_idx) == 0:
                 return out
             sample_rows = rows[sample_idx]
-            logits = self.model.compute_logits(hidden[torch.from_numpy(cu[sample_idx] - 1)])
+            logits = self._sample_logits(hidden[torch.from_numpy(cu[sample_idx] - 1)], sample_rows)
         with prof.section("sample"):
             smd = self._sampling_metadata(sample_rows)
             tokens, raw_lp = self.sampler(logits, smd)
@@ -217,6 +222,35 @@ class ModelRunner:
                 ib.append_token(int(rows[i]), token_list[j])
             if raw_lp is not None:
                 self._sample_logprobs(out, raw_lp, tokens, sample_idx, sample_rows, req_ids)
+        return out
+
+    def _sample_logits(self, hidden: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+        """Logits of the rows to sample: the greedy head screen for rows that need only the argmax (exact token,
+        approximate elsewhere), the exact head for the rest."""
+        if self.head_screen is None or len(rows) < HEAD_SCREEN_MIN_ROWS:
+            return self.model.compute_logits(hidden)
+        argmax_only = self._argmax_only(rows)
+        n = int(argmax_only.sum())
+        if n == len(rows):
+            return self.head_screen.logits(hidden)
+        if n < HEAD_SCREEN_MIN_ROWS:
+            return self.model.compute_logits(hidden)
+        screened = torch.from_numpy(argmax_only)
+        logits = torch.empty(len(rows), self.head_screen.table.shape[0], dtype=torch.float32)
+        logits[screened] = self.head_screen.logits(hidden[screened])
+        logits[~screened] = self.model.compute_logits(hidden[~screened]).float()
+        return logits
+
+    def _argmax_only(self, rows: np.ndarray) -> np.ndarray:
+        """Per row, whether sampling reads nothing but the argmax of the raw logits: greedy, no logprobs, no
+        penalties, no min_tokens mask, no output constraint."""
+        ib = self.input_batch
+        out = np.empty(len(rows), dtype=bool)
+        for j, r in enumerate(rows):
+            p = ib.params[r]
+            out[j] = (p.greedy and p.logprobs is None and not p.presence_penalty and not p.frequency_penalty
+                      and p.repetition_penalty == 1.0 and p.structured_outputs is None
+                      and not (p.min_tokens and ib.num_tokens[r] - ib.num_prompt_tokens[r] < p.min_tokens))
         return out
 
     def _sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:

@@ -29,6 +29,8 @@ _ENGINE_HELP = {
     "disable_log_stats": "Do not log the periodic stats line.",
     "quantization": "auto (a GGUF file's own blocks, else none), none, gguf, or int8 / int4: quantize a safetensors "
                     "model's linear layers at load (weight-only, per group of 32).",
+    "greedy_head_screen": "Greedy rows: int8 screen of the LM head, exact float32 recheck of the tokens that could "
+                          "win (same tokens, faster batched decode).",
 }
 _CUSTOM = {"served_model_name"}  # declared by hand (several names allowed)
 

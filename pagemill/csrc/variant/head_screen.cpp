@@ -1,0 +1,322 @@
+// The LM head for greedy rows: int8 logits, then the exact float32 logit of every token that could be the row's
+// maximum. Exact argmax at int8 speed (VNNI: ~4x the float32 FMA rate) for the large-vocabulary heads that dominate
+// batched decode (Gemma 3: 262k x 640).
+//
+// 1. x [M, K] is quantized per row and group of 32 (symmetric int8, scale max|x| / 127), keeping per row the norm of
+//    the quantization error e and of x.
+// 2. int8 logits L~ = sum_g sw sx (q_w . q_x) (int32 dots per group). The weights are w~ = sw q_w, per channel and
+//    group of 32 (packing.cpp: pack_head_screen), whose error |w - w~| has norm <= Dw per channel and |w~| <= Nw.
+//    By Cauchy-Schwarz, |L - L~| <= B = Dw |x| + Nw |e| (+ the float32 rounding of L~, bounded by `rounding`).
+// 3. A token whose L~ is below max L~ - 2B cannot be the maximum (the L~-maximal token beats it for sure); every
+//    other logit (a handful) is recomputed exactly from the float32 table. So the row's argmax is exactly float32's;
+//    the rest of the row keeps L~ (approximate: callers use it only for argmax).
+//
+// Weight layout: q [T, K / 4, 64, 4] int8 (tiles of 64 channels; four consecutive k per channel: the operand of
+// vpdpbusd), scales [T, K / 32, 64] fp32, offsets [T, K / 32, 64] int32 = -128 * (sum of the group's codes): VNNI
+// multiplies unsigned x + 128 by signed w, the offset removes the 128 * sum(w) this adds.
+#include "simd.h"
+
+namespace pagemill {
+namespace PAGEMILL_ISA {
+namespace {
+
+constexpr int64_t NT = 64;  // channels per tile
+constexpr int64_t QG = 32;  // quantization group along K
+constexpr int64_t KQ = QG / 4;  // k quads per group
+
+// Per-row quantization of x: codes (int8; +128 as uint8 for VNNI), group scales, and the bound's row terms.
+void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* xq, uint8_t* xu, float* sx, float* err_norm,
+                   float* x_norm, float* xq_norm) {
+  const int64_t G = K / QG;
+  for (int64_t r = 0; r < M; ++r) {
+    double e2 = 0.0, x2 = 0.0, q2 = 0.0;
+    for (int64_t g = 0; g < G; ++g) {
+      const float* xg = x + r * K + g * QG;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < QG; ++i) amax = fmaxf(amax, fabsf(xg[i]));
+      const float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      sx[r * G + g] = s;
+      for (int64_t i = 0; i < QG; ++i) {
+        const float v = xg[i];
+        int q = int(lrintf(v * inv));
+        q = q > 127 ? 127 : (q < -127 ? -127 : q);
+        xq[r * K + g * QG + i] = int8_t(q);
+        xu[r * K + g * QG + i] = uint8_t(q + 128);
+        const double approx = double(s) * double(q);
+        e2 += (double(v) - approx) * (double(v) - approx);
+        x2 += double(v) * double(v);
+        q2 += approx * approx;
+      }
+    }
+    err_norm[r] = float(sqrt(e2)), x_norm[r] = float(sqrt(x2)), xq_norm[r] = float(sqrt(q2));
+  }
+}
+
+#if defined(__AVX512F__)
+constexpr int MR = 4;  // rows per register block
+constexpr int NVB = 2;  // 16-lane vectors per pass (a tile is NT / 16 = 4 vectors: two passes)
+
+// int32 dots of one group for R rows and NVB vectors: acc[r][v] += sum over the group's 32 k of x * w.
+template <int R>
+inline void group_dots(const int8_t* xq, const uint8_t* xu, int64_t K, const int8_t* wq, __m512i (&acc)[MR][NVB]) {
+#if defined(__AVX512VNNI__)
+  (void)xq;
+  for (int64_t kq = 0; kq < KQ; ++kq) {
+    __m512i w[NVB];
+    for (int v = 0; v < NVB; ++v) w[v] = _mm512_loadu_si512(wq + kq * NT * 4 + v * 64);
+    for (int r = 0; r < R; ++r) {
+      int32_t quad;
+      memcpy(&quad, xu + r * K + kq * 4, 4);
+      const __m512i xb = _mm512_set1_epi32(quad);
+      for (int v = 0; v < NVB; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], xb, w[v]);
+    }
+  }
+#else
+  // |x| (unsigned) times w with x's sign: pairs of products fit int16 (2 * 127 * 127 < 32768).
+  (void)xu;
+  const __m512i ones = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
+  for (int64_t kq = 0; kq < KQ; ++kq) {
+    __m512i w[NVB];
+    for (int v = 0; v < NVB; ++v) w[v] = _mm512_loadu_si512(wq + kq * NT * 4 + v * 64);
+    for (int r = 0; r < R; ++r) {
+      int32_t quad;
+      memcpy(&quad, xq + r * K + kq * 4, 4);
+      const __m512i xb = _mm512_set1_epi32(quad), ax = _mm512_abs_epi8(xb);
+      const __mmask64 neg = _mm512_movepi8_mask(xb);
+      for (int v = 0; v < NVB; ++v) {
+        const __m512i ws = _mm512_mask_sub_epi8(w[v], neg, zero, w[v]);
+        acc[r][v] = _mm512_add_epi32(acc[r][v], _mm512_madd_epi16(_mm512_maddubs_epi16(ax, ws), ones));
+      }
+    }
+  }
+#endif
+}
+
+// Logits of one tile (64 channels) for rows [r0, r0 + R): out rows of N, the tile's max per row into tmax.
+template <int R>
+void tile_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t* xu, const float* sx, int64_t t, int64_t r0,
+               float* tmax) {
+  const int64_t K = a.K, G = K / QG, n0 = t * NT;
+  float best[MR];
+  for (int r = 0; r < R; ++r) best[r] = -FLT_MAX;
+  for (int64_t half = 0; half < NT / (16 * NVB); ++half) {
+    const int64_t c0 = half * 16 * NVB;  // first channel of this pass within the tile
+    __m512 facc[MR][NVB];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < NVB; ++v) facc[r][v] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t o = (t * G + g) * NT + c0;
+      __m512i acc[MR][NVB];
+      for (int v = 0; v < NVB; ++v) {
+#if defined(__AVX512VNNI__)
+        const __m512i init = _mm512_loadu_si512(a.offsets + o + v * 16);
+#else
+        const __m512i init = _mm512_setzero_si512();
+#endif
+        for (int r = 0; r < R; ++r) acc[r][v] = init;
+      }
+      const int8_t* wq = a.q + ((t * (K / 4) + g * KQ) * NT + c0) * 4;
+      group_dots<R>(xq + r0 * K + g * QG, xu + r0 * K + g * QG, K, wq, acc);
+      for (int v = 0; v < NVB; ++v) {
+        const __m512 sw = _mm512_loadu_ps(a.scales + o + v * 16);
+        for (int r = 0; r < R; ++r)
+          facc[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][v]), _mm512_mul_ps(sw, _mm512_set1_ps(sx[(r0 + r) * G + g])),
+                                       facc[r][v]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      float* out = a.logits + (r0 + r) * a.N + n0 + c0;
+      for (int v = 0; v < NVB; ++v) {
+        const int64_t n = a.N - (n0 + c0 + v * 16);
+        if (n <= 0) break;
+        const __mmask16 m = lanes(n);
+        _mm512_mask_storeu_ps(out + v * 16, m, facc[r][v]);
+        best[r] = fmaxf(best[r], _mm512_mask_reduce_max_ps(m, facc[r][v]));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) tmax[(r0 + r) * a.tiles + t] = best[r];
+}
+
+#elif defined(__AVX2__)
+constexpr int MR = 4;
+constexpr int NVB = 4;  // 8-lane vectors per pass (a tile is 8 vectors: two passes)
+
+template <int R>
+void tile_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t*, const float* sx, int64_t t, int64_t r0,
+               float* tmax) {
+  const int64_t K = a.K, G = K / QG, n0 = t * NT;
+  const __m256i ones = _mm256_set1_epi16(1);
+  float best[MR];
+  for (int r = 0; r < R; ++r) best[r] = -FLT_MAX;
+  for (int64_t half = 0; half < NT / (8 * NVB); ++half) {
+    const int64_t c0 = half * 8 * NVB;
+    __m256 facc[MR][NVB];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < NVB; ++v) facc[r][v] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t o = (t * G + g) * NT + c0;
+      __m256i acc[MR][NVB];
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < NVB; ++v) acc[r][v] = _mm256_setzero_si256();
+      const int8_t* wq = a.q + ((t * (K / 4) + g * KQ) * NT + c0) * 4;
+      for (int64_t kq = 0; kq < KQ; ++kq) {
+        __m256i w[NVB];
+        for (int v = 0; v < NVB; ++v)
+          w[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + kq * NT * 4 + v * 32));
+        for (int r = 0; r < R; ++r) {
+          int32_t quad;
+          memcpy(&quad, xq + (r0 + r) * K + g * QG + kq * 4, 4);
+          const __m256i xb = _mm256_set1_epi32(quad), ax = _mm256_abs_epi8(xb);
+          for (int v = 0; v < NVB; ++v)
+            acc[r][v] = _mm256_add_epi32(
+                acc[r][v], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w[v], xb)), ones));
+        }
+      }
+      for (int v = 0; v < NVB; ++v) {
+        const __m256 sw = _mm256_loadu_ps(a.scales + o + v * 8);
+        for (int r = 0; r < R; ++r)
+          facc[r][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][v]), _mm256_mul_ps(sw, _mm256_set1_ps(sx[(r0 + r) * G + g])),
+                                       facc[r][v]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      float* out = a.logits + (r0 + r) * a.N + n0 + c0;
+      for (int v = 0; v < NVB; ++v) {
+        float lane[8];
+        _mm256_storeu_ps(lane, facc[r][v]);
+        const int64_t n = imin(8, a.N - (n0 + c0 + v * 8));
+        for (int64_t j = 0; j < n; ++j) {
+          out[v * 8 + j] = lane[j];
+          best[r] = fmaxf(best[r], lane[j]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) tmax[(r0 + r) * a.tiles + t] = best[r];
+}
+
+#else
+constexpr int MR = 4;
+
+template <int R>
+void tile_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t*, const float* sx, int64_t t, int64_t r0,
+               float* tmax) {
+  const int64_t K = a.K, G = K / QG, n0 = t * NT, n = imin(NT, a.N - n0);
+  for (int r = 0; r < R; ++r) {
+    const int8_t* xr = xq + (r0 + r) * K;
+    float best = -FLT_MAX;
+    for (int64_t c = 0; c < n; ++c) {
+      float sum = 0.0f;
+      for (int64_t g = 0; g < G; ++g) {
+        int32_t dot = 0;
+        for (int64_t kq = 0; kq < KQ; ++kq) {
+          const int8_t* w4 = a.q + ((t * (K / 4) + g * KQ + kq) * NT + c) * 4;
+          for (int i = 0; i < 4; ++i) dot += int32_t(w4[i]) * int32_t(xr[g * QG + kq * 4 + i]);
+        }
+        sum += float(dot) * (a.scales[(t * G + g) * NT + c] * sx[(r0 + r) * G + g]);
+      }
+      a.logits[(r0 + r) * a.N + n0 + c] = sum;
+      best = fmaxf(best, sum);
+    }
+    tmax[(r0 + r) * a.tiles + t] = best;
+  }
+}
+#endif
+
+template <int R>
+void tile_block(const HeadScreenArgs& a, const int8_t* xq, const uint8_t* xu, const float* sx, int64_t t, int64_t r0,
+                float* tmax) {
+  tile_rows<R>(a, xq, xu, sx, t, r0, tmax);
+}
+
+void tile_all_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t* xu, const float* sx, int64_t t,
+                   float* tmax) {
+  int64_t r0 = 0;
+  for (; r0 + MR <= a.M; r0 += MR) tile_block<MR>(a, xq, xu, sx, t, r0, tmax);
+  switch (a.M - r0) {
+    case 3: tile_block<3>(a, xq, xu, sx, t, r0, tmax); break;
+    case 2: tile_block<2>(a, xq, xu, sx, t, r0, tmax); break;
+    case 1: tile_block<1>(a, xq, xu, sx, t, r0, tmax); break;
+    default: break;
+  }
+}
+
+// Finite, by the exponent bits (-ffast-math lets the compiler drop isfinite and NaN comparisons).
+inline bool finite_bits(float f) { return (f32_bits(f) & 0x7F800000u) != 0x7F800000u; }
+
+// Exact float32 dot of a table row and x.
+inline float exact_dot(const float* w, const float* x, int64_t K) {
+  vf acc = vzero();
+  int64_t k = 0;
+  for (; k + W <= K; k += W) acc = vfma(vload(w + k), vload(x + k), acc);
+  float sum = vsum(acc);
+  for (; k < K; ++k) sum += w[k] * x[k];
+  return sum;
+}
+
+// Recomputes every logit of row r within 2B of the row's int8 maximum; returns how many.
+int64_t recheck_row(const HeadScreenArgs& a, int64_t r, const float* tmax, float bound) {
+  const float* tm = tmax + r * a.tiles;
+  float* row = a.logits + r * a.N;
+  const float* x = a.x + r * a.K;
+  float top = -FLT_MAX;
+  for (int64_t t = 0; t < a.tiles; ++t) top = fmaxf(top, tm[t]);
+  int64_t count = 0;
+  if (bound < 0.0f || !finite_bits(top)) {  // a non-finite input: no bound holds, the whole row is exact
+    for (int64_t n = 0; n < a.N; ++n) row[n] = exact_dot(a.table + n * a.K, x, a.K);
+    return a.N;
+  }
+  const float threshold = top - 2.0f * bound;
+  for (int64_t t = 0; t < a.tiles; ++t) {
+    if (tm[t] < threshold) continue;
+    const int64_t n1 = imin(a.N, (t + 1) * NT);
+    for (int64_t n = t * NT; n < n1; ++n) {
+      if (row[n] >= threshold) {
+        row[n] = exact_dot(a.table + n * a.K, x, a.K);
+        ++count;
+      }
+    }
+  }
+  return count;
+}
+
+}  // namespace
+
+int64_t head_screen(const HeadScreenArgs& a) {
+  const int64_t M = a.M, K = a.K, G = K / QG;
+  int8_t* xq = static_cast<int8_t*>(malloc(size_t(M * K)));
+  uint8_t* xu = static_cast<uint8_t*>(malloc(size_t(M * K)));
+  float* sx = static_cast<float*>(malloc(sizeof(float) * size_t(M * G + 4 * M + M * a.tiles)));
+  float* err_norm = sx + M * G;
+  float* x_norm = err_norm + M;
+  float* xq_norm = x_norm + M;
+  float* bound = xq_norm + M;
+  float* tmax = bound + M;
+  quantize_rows(a.x, M, K, xq, xu, sx, err_norm, x_norm, xq_norm);
+  for (int64_t r = 0; r < M; ++r) {
+    // Dw |x| + Nw |e|, plus the float32 rounding of L~ (G + 3 roundings of terms summing to at most Nw |x~|),
+    // doubled for safety; a non-finite x makes it infinite (recheck_row then recomputes the row).
+    const float rounding = 2.0f * float(G + 3) * 0x1p-24f * a.weight_norm * xq_norm[r];
+    bound[r] = (a.weight_error * x_norm[r] + a.weight_norm * err_norm[r] + rounding) * (1.0f + 0x1p-16f);
+    if (!finite_bits(x_norm[r]) || !finite_bits(bound[r])) bound[r] = -1.0f;
+  }
+  parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) tile_all_rows(a, xq, xu, sx, t, tmax);
+  });
+  int64_t counts[64] = {0};
+  const int64_t chunks = imin(64, M);
+  parallel_for(chunks, 1, a.num_threads, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t r = c * M / chunks; r < (c + 1) * M / chunks; ++r) counts[c] += recheck_row(a, r, tmax, bound[r]);
+  });
+  int64_t total = 0;
+  for (int64_t c = 0; c < chunks; ++c) total += counts[c];
+  free(xq);
+  free(xu);
+  free(sx);
+  return total;
+}
+
+}  // namespace PAGEMILL_ISA
+}  // namespace pagemill

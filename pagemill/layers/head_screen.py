@@ -1,0 +1,49 @@
+"""The LM head for greedy rows: int8 logits screened, then every token that could be a row's maximum recomputed
+exactly in float32 (csrc/variant/head_screen.cpp has the bound). The argmax is float32's, bit for bit in which token
+wins; the other logits are approximate, so only rows that need nothing but the argmax may use it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+# Fewer greedy rows than this take the exact head: at 1-3 rows both stream the same int8 bytes from memory (the
+# records GEMV) and the screen only adds its recheck.
+HEAD_SCREEN_MIN_ROWS = 4
+
+
+class GreedyHeadScreen:
+    """int8 screen of an LM head's float32 table [vocab, hidden] (VNNI / AVX2 int8 dot products)."""
+
+    def __init__(self, table: torch.Tensor, kernels: Any) -> None:
+        self.table, self.kernels = table, kernels
+        self.q, self.scales, self.offsets, self.weight_error, self.weight_norm = kernels.pack_head_screen(table)
+        self.recomputed = 0  # logits recomputed exactly so far (a statistic: a few per row)
+        self.rows = 0
+
+    @classmethod
+    def for_head(cls, head: nn.Module, kernels: Any) -> "GreedyHeadScreen | None":
+        """A screen of the head's float32 table (its own weight or the tied embedding's), or None when it has none
+        (e.g. a float16 head, or a quantized head kept only in its records and oneDNN copy)."""
+        table = getattr(head, "weight", None)
+        if (kernels is None or getattr(head, "tp_size", 1) != 1 or not hasattr(kernels, "head_screen") or not isinstance(table, torch.Tensor)
+                or table.dtype != torch.float32 or table.dim() != 2 or not table.is_contiguous()
+                or table.shape[1] % 32 or getattr(head, "bias", None) is not None):
+            return None
+        return cls(table, kernels)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the screen adds to the head (its int8 codes, scales and offsets)."""
+        return sum(t.numel() * t.element_size() for t in (self.q, self.scales, self.offsets))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[rows, hidden] -> [rows, vocab] float32 logits whose row maxima (and argmax) are exactly float32's."""
+        x = hidden.to(torch.float32).contiguous()
+        out = torch.empty(x.shape[0], self.table.shape[0], dtype=torch.float32)
+        self.recomputed += self.kernels.head_screen(out, x, self.q, self.scales, self.offsets, self.table,
+                                                    self.weight_error, self.weight_norm)
+        self.rows += x.shape[0]
+        return out

@@ -1,0 +1,104 @@
+"""The greedy LM-head screen (csrc/variant/head_screen.cpp): int8 logits within their error bound, and every row's
+argmax exactly float32's, on each ISA variant (the kernels conftest runs every test once per variant)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import require_kernels, requires_kernels
+
+pytestmark = requires_kernels
+
+
+@pytest.fixture
+def kernels():
+    return require_kernels()
+
+
+def screen(kernels, w: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, int, float, float]:
+    """(logits, logits recomputed, weight error, weight norm) of the screen over w for rows x."""
+    q, scales, offsets, werr, wnorm = kernels.pack_head_screen(w)
+    out = torch.full((x.shape[0], w.shape[0]), float("nan"))
+    n = kernels.head_screen(out, x, q, scales, offsets, w, werr, wnorm)
+    return out, n, werr, wnorm
+
+
+def row_bounds(x: torch.Tensor, werr: float, wnorm: float) -> torch.Tensor:
+    """The kernel's bound on |int8 logit - exact logit| per row: werr |x| + wnorm |x - x~| (x~: x in int8 per 32)."""
+    g = x.view(x.shape[0], -1, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    q = torch.round(g * torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))).clamp(-127, 127)
+    e = (g.double() - (amax / 127.0).double() * q.double()).flatten(1).norm(dim=1)
+    return werr * x.double().norm(dim=1) + wnorm * e
+
+
+@pytest.mark.parametrize("n_vocab,k,rows", [(1000, 96, 7), (64, 32, 1), (4097, 256, 13)])
+def test_argmax_exact_and_int8_logits_within_bound(kernels, n_vocab, k, rows):
+    gen = torch.Generator().manual_seed(n_vocab + k)
+    w = torch.randn(n_vocab, k, generator=gen) * 0.05
+    x = torch.randn(rows, k, generator=gen)
+    x[:, 3] *= 50.0  # an outlier channel, as LLM hidden states have
+    out, recomputed, werr, wnorm = screen(kernels, w, x)
+    exact = x.double() @ w.double().t()
+    assert torch.equal(out.argmax(1), exact.argmax(1))
+    assert rows <= recomputed < rows * n_vocab // 4  # the screen recomputes a few per row, never none
+    bound = row_bounds(x, werr, wnorm)
+    assert ((out.double() - exact).abs() <= bound[:, None] * 1.001 + 1e-4).all()
+    # The recomputed logits are float32 dot products: equal to the float64 result within float32 noise.
+    top = out.max(1).values.double()
+    assert torch.allclose(top, exact.max(1).values, rtol=1e-5, atol=1e-5)
+
+
+def test_near_ties_the_int8_logits_cannot_see(kernels):
+    """Pairs of tokens whose weights round to the same int8 codes but whose exact logits differ by ~1e-5: the
+    recheck must pick the larger one for every row."""
+    gen = torch.Generator().manual_seed(7)
+    k, rows = 64, 6
+    x = torch.randn(rows, k, generator=gen)
+    base = torch.randn(40, k, generator=gen) * 0.05
+    direction = x / x.norm(dim=1, keepdim=True)
+    # token 2i + 1 = token 2i nudged along row (i % rows)'s input: for that row it wins by a hair.
+    nudged = base + 2e-5 * direction[torch.arange(40) % rows]
+    w = torch.stack([base, nudged], dim=1).reshape(80, k).contiguous()
+    q = kernels.pack_head_screen(w)[0]
+    codes = q.permute(0, 2, 1, 3).reshape(-1, k)[:80]
+    assert (codes[0::2] == codes[1::2]).all(1).float().mean() > 0.5  # int8 alone cannot tell most pairs apart
+    out, _, _, _ = screen(kernels, w, x)
+    exact = x.double() @ w.double().t()
+    assert torch.equal(out.argmax(1), exact.argmax(1))
+
+
+def test_q8_0_weights_are_held_exactly(kernels):
+    """Weights already on an int8 grid per 32 (a GGUF Q8_0 head) are packed without error: the bound is then the
+    activations' quantization alone."""
+    gen = torch.Generator().manual_seed(3)
+    codes = torch.randint(-127, 128, (128, 64), generator=gen).float()
+    codes[:, ::32] = 127.0  # every group reaches +-127, as GGUF's quantizer makes it
+    d = (torch.rand(128, 2, generator=gen) * 0.01).half().float()  # fp16 scales
+    w = (codes.view(128, 2, 32) * d[..., None]).view(128, 64).contiguous()
+    _, _, werr, wnorm = screen(kernels, w, torch.randn(2, 64, generator=gen))
+    assert werr == 0.0
+    assert wnorm == pytest.approx(w.double().norm(dim=1).max().item(), rel=1e-6)
+
+
+def test_non_finite_row_is_recomputed_whole(kernels):
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(200, 32, generator=gen)
+    x = torch.randn(3, 32, generator=gen)
+    x[1, 4] = float("inf")
+    out, recomputed, _, _ = screen(kernels, w, x)
+    assert recomputed >= 200  # the whole non-finite row, plus the others' candidates
+    ref = x @ w.t()
+    assert torch.equal(out[1].isnan(), ref[1].isnan())
+    assert torch.equal(out[[0, 2]].argmax(1), ref[[0, 2]].argmax(1))
+
+
+def test_rejects_bad_shapes(kernels):
+    w = torch.randn(100, 48)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        kernels.pack_head_screen(w)
+    w = torch.randn(100, 64)
+    q, scales, offsets, werr, wnorm = kernels.pack_head_screen(w)
+    with pytest.raises(RuntimeError, match="logits"):
+        kernels.head_screen(torch.empty(2, 99), torch.randn(2, 64), q, scales, offsets, w, werr, wnorm)
