@@ -329,7 +329,8 @@ void gemv_q4(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::opti
 
 // logits [M, N] fp32 for greedy rows: int8 screen, exact float32 wherever a row's maximum may be (variant/head_screen.cpp).
 int64_t head_screen(torch::Tensor logits, torch::Tensor x, torch::Tensor q, torch::Tensor scales, torch::Tensor offsets,
-                    torch::Tensor table, double weight_error, double weight_norm) {
+                    torch::Tensor table, double weight_error, double weight_norm,
+                    c10::optional<torch::Tensor> argmax) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "head_screen: x must be contiguous float32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K % 32 == 0, "head_screen: K must be a multiple of 32");
@@ -349,6 +350,9 @@ int64_t head_screen(torch::Tensor logits, torch::Tensor x, torch::Tensor q, torc
   a.logits = logits.data_ptr<float>(), a.x = x.data_ptr<float>(), a.q = q.data_ptr<int8_t>();
   a.scales = scales.data_ptr<float>(), a.offsets = offsets.data_ptr<int32_t>(), a.table = table.data_ptr<float>();
   a.weight_error = static_cast<float>(weight_error), a.weight_norm = static_cast<float>(weight_norm);
+  TORCH_CHECK(!argmax || (argmax->scalar_type() == at::kLong && argmax->is_contiguous() && argmax->numel() == M),
+              "head_screen: argmax must be a contiguous int64 [M]");
+  a.argmax = argmax ? argmax->data_ptr<int64_t>() : nullptr;
   a.M = M, a.K = K, a.N = table.size(0), a.tiles = tiles, a.num_threads = threads();
   if (M == 0) return 0;
   return active->head_screen(a);
@@ -388,7 +392,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "max per-channel |w - w~|, max |w~|)", py::arg("w"));
   m.def("head_screen", &head_screen, "Greedy-exact LM head logits: int8 screen plus exact float32 recheck; returns the "
         "number of logits recomputed", py::arg("logits"), py::arg("x"), py::arg("q"), py::arg("scales"),
-        py::arg("offsets"), py::arg("table"), py::arg("weight_error"), py::arg("weight_norm"));
+        py::arg("offsets"), py::arg("table"), py::arg("weight_error"), py::arg("weight_norm"),
+        py::arg("argmax") = py::none());
   m.def("gemv_records", &gemv_records,
         "out = x @ W^T + bias over GGUF bit-plane records (q4_1, q5_1, q4_k, q5_k, q6_k, q2_k, q3_k; layouts: "
         "csrc/variant/gemv.cpp, made by pagemill.layers.quantization.gguf_records)",

@@ -73,6 +73,7 @@ struct HeadScreenArgs {
   const float* scales;
   const int32_t* offsets;
   const float* table;
+  int64_t* argmax;  // [M] the rows' argmax tokens (first maximum), or nullptr
   float weight_error, weight_norm;
   int64_t M, K, N, tiles;
   int num_threads;

@@ -39,11 +39,13 @@ class GreedyHeadScreen:
         """Bytes the screen adds to the head (its int8 codes, scales and offsets)."""
         return sum(t.numel() * t.element_size() for t in (self.q, self.scales, self.offsets))
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[rows, hidden] -> [rows, vocab] float32 logits whose row maxima (and argmax) are exactly float32's."""
+    def logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[rows, hidden] -> (float32 logits [rows, vocab] whose row maxima are exactly float32's, the rows' argmax
+        tokens [rows] (int64; the first maximum, as torch's max))."""
         x = hidden.to(torch.float32).contiguous()
         out = torch.empty(x.shape[0], self.table.shape[0], dtype=torch.float32)
+        tokens = torch.empty(x.shape[0], dtype=torch.int64)
         self.recomputed += self.kernels.head_screen(out, x, self.q, self.scales, self.offsets, self.table,
-                                                    self.weight_error, self.weight_norm)
+                                                    self.weight_error, self.weight_norm, tokens)
         self.rows += x.shape[0]
-        return out
+        return out, tokens

@@ -212,10 +212,11 @@ class ModelRunner:
             if len(sample_idx) == 0:
                 return out
             sample_rows = rows[sample_idx]
-            logits = self._sample_logits(hidden[torch.from_numpy(cu[sample_idx] - 1)], sample_rows)
+            logits, tokens = self._sample_logits(hidden[torch.from_numpy(cu[sample_idx] - 1)], sample_rows)
         with prof.section("sample"):
-            smd = self._sampling_metadata(sample_rows)
-            tokens, raw_lp = self.sampler(logits, smd)
+            raw_lp = None
+            if tokens is None:  # else every row needed only the argmax, which the head screen gave
+                tokens, raw_lp = self.sampler(logits, self._sampling_metadata(sample_rows))
             token_list = tokens.tolist()
             for j, i in enumerate(sample_idx):
                 out.sampled[req_ids[i]] = token_list[j]
@@ -224,22 +225,23 @@ class ModelRunner:
                 self._sample_logprobs(out, raw_lp, tokens, sample_idx, sample_rows, req_ids)
         return out
 
-    def _sample_logits(self, hidden: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
-        """Logits of the rows to sample: the greedy head screen for rows that need only the argmax (exact token,
-        approximate elsewhere), the exact head for the rest."""
+    def _sample_logits(self, hidden: torch.Tensor, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits of the rows to sample, their tokens when every row needs only the argmax, else None). Rows that
+        need only the argmax take the greedy head screen (exact token, approximate logits elsewhere), the rest the
+        exact head."""
         if self.head_screen is None or len(rows) < HEAD_SCREEN_MIN_ROWS:
-            return self.model.compute_logits(hidden)
+            return self.model.compute_logits(hidden), None
         argmax_only = self._argmax_only(rows)
         n = int(argmax_only.sum())
         if n == len(rows):
             return self.head_screen.logits(hidden)
         if n < HEAD_SCREEN_MIN_ROWS:
-            return self.model.compute_logits(hidden)
+            return self.model.compute_logits(hidden), None
         screened = torch.from_numpy(argmax_only)
         logits = torch.empty(len(rows), self.head_screen.table.shape[0], dtype=torch.float32)
-        logits[screened] = self.head_screen.logits(hidden[screened])
+        logits[screened] = self.head_screen.logits(hidden[screened])[0]
         logits[~screened] = self.model.compute_logits(hidden[~screened]).float()
-        return logits
+        return logits, None
 
     def _argmax_only(self, rows: np.ndarray) -> np.ndarray:
         """Per row, whether sampling reads nothing but the argmax of the raw logits: greedy, no logprobs, no

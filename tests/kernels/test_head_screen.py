@@ -20,7 +20,9 @@ def screen(kernels, w: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, int
     """(logits, logits recomputed, weight error, weight norm) of the screen over w for rows x."""
     q, scales, offsets, werr, wnorm = kernels.pack_head_screen(w)
     out = torch.full((x.shape[0], w.shape[0]), float("nan"))
-    n = kernels.head_screen(out, x, q, scales, offsets, w, werr, wnorm)
+    tokens = torch.full((x.shape[0],), -1, dtype=torch.int64)
+    n = kernels.head_screen(out, x, q, scales, offsets, w, werr, wnorm, tokens)
+    assert torch.equal(tokens, out.max(1).indices)  # the kernel's argmax is the screened logits' (first maximum)
     return out, n, werr, wnorm
 
 

@@ -245,6 +245,8 @@ void tile_all_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t* xu,
 // Finite, by the exponent bits (-ffast-math lets the compiler drop isfinite and NaN comparisons).
 inline bool finite_bits(float f) { return (f32_bits(f) & 0x7F800000u) != 0x7F800000u; }
 
+inline bool nan_bits(float f) { return (f32_bits(f) & 0x7FFFFFFFu) > 0x7F800000u; }
+
 // Exact float32 dot of a table row and x.
 inline float exact_dot(const float* w, const float* x, int64_t K) {
   vf acc = vzero();
@@ -255,29 +257,42 @@ inline float exact_dot(const float* w, const float* x, int64_t K) {
   return sum;
 }
 
-// Recomputes every logit of row r within 2B of the row's int8 maximum; returns how many.
+// Recomputes every logit of row r within 2B of the row's int8 maximum (and the row's argmax, the first maximum, from
+// them); returns how many.
 int64_t recheck_row(const HeadScreenArgs& a, int64_t r, const float* tmax, float bound) {
   const float* tm = tmax + r * a.tiles;
   float* row = a.logits + r * a.N;
   const float* x = a.x + r * a.K;
   float top = -FLT_MAX;
   for (int64_t t = 0; t < a.tiles; ++t) top = fmaxf(top, tm[t]);
+  int64_t best = -1;
+  float best_value = 0.0f;
+  auto recompute = [&](int64_t n) {
+    const float v = exact_dot(a.table + n * a.K, x, a.K);
+    row[n] = v;
+    if (best < 0 || (!nan_bits(best_value) && (nan_bits(v) || v > best_value))) {
+      best = n;  // torch's rule: a NaN is the maximum (the first one wins), else the first largest value
+      best_value = v;
+    }
+  };
   int64_t count = 0;
   if (bound < 0.0f || !finite_bits(top)) {  // a non-finite input: no bound holds, the whole row is exact
-    for (int64_t n = 0; n < a.N; ++n) row[n] = exact_dot(a.table + n * a.K, x, a.K);
-    return a.N;
-  }
-  const float threshold = top - 2.0f * bound;
-  for (int64_t t = 0; t < a.tiles; ++t) {
-    if (tm[t] < threshold) continue;
-    const int64_t n1 = imin(a.N, (t + 1) * NT);
-    for (int64_t n = t * NT; n < n1; ++n) {
-      if (row[n] >= threshold) {
-        row[n] = exact_dot(a.table + n * a.K, x, a.K);
-        ++count;
+    for (int64_t n = 0; n < a.N; ++n) recompute(n);
+    count = a.N;
+  } else {
+    const float threshold = top - 2.0f * bound;
+    for (int64_t t = 0; t < a.tiles; ++t) {
+      if (tm[t] < threshold) continue;
+      const int64_t n1 = imin(a.N, (t + 1) * NT);
+      for (int64_t n = t * NT; n < n1; ++n) {
+        if (row[n] >= threshold) {
+          recompute(n);
+          ++count;
+        }
       }
     }
   }
+  if (a.argmax) a.argmax[r] = best;
   return count;
 }
 
