@@ -29,6 +29,8 @@ _ENGINE_HELP = {
     "disable_log_stats": "Do not log the periodic stats line.",
     "quantization": "auto (a GGUF file's own blocks, else none), none, gguf, or int8 / int4: quantize a safetensors "
                     "model's linear layers at load (weight-only, per group of 32).",
+    "structured_outputs_backend": "Structured output (guided decoding) library: auto (xgrammar, or llguidance for "
+                                  "what xgrammar lacks), xgrammar, guidance.",
 }
 _CUSTOM = {"served_model_name"}  # declared by hand (several names allowed)
 
