@@ -12,20 +12,12 @@ def chat_prompt(text: str) -> str:
     return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
-_LLMS: dict[str, LLM] = {}
-
-
 @pytest.fixture(scope="session")
-def so_llm(smol_path):
-    """LLM for a backend (auto | xgrammar | guidance), built once per session."""
-
-    def get(backend: str = "auto") -> LLM:
-        if backend not in _LLMS:
-            _LLMS[backend] = LLM(smol_path, kv_cache_memory="128MiB", max_model_len=1024, max_num_seqs=64,
-                                 structured_outputs_config={"backend": backend})
-        return _LLMS[backend]
-
-    return get
+def so_llm(smol_path) -> LLM:
+    """One engine (backend auto) for the structured-output tests; a request picks another backend with
+    StructuredOutputsParams(_backend=...), the field the engine itself fills in."""
+    return LLM(smol_path, kv_cache_memory="128MiB", max_model_len=1024, max_num_seqs=64,
+               structured_outputs_config={"backend": "auto"})
 
 
 def assert_no_leak(llm: LLM) -> None:
