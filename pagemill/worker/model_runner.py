@@ -253,7 +253,9 @@ class ModelRunner:
             self._penalty_metadata(md, rows, params)
         blocks = []
         for j, (r, p) in enumerate(zip(rows, params)):
-            if p.min_tokens and ib.num_tokens[r] - ib.num_prompt_tokens[r] < p.min_tokens:
+            # (a structured-output request ends where its grammar does: its mask alone decides when EOS may come)
+            if p.min_tokens and p.structured_outputs is None \
+                    and ib.num_tokens[r] - ib.num_prompt_tokens[r] < p.min_tokens:
                 ids = set(p.all_stop_token_ids)
                 if ib.eos_token_id[r] is not None:
                     ids.add(ib.eos_token_id[r])

@@ -105,7 +105,8 @@ def test_regex(so_llm, backend):
                chat_prompt("Give a date."), chat_prompt("Is water wet?")]
     for temperature in (0.0, 1.0):
         params = [SamplingParams(temperature=temperature, seed=7, max_tokens=64,
-                                 structured_outputs=StructuredOutputsParams(regex=r, _backend=backend)) for r in REGEXES]
+                                 structured_outputs=StructuredOutputsParams(regex=r, _backend=backend))
+                  for r in REGEXES]
         for r, out in zip(REGEXES, so_llm.generate(prompts, params, use_tqdm=False)):
             c = out.outputs[0]
             assert c.finish_reason == "stop" and re.fullmatch(r, c.text), (r, c.text)
@@ -229,6 +230,11 @@ def test_with_logprobs_penalties_min_tokens_and_stop_strings(so_llm):
     _check_json(c, schema, name)
     assert len(c.logprobs) == len(c.token_ids)
     assert all(lp[t].logprob > float("-inf") for t, lp in zip(c.token_ids, c.logprobs))
+    # min_tokens longer than the grammar: the grammar's end wins (EOS is not masked twice into an empty row).
+    params = SamplingParams(temperature=0, max_tokens=32, min_tokens=20,
+                            structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+    c = so_llm.generate(chat_prompt("yes or no?"), params, use_tqdm=False)[0].outputs[0]
+    assert c.text in ("yes", "no") and c.finish_reason == "stop"
     # A stop string inside the constrained output ends the request early; the engine cleans up.
     stop = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, stop=['"author"'], structured_outputs=so)
     c = so_llm.generate(_json_prompt(name, schema), stop, use_tqdm=False)[0].outputs[0]
