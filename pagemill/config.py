@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -159,6 +159,24 @@ class SchedulerConfig:
             raise ValueError("max_num_batched_tokens must be >= 1.")
 
 
+STRUCTURED_OUTPUT_BACKENDS = ("auto", "xgrammar", "guidance")
+
+
+@dataclass
+class StructuredOutputsConfig:
+    """Structured output (guided decoding): which grammar library compiles the constraints, and JSON whitespace."""
+
+    backend: str = "auto"  # auto: xgrammar unless the constraint needs what only llguidance has
+    max_json_whitespace: int = 2  # most whitespace characters between JSON tokens (0: none)
+
+    def __post_init__(self) -> None:
+        if self.backend not in STRUCTURED_OUTPUT_BACKENDS:
+            raise ValueError(f"structured_outputs_backend must be one of {', '.join(STRUCTURED_OUTPUT_BACKENDS)}, "
+                             f"got {self.backend!r}.")
+        if self.max_json_whitespace < 0:
+            raise ValueError("structured_outputs max_json_whitespace must be >= 0.")
+
+
 @dataclass
 class EngineConfig:
     """All the configuration of one engine."""
@@ -171,6 +189,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     profile: bool = False
     greedy_head_screen: bool = True
+    structured_outputs_config: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
 
 
 @dataclass
@@ -204,6 +223,7 @@ class EngineArgs:
     # tokens that could win (layers/head_screen.py): the same tokens, at int8 speed.
     greedy_head_screen: bool = True
     disable_log_stats: bool = True
+    structured_outputs_backend: str = "auto"  # auto | xgrammar | guidance (structured output / guided decoding)
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -223,6 +243,7 @@ class EngineArgs:
                 f"max_model_len ({max_model_len}) is larger than the model's context length ({model_max})."
             )
         check_linear_options(self.linear_dtype, self.quantization)
+        so_config = StructuredOutputsConfig(backend=self.structured_outputs_backend)
         max_batched = self.max_num_batched_tokens or max(2048, 0)
         kv_bytes = parse_size(self.kv_cache_memory) if self.kv_cache_memory is not None else _default_kv_bytes()
         model_config = ModelConfig(
@@ -256,7 +277,7 @@ class EngineArgs:
         return EngineConfig(model_config, cache_config, scheduler_config,
                             num_threads=self.num_threads, log_stats=not self.disable_log_stats,
                             attention_backend=self.attention_backend, profile=self.profile,
-                            greedy_head_screen=self.greedy_head_screen)
+                            greedy_head_screen=self.greedy_head_screen, structured_outputs_config=so_config)
 
 
 def _default_kv_bytes() -> int:

@@ -29,6 +29,15 @@ class LLM:
                  max_num_batched_tokens: int | None = None, block_size: int = 16,
                  kv_cache_memory: int | str | None = None, enable_prefix_caching: bool = True,
                  **kwargs: Any) -> None:
+        so_config = kwargs.pop("structured_outputs_config", None)  # vLLM's spelling: {"backend": ...}
+        if so_config is not None:
+            so_config = dict(so_config) if isinstance(so_config, dict) else {"backend": so_config.backend}
+            backend = so_config.pop("backend", None)
+            if so_config:
+                raise ValueError(f"structured_outputs_config: unsupported key(s) {', '.join(so_config)} "
+                                 "(supported: backend).")
+            if backend is not None:
+                kwargs["structured_outputs_backend"] = backend
         known = set(EngineArgs.field_names())
         unknown = [k for k in kwargs if k not in known]
         if unknown:

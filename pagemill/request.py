@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 from pagemill.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreRequest
 from pagemill.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagemill.structured_output.request import StructuredOutputRequest
 
 
 class RequestStatus(enum.IntEnum):
@@ -17,11 +21,12 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3
     FINISHED_LENGTH_CAPPED = 4
     FINISHED_ABORTED = 5
+    WAITING_FOR_FSM = 6  # waiting for its structured-output grammar to compile
 
     @property
     def finished(self) -> bool:
         """True for the three finished states."""
-        return self >= RequestStatus.FINISHED_STOPPED
+        return RequestStatus.FINISHED_STOPPED <= self <= RequestStatus.FINISHED_ABORTED
 
     @property
     def finish_reason(self) -> str | None:
@@ -55,6 +60,7 @@ class Request:
         self.max_tokens = sampling_params.max_tokens
         self.events: list[EngineCoreEvent] = []  # not yet sent to the front end
         self.swapped_blocks: list[int] | None = None  # swap block ids while swapped out
+        self.structured_output: StructuredOutputRequest | None = None  # its grammar matcher (set by the engine core)
 
     @classmethod
     def from_engine_core_request(cls, r: EngineCoreRequest) -> "Request":

@@ -112,6 +112,15 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     load_at_start = check_machine_idle()
     apply_peer_defaults(args)
     model = resolve_model(args.model)
+    if getattr(args, "structured_output", None):
+        from pagemill.benchmarks.structured_output import run_structured_throughput
+
+        payload = run_structured_throughput(args, model)
+        payload["environment"] = {**environment_info(), "load_avg_1m_at_start": load_at_start}
+        if args.save_result:
+            save_result(args.save_result, payload)
+            print(f"saved {args.save_result}")
+        return payload
     samples = get_samples(args, load_hf_tokenizer(model))
     payload: dict[str, Any] = {"benchmark": "throughput", "model": model,
                                "config": config_dict(args),
@@ -154,3 +163,6 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-result", "--output-json", dest="save_result", default=None,
                         help="JSON file for metrics and config")
     parser.add_argument("--disable-tqdm", action="store_true")
+    from pagemill.benchmarks.structured_output import add_structured_output_args
+
+    add_structured_output_args(parser)

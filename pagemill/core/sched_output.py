@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pagemill.messages import LogprobsLists
 from pagemill.sampling_params import SamplingParams
@@ -44,6 +45,8 @@ class SchedulerOutput:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write, before the forward
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (KV block, swap block), first
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (swap block, KV block), second
+    # Structured output: the step's token bitmask being filled (structured_output.manager.GrammarStep), or None.
+    grammar: Any = None
 
 
 @dataclass

@@ -83,11 +83,14 @@ class Scheduler:
         self._swap_layouts: dict[str, SwapLayout] = {}  # swapped-out request -> its block tables' shape
         self.num_prompt_tokens = 0  # computed prompt tokens (counter)
         self.num_generation_tokens = 0
+        self._failed_outputs: list[EngineCoreOutput] = []  # requests whose grammar failed to compile
 
     # ---- requests in and out ----
     def add_request(self, request: Request) -> None:
-        """Queue a new request."""
+        """Queue a new request (WAITING_FOR_FSM while its structured-output grammar compiles)."""
         self.requests[request.request_id] = request
+        if request.structured_output is not None and not request.structured_output.is_ready():
+            request.status = RequestStatus.WAITING_FOR_FSM
         parent = self.requests.get(request.fork_of) if request.fork_of else None
         if parent is not None and parent.num_output_tokens == 0:
             self.pending_forks.setdefault(parent.request_id, []).append(request)
@@ -117,6 +120,8 @@ class Scheduler:
         return done
 
     def _free(self, req: Request) -> None:
+        if req.structured_output is not None:
+            req.structured_output.free()
         self.kv_cache_manager.free(req)
         self.finished_req_ids.add(req.request_id)
         del self.requests[req.request_id]
@@ -176,8 +181,17 @@ class Scheduler:
             i += 1
 
         now = time.monotonic()
+        skipped: list[Request] = []  # still waiting for their grammar: they keep their place in the queue
         while not preempted and len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
+            if req.status == RequestStatus.WAITING_FOR_FSM:
+                if not req.structured_output.is_ready():
+                    skipped.append(self.waiting.pop())
+                    continue
+                if req.structured_output.error is not None:
+                    self._fail_grammar(self.waiting.pop())
+                    continue
+                req.status = RequestStatus.WAITING
             hit_blocks, num_hit = None, 0
             if req.swapped_blocks is not None:
                 if not self._swap_in(req, min(req.num_tokens - req.num_computed_tokens, budget), swap_in):
@@ -202,6 +216,8 @@ class Scheduler:
                                            req.num_computed_tokens,
                                            req.eos_token_id))
             budget -= num_new
+        for req in reversed(skipped):
+            self.waiting.add_front(req)
 
         total = sum(num_scheduled.values())
         for rid, n in num_scheduled.items():
@@ -216,6 +232,14 @@ class Scheduler:
         self.finished_req_ids = set()
         self._swap_out = []
         return out
+
+    def _fail_grammar(self, req: Request) -> None:
+        """A grammar that passed validation but failed to compile: the request ends (reported as an abort)."""
+        error = req.structured_output.error
+        req.status = RequestStatus.FINISHED_ABORTED
+        self._free(req)
+        self._failed_outputs.append(EngineCoreOutput(req.request_id, [], finish_reason="abort",
+                                                     stop_reason=f"structured output compile error: {error}"))
 
     def _fork(self, parent: Request, children: list[Request]) -> None:
         """Parallel sampling: siblings share the parent's prompt blocks and recompute only the last prompt token."""
@@ -261,7 +285,7 @@ class Scheduler:
 
     def update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Append sampled tokens, check stop conditions, free finished requests; one output per request."""
-        outputs: list[EngineCoreOutput] = []
+        outputs, self._failed_outputs = self._failed_outputs, []
         for rid in sched.num_scheduled_tokens:
             req = self.requests.get(rid)
             if req is None:
@@ -274,6 +298,8 @@ class Scheduler:
                 continue
             req.append_output_token(token)
             self.num_generation_tokens += 1
+            if req.structured_output is not None:
+                req.structured_output.accept_token(token)
             if rid in self.pending_forks:
                 self._fork(req, self.pending_forks.pop(rid))
             status = self._check_stop(req, token)
@@ -290,6 +316,8 @@ class Scheduler:
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         sp = req.sampling_params
+        if req.structured_output is not None and req.structured_output.is_terminated():
+            return RequestStatus.FINISHED_STOPPED  # the grammar is complete
         if req.num_output_tokens >= sp.min_tokens:
             if not sp.ignore_eos and token == req.eos_token_id:
                 return RequestStatus.FINISHED_STOPPED

@@ -358,6 +358,20 @@ int64_t head_screen(torch::Tensor logits, torch::Tensor x, torch::Tensor q, torc
   return active->head_screen(a);
 }
 
+void apply_token_bitmask(torch::Tensor logits, torch::Tensor bitmask, torch::Tensor rows) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous(),
+              "apply_token_bitmask: logits must be a contiguous float32 [S, V] tensor");
+  TORCH_CHECK(bitmask.dim() == 2 && bitmask.scalar_type() == at::kInt && bitmask.is_contiguous(),
+              "apply_token_bitmask: bitmask must be a contiguous int32 [R, W] tensor");
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong && rows.is_contiguous() &&
+                  rows.size(0) == bitmask.size(0), "apply_token_bitmask: rows must be int64 [R]");
+  const int64_t S = logits.size(0), R = rows.size(0);
+  const int64_t* r = rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < R; ++i) TORCH_CHECK(r[i] >= 0 && r[i] < S, "apply_token_bitmask: row out of range");
+  active->apply_token_bitmask(logits.data_ptr<float>(), logits.size(1), bitmask.data_ptr<int32_t>(), bitmask.size(1),
+                              r, R, threads());
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &isa, "The active kernel variant");
   m.def("set_isa", &set_isa, "Switch the active kernel variant (one this CPU supports)", py::arg("name"));
@@ -400,4 +414,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("format"), py::arg("bias") = py::none());
   m.def("gemv_q4", &gemv_q4, "out = x @ W^T + bias (few rows streamed; more through fp32 panels), W packed by pack_gemv_weight_q4",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
+  m.def("apply_token_bitmask", &apply_token_bitmask,
+        "Structured output: logits[rows[r], t] = -inf where bit t of bitmask[r] (int32 words) is 0; in place",
+        py::arg("logits"), py::arg("bitmask"), py::arg("rows"));
 }

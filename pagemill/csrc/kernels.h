@@ -97,6 +97,9 @@ struct KernelTable {
   // GGUF bit-plane records [tiles, K / (GR G), record bytes] (layouts: variant/gemv.cpp, sizes: record_bytes())
   void (*gemv_records)(const GemvArgs&, const uint8_t* packed, RecordFormat format);
   int64_t (*head_screen)(const HeadScreenArgs&);  // returns how many logits were recomputed exactly
+  // structured output: -inf where the int32 bitmask [R, W] disallows a token, in logits rows `rows` of [*, V]
+  void (*apply_token_bitmask)(float* logits, int64_t V, const int32_t* bitmask, int64_t W, const int64_t* rows,
+                              int64_t R, int num_threads);
 };
 
 // One per compiled variant (see build.py); the bindings pick one at load time.

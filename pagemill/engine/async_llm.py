@@ -94,7 +94,7 @@ class AsyncLLM:
         try:
             mc = config.model_config
             self.tokenizer = load_tokenizer(mc.tokenizer, mc.gguf_file, mc.hf_config)
-            self.processor = Processor(mc, self.tokenizer)
+            self.processor = Processor(mc, self.tokenizer, config.structured_outputs_config)
             self.output_processor = OutputProcessor(self.tokenizer)
             self.client.wait_ready()
         except BaseException:

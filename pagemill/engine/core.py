@@ -13,6 +13,7 @@ from pagemill.engine.step_profiler import StepProfiler
 from pagemill.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.request import Request, RequestStatus
+from pagemill.structured_output.manager import StructuredOutputManager
 from pagemill.worker.executor import UniProcExecutor
 
 logger = logging.getLogger(__name__)
@@ -22,7 +23,7 @@ T = TypeVar("T")
 class EngineCore:
     """Owns the scheduler and the executor; knows nothing of text."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, tokenizer: Any = None) -> None:
         self.config = config
         self.executor = UniProcExecutor(config)
         self.kv_cache_config = self.executor.kv_cache_config
@@ -35,12 +36,16 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.kv_cache_config)
         self._last_log = time.monotonic()
         self.profiler = StepProfiler(config.profile)
+        # Grammars for structured output (tokenizer: the front end's when in-process, else loaded on first use).
+        self.structured_output_manager = StructuredOutputManager(config, tokenizer)
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        """Queue a request for scheduling."""
+        """Queue a request for scheduling; a bad structured-output constraint raises ValueError before queuing."""
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use.")
-        self.scheduler.add_request(Request.from_engine_core_request(request))
+        req = Request.from_engine_core_request(request)
+        self.structured_output_manager.add_request(req)
+        self.scheduler.add_request(req)
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
         """Abort requests and free their blocks; returns their final outputs."""
@@ -59,10 +64,14 @@ class EngineCore:
         prof.steps += 1
         with prof.section("schedule"):
             so = self.scheduler.schedule()
+        with prof.section("grammar"):  # starts the bitmask fill; the runner joins it before sampling
+            so.grammar = self.structured_output_manager.start_bitmask(so, self.scheduler.requests)
         out = self.executor.execute_model(so)
         prof.add(out.timings)
         with prof.section("update"):
             outputs = self.scheduler.update_from_output(so, out)
+        if so.total_num_scheduled_tokens == 0 and self.structured_output_manager.num_live:
+            self.structured_output_manager.wait_for_compiles(0.01)  # only grammar-waiting requests: do not spin
         log_now = self.config.log_stats and time.monotonic() - self._last_log > 5.0
         stats = self.scheduler.make_stats(include_memory=log_now)
         if log_now:

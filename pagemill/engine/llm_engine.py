@@ -24,8 +24,8 @@ class LLMEngine:
         self.config = config
         mc = config.model_config
         self.tokenizer = load_tokenizer(mc.tokenizer, mc.gguf_file, mc.hf_config)
-        self.processor = Processor(mc, self.tokenizer)
-        self.engine_core = EngineCore(config)
+        self.processor = Processor(mc, self.tokenizer, config.structured_outputs_config)
+        self.engine_core = EngineCore(config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
         self.last_stats = None

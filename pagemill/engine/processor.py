@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
-from pagemill.config import ModelConfig
+from pagemill.config import ModelConfig, StructuredOutputsConfig
 from pagemill.messages import EngineCoreRequest
 from pagemill.sampling_params import RequestOutputKind, SamplingParams
 
@@ -15,8 +16,10 @@ PromptType = str | dict | list[int]
 class Processor:
     """Validates user input against the model and turns it into engine requests."""
 
-    def __init__(self, model_config: ModelConfig, tokenizer: Any) -> None:
+    def __init__(self, model_config: ModelConfig, tokenizer: Any,
+                 structured_outputs_config: StructuredOutputsConfig | None = None) -> None:
         self.model_config = model_config
+        self.structured_outputs_config = structured_outputs_config or StructuredOutputsConfig()
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id
         self.vocab_size = model_config.hf_config.vocab_size
@@ -37,6 +40,16 @@ class Processor:
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             return None, list(prompt)
         raise ValueError(f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}.")
+
+    def _check_structured_outputs(self, params: SamplingParams) -> SamplingParams:
+        """Validate the output constraint (ValueError naming the field) and record its backend on a copy."""
+        from pagemill.structured_output import prepare
+
+        so = params.structured_outputs
+        _, backend = prepare(so, self.structured_outputs_config)
+        if so._backend == backend:
+            return params
+        return params.clone(structured_outputs=dataclasses.replace(so, _backend=backend))
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams,
                 arrival_time: float | None = None, priority: int = 0,
@@ -61,6 +74,8 @@ class Processor:
                 raise ValueError(f"{field_name} must be at most the vocabulary size ({self.vocab_size}).")
         if max(params.n, params.best_of or 0) > params.n and params.output_kind != RequestOutputKind.FINAL_ONLY:
             raise ValueError("best_of > n cannot be streamed: the best sequences are known only at the end.")
+        if params.structured_outputs is not None:
+            params = self._check_structured_outputs(params)
         if params.max_tokens is None:  # a copy: the same SamplingParams may serve prompts of other lengths
             params = params.clone(max_tokens=max_len - len(ids))
         req = EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import time
+from types import ModuleType
+
 import torch
 
+from pagemill.sample.bitmask import apply_token_bitmask
 from pagemill.sample.metadata import SamplingMetadata
 
 
@@ -54,6 +58,10 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 class Sampler:
     """Turns a step's logits into one token per row, plus the raw logprobs the user asked for."""
 
+    def __init__(self, kernels: ModuleType | None = None) -> None:
+        self.kernels = kernels  # compiled kernels (the token-bitmask op), or None for the torch path
+        self.bitmask_seconds = 0.0  # time spent applying grammar bitmasks (the step profiler reports it)
+
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns (sampled token ids [S], raw log-softmax [S, V] or None if no logprobs were asked for)."""
         logits = logits.to(torch.float32)
@@ -63,6 +71,11 @@ class Sampler:
         if md.min_tokens_blocks:
             for row, ids in md.min_tokens_blocks:
                 logits[row, ids] = float("-inf")
+        if md.token_bitmask is not None:  # structured output; after the raw logprobs, which stay the model's
+            start = time.perf_counter()
+            logits = logits.contiguous()
+            apply_token_bitmask(logits, md.token_bitmask, md.bitmask_rows, self.kernels)
+            self.bitmask_seconds += time.perf_counter() - start
         greedy = logits.max(dim=-1).indices  # same first-max tie rule as argmax, 2.5x faster on CPU
         if md.all_greedy:
             return greedy, raw_logprobs

@@ -7,6 +7,7 @@ import math
 import mmap
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -103,7 +104,7 @@ class ModelRunner:
 
         self.input_batch = InputBatch(config.scheduler_config.max_num_seqs, mc.max_model_len, cc.block_size,
                                       len(groups))
-        self.sampler = Sampler()
+        self.sampler = Sampler(ops.kernels)
         self.head_screen = None
         if config.greedy_head_screen:
             self.head_screen = GreedyHeadScreen.for_head(getattr(self.model, "lm_head", None),
@@ -164,7 +165,7 @@ class ModelRunner:
         metadata = [self.backend.build_metadata(md) for md in step.attn_metadata]
         with prof.section("forward"), set_forward_context(metadata):
             hidden = self.model(step.input_ids, step.positions)
-        return self._sample(hidden, step)
+        return self._sample(hidden, step, so.grammar)
 
     def _prepare(self, so: SchedulerOutput) -> StepInputs:
         """Flattened input ids, positions and attention metadata for the step (vectorised numpy)."""
@@ -199,8 +200,8 @@ class ModelRunner:
         return StepInputs(md, torch.from_numpy(input_ids), torch.from_numpy(positions), req_ids, rows, counts,
                           computed, starts, cu, seq_lens)
 
-    def _sample(self, hidden: torch.Tensor, step: StepInputs) -> ModelRunnerOutput:
-        """Logits for the requests that reached the end of their tokens, sampling, logprobs."""
+    def _sample(self, hidden: torch.Tensor, step: StepInputs, grammar: Any = None) -> ModelRunnerOutput:
+        """Logits for the requests that reached the end of their tokens, structured-output masks, sampling, logprobs."""
         ib = self.input_batch
         req_ids, rows, counts, computed, starts, cu, seq_lens = (step.req_ids, step.rows, step.counts, step.computed,
                                                                  step.starts, step.cu, step.seq_lens)
@@ -213,16 +214,30 @@ class ModelRunner:
                 return out
             sample_rows = rows[sample_idx]
             logits, tokens = self._sample_logits(hidden[torch.from_numpy(cu[sample_idx] - 1)], sample_rows)
+        if grammar is not None:
+            with prof.section("grammar"):  # wait for the bitmask filled during the forward
+                bitmask = grammar.bitmask()
+                index = {req_ids[i]: j for j, i in enumerate(sample_idx)}
+                bitmask_rows = torch.tensor([index[r] for r in grammar.req_ids], dtype=torch.int64)
+            if prof.enabled:
+                prof.timings["grammar_fill"] = prof.timings.get("grammar_fill", 0.0) + grammar.fill_seconds
         with prof.section("sample"):
+            self.sampler.bitmask_seconds = 0.0
             raw_lp = None
-            if tokens is None:  # else every row needed only the argmax, which the head screen gave
-                tokens, raw_lp = self.sampler(logits, self._sampling_metadata(sample_rows))
+            if tokens is None:  # else every row needed only the argmax (so none is constrained): the screen gave it
+                smd = self._sampling_metadata(sample_rows)
+                if grammar is not None:
+                    smd.token_bitmask, smd.bitmask_rows = bitmask, bitmask_rows
+                tokens, raw_lp = self.sampler(logits, smd)
             token_list = tokens.tolist()
             for j, i in enumerate(sample_idx):
                 out.sampled[req_ids[i]] = token_list[j]
                 ib.append_token(int(rows[i]), token_list[j])
             if raw_lp is not None:
                 self._sample_logprobs(out, raw_lp, tokens, sample_idx, sample_rows, req_ids)
+        if prof.enabled and self.sampler.bitmask_seconds:  # the mask's application counts as grammar, not sample
+            prof.timings["sample"] -= self.sampler.bitmask_seconds
+            prof.timings["grammar"] = prof.timings.get("grammar", 0.0) + self.sampler.bitmask_seconds
         return out
 
     def _sample_logits(self, hidden: torch.Tensor, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -275,7 +290,9 @@ class ModelRunner:
             self._penalty_metadata(md, rows, params)
         blocks = []
         for j, (r, p) in enumerate(zip(rows, params)):
-            if p.min_tokens and ib.num_tokens[r] - ib.num_prompt_tokens[r] < p.min_tokens:
+            # (a structured-output request ends where its grammar does: its mask alone decides when EOS may come)
+            if p.min_tokens and p.structured_outputs is None \
+                    and ib.num_tokens[r] - ib.num_prompt_tokens[r] < p.min_tokens:
                 ids = set(p.all_stop_token_ids)
                 if ib.eos_token_id[r] is not None:
                     ids.add(ib.eos_token_id[r])

@@ -142,5 +142,27 @@ void rope_and_cache(const RopeCacheArgs& a) {
   });
 }
 
+// Structured output: logits[rows[r], t] = -inf where bit t % 32 of bitmask[r, t / 32] is 0 (tokens past the mask's
+// W words too). Words with every bit set (the common case inside free text) are skipped.
+void apply_token_bitmask(float* logits, int64_t V, const int32_t* bitmask, int64_t W, const int64_t* rows, int64_t R,
+                         int num_threads) {
+  const float neg_inf = -__builtin_inff();
+  parallel_for(R, 1, num_threads, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      float* row = logits + rows[r] * V;
+      const uint32_t* mask = reinterpret_cast<const uint32_t*>(bitmask + r * W);
+      const int64_t words = imin(W, (V + 31) / 32);
+      for (int64_t w = 0; w < words; ++w) {
+        const uint32_t bits = mask[w];
+        if (bits == 0xFFFFFFFFu) continue;
+        float* x = row + w * 32;
+        const int64_t n = imin(int64_t(32), V - w * 32);
+        for (int64_t i = 0; i < n; ++i) x[i] = ((bits >> i) & 1u) ? x[i] : neg_inf;
+      }
+      for (int64_t t = words * 32; t < V; ++t) row[t] = neg_inf;
+    }
+  });
+}
+
 }  // namespace PAGEMILL_ISA
 }  // namespace pagemill

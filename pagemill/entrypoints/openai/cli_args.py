@@ -31,6 +31,8 @@ _ENGINE_HELP = {
                     "model's linear layers at load (weight-only, per group of 32).",
     "greedy_head_screen": "Greedy rows: int8 screen of the LM head, exact float32 recheck of the tokens that could "
                           "win (same tokens, faster batched decode).",
+    "structured_outputs_backend": "Structured output (guided decoding) library: auto (xgrammar, or llguidance for "
+                                  "what xgrammar lacks), xgrammar, guidance.",
 }
 _CUSTOM = {"served_model_name"}  # declared by hand (several names allowed)
 
