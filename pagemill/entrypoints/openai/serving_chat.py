@@ -56,6 +56,14 @@ class OpenAIServingChat(OpenAIServing):
         if auto_tool_parser is not None:
             get_tool_parser(auto_tool_parser)  # fail at start-up, not per request
         self.auto_tool_parser = auto_tool_parser
+        self._warned_no_tools_branch = False
+
+    def _warn_if_template_ignores_tools(self, request: ChatCompletionRequest) -> None:
+        template = request.chat_template or self.renderer.default_template or ""
+        if "tools" not in template and not self._warned_no_tools_branch:
+            self._warned_no_tools_branch = True
+            logger.warning("The chat template has no tools branch, so the model is not shown the request's tools; "
+                           "start the server with --chat-template chatml_tools (or a template of your own).")
 
     @staticmethod
     def _conversation(request: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -74,6 +82,8 @@ class OpenAIServingChat(OpenAIServing):
         self.check_unsupported(request)
         plan = plan_tools(request, self.auto_tool_parser)
         constraint = output_constraint(request, plan.constraint)
+        if plan.tools:
+            self._warn_if_template_ignores_tools(request)
         prompt_ids = self.renderer.render(self._conversation(request), request.chat_template,
                                           request.add_generation_prompt, request.continue_final_message,
                                           request.chat_template_kwargs, plan.tools)
