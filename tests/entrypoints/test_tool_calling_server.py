@@ -139,7 +139,7 @@ def test_auto_with_prose_reply_streams_like_the_plain_reply(client):
     assert streamed.content == plain.content and streamed.finish_reason == plain.finish_reason
     assert streamed.names_and_arguments() == plain.names_and_arguments()
     assert plain.content or plain.calls
-    assert "<|im_end|>" not in (plain.content or "")  # hermes keeps special tokens, but not the stop token
+    assert "<|im_end|>" not in (plain.content or "")
 
 
 def test_tool_choice_none_shows_tools_but_calls_none(client, http):
