@@ -64,6 +64,8 @@ class ChatRenderer:
         conversation the template cannot render."""
         if not conversation:
             raise ChatTemplateError("messages must not be empty.", "messages")
+        if chat_template is not None and "{" not in chat_template and builtin_template_path(chat_template):
+            chat_template = builtin_template_path(chat_template).read_text(encoding="utf-8")  # a shipped one's name
         template = chat_template or self.default_template
         if template is None:
             raise ChatTemplateError("The model has no chat template: pass chat_template (the server: start it with "

@@ -83,6 +83,8 @@ def test_chatml_tools_template_without_tools_is_smollm2s(tokenizer):
     for conversation in (MESSAGES, MESSAGES[1:], MESSAGES + [{"role": "assistant", "content": "Hello"}]):
         assert shipped.render_text(conversation) == ChatRenderer(tokenizer).render_text(conversation)
     assert load_chat_template("tool_chat_template_chatml") == load_chat_template("chatml_tools")
+    # a request may name a shipped template too (never a server file)
+    assert "<tools>" in ChatRenderer(tokenizer).render_text(MESSAGES, chat_template="chatml_tools", tools=TOOLS)
 
 
 def test_chatml_tools_template_renders_tools_calls_and_results(tokenizer):
