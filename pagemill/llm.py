@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 from pagemill.config import EngineArgs
 from pagemill.engine.llm_engine import LLMEngine
 from pagemill.engine.processor import PromptType
-from pagemill.entrypoints.chat_utils import ChatRenderer
+from pagemill.entrypoints.chat_utils import ChatRenderer, load_chat_template
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.outputs import RequestOutput
 from pagemill.sampling_params import SamplingParams
@@ -128,17 +128,26 @@ class LLM:
     def chat(self, messages: ChatMessages | list[ChatMessages],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
              chat_template: str | None = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False) -> list[RequestOutput]:
-        """Apply the chat template to one conversation or a list of them and generate replies."""
+             continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """Apply the chat template to one conversation or a list of them and generate replies.
+
+        `tools` (OpenAI function definitions) reach the template as its `tools` variable; `chat_template` is a
+        template, a file, or a shipped template's name (e.g. "chatml_tools", ChatML with a tools branch).
+        """
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [{"prompt_token_ids": self.render_chat(c, chat_template, add_generation_prompt,
-                                                          continue_final_message)} for c in conversations]
+                                                          continue_final_message, tools, chat_template_kwargs)}
+                   for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def render_chat(self, conversation: ChatMessages, chat_template: str | None = None,
-                    add_generation_prompt: bool = True, continue_final_message: bool = False) -> list[int]:
+                    add_generation_prompt: bool = True, continue_final_message: bool = False,
+                    tools: list[dict[str, Any]] | None = None,
+                    chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """Token ids of a conversation rendered with the model's (or the given) chat template."""
-        return self._chat_renderer.render(conversation, chat_template, add_generation_prompt, continue_final_message)
+        return self._chat_renderer.render(conversation, load_chat_template(chat_template), add_generation_prompt,
+                                          continue_final_message, chat_template_kwargs, tools)
 
     def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool,
              priority: list[int] | None) -> list[RequestOutput]:

@@ -64,3 +64,40 @@ def test_broken_templates_are_400s(tokenizer):
     with pytest.raises(ChatTemplateError) as e:
         no_template.render_text(MESSAGES)
     assert e.value.param == "chat_template" and "--chat-template" in e.value.message
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+TOOL_CONVERSATION = [m.to_dict() for m in (
+    ChatMessage(role="user", content="Weather in Oslo and Rome?"),
+    ChatMessage(role="assistant", content=None, tool_calls=[
+        {"id": "c1", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+        {"id": "c2", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]),
+    ChatMessage(role="tool", tool_call_id="c1", content="-3C"),
+    ChatMessage(role="tool", tool_call_id="c2", content="18C"))]
+
+
+def test_chatml_tools_template_without_tools_is_smollm2s(tokenizer):
+    shipped = ChatRenderer(tokenizer, load_chat_template("chatml_tools"))
+    for conversation in (MESSAGES, MESSAGES[1:], MESSAGES + [{"role": "assistant", "content": "Hello"}]):
+        assert shipped.render_text(conversation) == ChatRenderer(tokenizer).render_text(conversation)
+    assert load_chat_template("tool_chat_template_chatml") == load_chat_template("chatml_tools")
+    # a request may name a shipped template too (never a server file)
+    assert "<tools>" in ChatRenderer(tokenizer).render_text(MESSAGES, chat_template="chatml_tools", tools=TOOLS)
+
+
+def test_chatml_tools_template_renders_tools_calls_and_results(tokenizer):
+    r = ChatRenderer(tokenizer, load_chat_template("chatml_tools"))
+    text = r.render_text(TOOL_CONVERSATION, tools=TOOLS)
+    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city"' in text
+    assert ("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n"
+            "</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n"
+            "</tool_call><|im_end|>\n") in text
+    assert ("<|im_start|>user\n<tool_response>\n-3C\n</tool_response>\n<tool_response>\n18C\n</tool_response>"
+            "<|im_end|>\n<|im_start|>assistant\n") in text
+    # the model's own template has no tools branch: the tools are simply not shown
+    assert "<tools>" not in ChatRenderer(tokenizer).render_text(TOOL_CONVERSATION[:1], tools=TOOLS)
+    custom = r.render_text(TOOL_CONVERSATION[:1], chat_template_kwargs={"default_system_message": "Be terse."})
+    assert custom.startswith("<|im_start|>system\nBe terse.<|im_end|>\n")

@@ -110,8 +110,12 @@ def _register_error_handlers(app: FastAPI) -> None:
 
 
 def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[str] | None = None,
-              chat_template: str | None = None, shutdown_engine: bool = True) -> FastAPI:
-    """The FastAPI app serving `engine` (with its own Prometheus registry, so several apps can coexist)."""
+              chat_template: str | None = None, shutdown_engine: bool = True,
+              auto_tool_parser: str | None = None) -> FastAPI:
+    """The FastAPI app serving `engine` (with its own Prometheus registry, so several apps can coexist).
+
+    `auto_tool_parser`: the tool-call parser of tool_choice="auto" (--enable-auto-tool-choice --tool-call-parser).
+    """
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -124,7 +128,7 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
     mc = engine.model_config
     models = OpenAIServingModels(served_model_names, mc.model, mc.max_model_len)
     renderer = ChatRenderer(engine.get_tokenizer(), chat_template)
-    chat = OpenAIServingChat(engine, models, renderer)
+    chat = OpenAIServingChat(engine, models, renderer, auto_tool_parser)
     completion = OpenAIServingCompletion(engine, models)
     tokenization = OpenAIServingTokenization(engine.get_tokenizer(), models, renderer)
     registry = CollectorRegistry()
@@ -200,12 +204,15 @@ def run_server(args: argparse.Namespace) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
     chat_template = load_chat_template(args.chat_template)
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise SystemExit("pagemill serve: --enable-auto-tool-choice needs --tool-call-parser.")
+    auto_tool_parser = args.tool_call_parser if args.enable_auto_tool_choice else None
     engine_args = engine_args_from_namespace(args)
     names = served_model_names(args)
     engine_args.served_model_name = names[0]
     engine = AsyncLLM.from_engine_args(engine_args)
     try:
-        app = build_app(engine, names, args.api_key, chat_template)
+        app = build_app(engine, names, args.api_key, chat_template, auto_tool_parser=auto_tool_parser)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                                 access_log=not args.disable_uvicorn_access_log, timeout_graceful_shutdown=5)
         logger.info("Serving %s on http://%s:%d", ", ".join(names), args.host, args.port)

@@ -9,6 +9,8 @@ import types
 import typing
 
 from pagemill.config import EngineArgs
+from pagemill.entrypoints.chat_utils import BUILTIN_TEMPLATES
+from pagemill.entrypoints.openai.tool_parsers import tool_parser_names
 from pagemill.loader.default_model import DEFAULT_MODEL_NAME
 
 _ENGINE_HELP = {
@@ -94,7 +96,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="Require 'Authorization: Bearer KEY' with one of these keys.")
     server.add_argument("--served-model-name", nargs="+", default=None,
                         help="Model name(s) clients use in the `model` field (the first is reported).")
-    server.add_argument("--chat-template", default=None, help="Chat template file (or inline Jinja template).")
+    server.add_argument("--chat-template", default=None,
+                        help="Chat template file, inline Jinja template, or a shipped template's name: "
+                             f"{', '.join(BUILTIN_TEMPLATES)} (ChatML with a tools branch, for SmolLM2).")
+    server.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help='Allow tool_choice="auto": the model decides, --tool-call-parser reads its calls.')
+    server.add_argument("--tool-call-parser", default=None, choices=tool_parser_names(),
+                        help="How to find tool calls in the model's text (for tool_choice=\"auto\").")
     server.add_argument("--uvicorn-log-level", default="info",
                         choices=["debug", "info", "warning", "error", "critical", "trace"])
     server.add_argument("--disable-uvicorn-access-log", action="store_true", help="Do not log every request.")

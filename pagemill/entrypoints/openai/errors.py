@@ -38,12 +38,13 @@ def error_body(message: str, status: int, param: str | None = None) -> dict[str,
 
 
 def _loc_to_param(loc: Sequence[Any]) -> str | None:
-    """'messages.0.role' from ('body', 'messages', 0, 'role'); stops at pydantic's union-member tags."""
+    """'messages.0.role' from ('body', 'messages', 0, 'role'); stops at pydantic's union-member tags (type names,
+    model class names)."""
     parts: list[str] = []
     for x in loc[1:] if loc and loc[0] == "body" else loc:
         if isinstance(x, int):
             parts.append(str(x))
-        elif isinstance(x, str) and x.isidentifier() and x.lower() not in _TYPE_TAGS:
+        elif isinstance(x, str) and x.isidentifier() and x.lower() not in _TYPE_TAGS and not x[0].isupper():
             parts.append(x)
         else:
             break

@@ -6,6 +6,7 @@ being silently ignored.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Literal
 
@@ -76,6 +77,41 @@ class StreamOptions(OpenAIBaseModel):
     continuous_usage_stats: bool = False
 
 
+class JsonSchemaFormat(OpenAIBaseModel):
+    """`response_format.json_schema`: a named JSON schema the reply must follow."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIBaseModel):
+    """`response_format`: text, any JSON object, or JSON following a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(OpenAIBaseModel):
+    """vLLM's `structured_outputs` request field: the fields of StructuredOutputsParams."""
+
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
 class SamplingRequest(OpenAIBaseModel):
     """Fields that completions and chat completions share, OpenAI's and vLLM's extras."""
 
@@ -103,6 +139,15 @@ class SamplingRequest(OpenAIBaseModel):
     stop_token_ids: list[int] | None = None
     priority: int = 0
     cache_salt: str | None = None
+    # structured output: OpenAI's response_format, vLLM's structured_outputs, and the older guided_* fields
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
 
 
 # ---- completions ----
@@ -156,12 +201,29 @@ class TextContentPart(OpenAIBaseModel):
     text: str
 
 
-class ChatMessage(OpenAIBaseModel):
-    """One message of a conversation."""
+class FunctionCallParam(OpenAIBaseModel):
+    """The function of a tool call in an assistant message: its name and its arguments (JSON text)."""
 
-    role: Literal["system", "user", "assistant"]
+    name: str
+    arguments: str | dict[str, Any]
+
+
+class ToolCallParam(OpenAIBaseModel):
+    """A tool call the assistant made earlier in the conversation."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallParam
+
+
+class ChatMessage(OpenAIBaseModel):
+    """One message of a conversation (assistant messages may carry tool calls, tool messages their results)."""
+
+    role: Literal["system", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallParam] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         """The content as one string (text parts joined by newlines)."""
@@ -171,16 +233,58 @@ class ChatMessage(OpenAIBaseModel):
             return self.content
         return "\n".join(p.text for p in self.content)
 
-    def to_dict(self) -> dict[str, str]:
-        """The message as the chat renderer takes it: role and text content."""
-        return {"role": self.role, "content": self.text()}
+    def to_dict(self) -> dict[str, Any]:
+        """The message as chat templates take it: role, text content, and tool calls (their arguments as objects,
+        as HF templates expect) or the id of the call a tool message answers."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": c.type, "function": {
+                "name": c.function.name, "arguments": _arguments_object(c.function.arguments)}}
+                for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
-class ResponseFormat(OpenAIBaseModel):
-    """`response_format` (only plain text is supported)."""
+def _arguments_object(arguments: str | dict[str, Any]) -> Any:
+    """Tool-call arguments as a JSON value when they are JSON text (else the text itself)."""
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
 
-    type: str
-    json_schema: dict[str, Any] | None = None
+
+class FunctionDefinition(OpenAIBaseModel):
+    """A function the model may call: name, description and a JSON schema of its parameters."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatCompletionToolsParam(OpenAIBaseModel):
+    """One entry of `tools`."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIBaseModel):
+    """The function a named tool_choice forces."""
+
+    name: str
+
+
+class NamedToolChoice(OpenAIBaseModel):
+    """`tool_choice={"type": "function", "function": {"name": ...}}`."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -191,9 +295,8 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ChatCompletionToolsParam] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     # vLLM extra parameters
     add_generation_prompt: bool = True
@@ -222,11 +325,27 @@ class ChatCompletionLogProbs(ResponseModel):
     content: list[ChatLogProbsContent] | None = None
 
 
+class FunctionCall(ResponseModel):
+    """A generated function call: name and arguments (JSON text)."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(ResponseModel):
+    """A generated tool call."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(ResponseModel):
     """The generated message."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatCompletionResponseChoice(ResponseModel):
@@ -250,11 +369,28 @@ class ChatCompletionResponse(ResponseModel):
     usage: UsageInfo
 
 
+class DeltaFunctionCall(ResponseModel):
+    """A piece of a streamed function call: the name (first chunk only) and an arguments fragment."""
+
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(ResponseModel):
+    """A piece of a streamed tool call; the first piece of a call carries its id and type."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+
 class DeltaMessage(ResponseModel):
     """What a streamed chunk adds to a reply."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatCompletionStreamChoice(ResponseModel):
@@ -285,6 +421,7 @@ class TokenizeRequest(OpenAIBaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[ChatCompletionToolsParam] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False

@@ -1,10 +1,13 @@
-"""POST /v1/chat/completions: render the chat template, generate, answer as JSON or as SSE chunks."""
+"""POST /v1/chat/completions: render the chat template (with tools), generate under the request's output
+constraint, and answer as JSON or as SSE chunks, with tool calls parsed out of the reply."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi.responses import Response, StreamingResponse
 
@@ -15,67 +18,115 @@ from pagemill.entrypoints.openai.errors import OpenAIError
 from pagemill.entrypoints.openai.logprobs import chat_logprobs
 from pagemill.entrypoints.openai.protocol import (AssistantMessage, ChatCompletionRequest, ChatCompletionResponse,
                                                   ChatCompletionResponseChoice, ChatCompletionStreamChoice,
-                                                  ChatCompletionStreamResponse, DeltaMessage, UsageInfo)
+                                                  ChatCompletionStreamResponse, DeltaFunctionCall, DeltaMessage,
+                                                  DeltaToolCall, FunctionCall, ToolCall, UsageInfo)
 from pagemill.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, json_response, random_id, sse,
                                                        sse_error)
 from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
-from pagemill.outputs import RequestOutput
+from pagemill.entrypoints.openai.structured_outputs import OutputConstraint, output_constraint
+from pagemill.entrypoints.openai.tool_choice import plan_tools
+from pagemill.entrypoints.openai.tool_parsers import ToolParser, get_tool_parser
+from pagemill.entrypoints.openai.tool_streaming import ToolCallDelta, ToolCallStreamer, tool_call_id
+from pagemill.outputs import CompletionOutput, RequestOutput
 
 logger = logging.getLogger(__name__)
+
+
+def finish_reason(reason: str | None, has_tool_calls: bool) -> str | None:
+    """'tool_calls' for a reply that stopped on its own after calling tools (a cut-off reply keeps 'length')."""
+    return "tool_calls" if has_tool_calls and reason == "stop" else reason
+
+
+def delta_tool_call(d: ToolCallDelta) -> DeltaToolCall:
+    """The wire form of a streamed call piece: id, type and name only in a call's first piece."""
+    if d.id is None:
+        return DeltaToolCall(index=d.index, function=DeltaFunctionCall(arguments=d.arguments))
+    return DeltaToolCall(index=d.index, id=d.id, type="function",
+                         function=DeltaFunctionCall(name=d.name, arguments=d.arguments))
 
 
 class OpenAIServingChat(OpenAIServing):
     """Handles chat completions."""
 
-    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, renderer: ChatRenderer) -> None:
+    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, renderer: ChatRenderer,
+                 auto_tool_parser: str | None = None) -> None:
+        """`auto_tool_parser`: the --tool-call-parser of tool_choice="auto" (None: auto tool choice is off)."""
         super().__init__(engine, models)
         self.renderer = renderer
+        if auto_tool_parser is not None:
+            get_tool_parser(auto_tool_parser)  # fail at start-up, not per request
+        self.auto_tool_parser = auto_tool_parser
+        self._warned_no_tools_branch = False
 
-    def _check_request(self, request: ChatCompletionRequest) -> None:
-        self.check_unsupported(request)
-        if request.tools:
-            raise OpenAIError("tools (function calling) are not supported by this server.", 400, "tools")
-        if request.tool_choice not in (None, "none", "auto"):
-            raise OpenAIError("tool_choice is not supported by this server.", 400, "tool_choice")
-        if request.response_format is not None and request.response_format.type != "text":
-            raise OpenAIError(f"response_format type {request.response_format.type!r} is not supported "
-                              "(only 'text').", 400, "response_format")
+    def _warn_if_template_ignores_tools(self, request: ChatCompletionRequest) -> None:
+        template = request.chat_template or self.renderer.default_template or ""
+        if "tools" not in template and not self._warned_no_tools_branch:
+            self._warned_no_tools_branch = True
+            logger.warning("The chat template has no tools branch, so the model is not shown the request's tools; "
+                           "start the server with --chat-template chatml_tools (or a template of your own).")
+
+    @staticmethod
+    def _conversation(request: ChatCompletionRequest) -> list[dict[str, Any]]:
+        """The messages as the template takes them; 400 for tool fields on the wrong role."""
+        for i, m in enumerate(request.messages):
+            if m.role == "tool" and not m.tool_call_id:
+                raise OpenAIError("A tool message needs the tool_call_id of the call it answers.", 400,
+                                  f"messages.{i}.tool_call_id")
+            if m.tool_calls and m.role != "assistant":
+                raise OpenAIError("Only assistant messages carry tool_calls.", 400, f"messages.{i}.tool_calls")
+        return [m.to_dict() for m in request.messages]
 
     async def create_chat_completion(self, request: ChatCompletionRequest) -> Response:
         """Validate, start the request, and answer (streamed or not)."""
         model = self.models.resolve(request.model)
-        self._check_request(request)
-        prompt_ids = self.renderer.render([m.to_dict() for m in request.messages], request.chat_template, request.add_generation_prompt,
-                                          request.continue_final_message, request.chat_template_kwargs)
+        self.check_unsupported(request)
+        plan = plan_tools(request, self.auto_tool_parser)
+        constraint = output_constraint(request, plan.constraint)
+        if plan.tools:
+            self._warn_if_template_ignores_tools(request)
+        prompt_ids = self.renderer.render(self._conversation(request), request.chat_template,
+                                          request.add_generation_prompt, request.continue_final_message,
+                                          request.chat_template_kwargs, plan.tools)
         max_tokens = request.max_completion_tokens or request.max_tokens
         self.check_length(len(prompt_ids), max_tokens, "messages",
                           "max_completion_tokens" if request.max_completion_tokens else "max_tokens")
         top_n = (request.top_logprobs or 0) if request.logprobs else None
         if request.top_logprobs and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs to be true.", 400, "top_logprobs")
-        params = self.sampling_params(request, max_tokens, top_n, request.stream, {"logprobs": "top_logprobs"})
+        params = self.sampling_params(request, max_tokens, top_n, request.stream, {"logprobs": "top_logprobs"},
+                                      constraint)
         request_id = random_id("chatcmpl")
-        collector = self.add_request(request_id, prompt_ids, params, request, "messages")
+        collector = self.add_request(request_id, prompt_ids, params, request, "messages", constraint=constraint)
         created = int(time.time())
         if request.stream:
             stream = self.release_when_dropped(
-                self._stream(request, request_id, collector, model, created, len(prompt_ids)), [request_id])
+                self._stream(request, request_id, collector, model, created, len(prompt_ids), plan.parser,
+                             constraint), [request_id])
             return StreamingResponse(stream, media_type="text/event-stream")
-        final: RequestOutput | None = None
-        async for out in self.engine.iterate(request_id, collector):
-            final = out
-        assert final is not None
-        return json_response(self._response(request, final, request_id, model, created))
+        final = await self.final_output(request_id, collector, request, "messages", constraint)
+        return json_response(self._response(request, final, request_id, model, created, plan.parser))
+
+    @staticmethod
+    def _message(c: CompletionOutput, parser: ToolParser | None) -> tuple[AssistantMessage, str | None]:
+        """The reply message (tool calls parsed out of the text) and its finish reason."""
+        if parser is None:
+            return AssistantMessage(content=c.text), c.finish_reason
+        parsed = parser.parse(c.text, final=True)
+        if not parsed.tool_calls:
+            return AssistantMessage(content=parsed.content), c.finish_reason
+        calls = [ToolCall(id=tool_call_id(), function=FunctionCall(name=t.name, arguments=t.arguments))
+                 for t in parsed.tool_calls]
+        return AssistantMessage(content=parsed.content or None, tool_calls=calls), finish_reason(c.finish_reason, True)
 
     def _response(self, request: ChatCompletionRequest, final: RequestOutput, request_id: str, model: str,
-                  created: int) -> ChatCompletionResponse:
+                  created: int, parser: ToolParser | None) -> ChatCompletionResponse:
         choices = []
         for c in final.outputs:
             lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0) \
                 if request.logprobs and c.logprobs is not None else None
-            choices.append(ChatCompletionResponseChoice(index=c.index, message=AssistantMessage(content=c.text),
-                                                        logprobs=lps, finish_reason=c.finish_reason,
-                                                        stop_reason=c.stop_reason))
+            message, reason = self._message(c, parser)
+            choices.append(ChatCompletionResponseChoice(index=c.index, message=message, logprobs=lps,
+                                                        finish_reason=reason, stop_reason=c.stop_reason))
         num_prompt = len(final.prompt_token_ids)
         num_gen = sum(len(c.token_ids) for c in final.outputs)
         return ChatCompletionResponse(id=request_id, created=created, model=model, choices=choices,
@@ -83,11 +134,14 @@ class OpenAIServingChat(OpenAIServing):
                                                       total_tokens=num_prompt + num_gen))
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, collector: RequestOutputCollector,
-                      model: str, created: int, num_prompt: int) -> AsyncIterator[str]:
-        """SSE chunks: a role chunk per choice, content deltas, optional usage, then [DONE]."""
+                      model: str, created: int, num_prompt: int, parser: ToolParser | None,
+                      constraint: OutputConstraint | None) -> AsyncIterator[str]:
+        """SSE chunks: a role chunk per choice, content and tool-call deltas, optional usage, then [DONE]."""
         include_usage = request.stream_options is not None and request.stream_options.include_usage
         continuous = include_usage and request.stream_options.continuous_usage_stats  # type: ignore[union-attr]
         num_gen = 0
+        streamers = [ToolCallStreamer(parser) for _ in range(request.n)] if parser is not None else []
+        texts = [""] * request.n
 
         def chunk(choices: list[ChatCompletionStreamChoice], usage: UsageInfo | None = None) -> str:
             resp = ChatCompletionStreamResponse(id=request_id, object="chat.completion.chunk", created=created,
@@ -110,8 +164,21 @@ class OpenAIServingChat(OpenAIServing):
                         continue
                     lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0) \
                         if request.logprobs and c.logprobs is not None else None
-                    choice = ChatCompletionStreamChoice(index=c.index, delta=DeltaMessage(content=c.text),
-                                                        logprobs=lps, finish_reason=c.finish_reason)
+                    delta, reason = DeltaMessage(content=c.text), c.finish_reason
+                    if streamers:
+                        texts[c.index] += c.text
+                        streamer = streamers[c.index]
+                        content, calls = streamer.update(texts[c.index], final=c.finish_reason is not None)
+                        delta = DeltaMessage()
+                        if content:
+                            delta.content = content
+                        if calls:
+                            delta.tool_calls = [delta_tool_call(d) for d in calls]
+                        reason = finish_reason(reason, streamer.has_calls)
+                        if not content and not calls and reason is None and lps is None:
+                            continue  # text held back: it may be the start of a tool call
+                    choice = ChatCompletionStreamChoice(index=c.index, delta=delta, logprobs=lps,
+                                                        finish_reason=reason)
                     if c.finish_reason is not None:
                         choice.stop_reason = c.stop_reason
                     yield chunk([choice], usage() if continuous else None)
@@ -122,5 +189,5 @@ class OpenAIServingChat(OpenAIServing):
         except EngineDeadError as e:
             yield sse_error(str(e), 500)
         except ValueError as e:
-            yield sse_error(str(e), 400)
+            yield sse(json.dumps(self.request_error(e, request, "messages", constraint).body()))
         yield SSE_DONE

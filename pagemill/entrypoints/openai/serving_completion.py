@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 
@@ -14,6 +15,7 @@ from pagemill.entrypoints.openai.protocol import (CompletionLogProbs, Completion
                                                   CompletionResponseChoice, UsageInfo)
 from pagemill.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, json_response,
                                                        merge_async_iterators, random_id, sse, sse_error)
+from pagemill.entrypoints.openai.structured_outputs import OutputConstraint, output_constraint
 from pagemill.outputs import CompletionOutput, RequestOutput
 
 Prompt = tuple[str | None, list[int]]  # (text if given as text, token ids)
@@ -56,14 +58,17 @@ class OpenAIServingCompletion(OpenAIServing):
         """Validate, start one request per prompt, and answer (streamed or not)."""
         model = self.models.resolve(request.model)
         self._check_request(request)
+        constraint = output_constraint(request)
         prompts = self._prompts(request)
-        params = self.sampling_params(request, request.max_tokens, request.logprobs, request.stream)
+        params = self.sampling_params(request, request.max_tokens, request.logprobs, request.stream,
+                                      constraint=constraint)
         base_id = random_id("cmpl")
         ids = [f"{base_id}-{i}" for i in range(len(prompts))]
         collectors = []
         try:
             for rid, (text, tokens) in zip(ids, prompts):
-                collectors.append(self.add_request(rid, tokens, params.clone(), request, "prompt", text))
+                collectors.append(self.add_request(rid, tokens, params.clone(), request, "prompt", text,
+                                                   constraint))
         except BaseException:
             for rid in ids[:len(collectors)]:
                 self.engine.release(rid)
@@ -73,11 +78,14 @@ class OpenAIServingCompletion(OpenAIServing):
         num_prompt = sum(len(t) for _, t in prompts)
         if request.stream:
             stream = self.release_when_dropped(
-                self._stream(request, base_id, iterators, model, created, num_prompt), ids)
+                self._stream(request, base_id, iterators, model, created, num_prompt, constraint), ids)
             return StreamingResponse(stream, media_type="text/event-stream")
         finals: dict[int, RequestOutput] = {}
-        async for i, out in merge_async_iterators(iterators):
-            finals[i] = out
+        try:
+            async for i, out in merge_async_iterators(iterators):
+                finals[i] = out
+        except ValueError as e:
+            raise self.request_error(e, request, "prompt", constraint) from e
         choices = [self._choice(request, i * request.n + c.index, c, c.text)
                    for i in sorted(finals) for c in finals[i].outputs]
         num_gen = sum(len(c.token_ids) for out in finals.values() for c in out.outputs)
@@ -95,7 +103,8 @@ class OpenAIServingCompletion(OpenAIServing):
                                         stop_reason=c.stop_reason)
 
     async def _stream(self, request: CompletionRequest, request_id: str, iterators: list[AsyncIterator[RequestOutput]],
-                      model: str, created: int, num_prompt: int) -> AsyncIterator[str]:
+                      model: str, created: int, num_prompt: int,
+                      constraint: OutputConstraint | None = None) -> AsyncIterator[str]:
         """SSE chunks of text deltas (choice index = prompt index * n + sequence index), usage, [DONE]."""
         include_usage = request.stream_options is not None and request.stream_options.include_usage
         offsets: dict[int, int] = {}
@@ -123,5 +132,5 @@ class OpenAIServingCompletion(OpenAIServing):
         except EngineDeadError as e:
             yield sse_error(str(e), 500)
         except ValueError as e:
-            yield sse_error(str(e), 400)
+            yield sse(json.dumps(self.request_error(e, request, "prompt", constraint).body()))
         yield SSE_DONE

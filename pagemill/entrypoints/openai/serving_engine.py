@@ -16,6 +16,8 @@ from pydantic import BaseModel
 from pagemill.entrypoints.openai.errors import OpenAIError, error_body, from_value_error
 from pagemill.entrypoints.openai.protocol import SamplingRequest
 from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
+from pagemill.entrypoints.openai.structured_outputs import OutputConstraint
+from pagemill.outputs import RequestOutput
 from pagemill.sampling_params import RequestOutputKind, SamplingParams
 
 T = TypeVar("T")
@@ -110,8 +112,10 @@ class OpenAIServing:
                               "priority")
 
     def sampling_params(self, request: SamplingRequest, max_tokens: int | None, logprobs: int | None,
-                        stream: bool, field_aliases: dict[str, str] | None = None) -> SamplingParams:
-        """SamplingParams from the request; a ValueError becomes a 400 naming the field."""
+                        stream: bool, field_aliases: dict[str, str] | None = None,
+                        constraint: OutputConstraint | None = None) -> SamplingParams:
+        """SamplingParams from the request (with its output constraint); a ValueError becomes a 400 naming the
+        field."""
         try:
             return SamplingParams(
                 n=request.n, temperature=1.0 if request.temperature is None else request.temperature,
@@ -123,7 +127,8 @@ class OpenAIServing:
                 ignore_eos=request.ignore_eos, max_tokens=max_tokens, min_tokens=request.min_tokens,
                 logprobs=logprobs, skip_special_tokens=request.skip_special_tokens,
                 include_stop_str_in_output=request.include_stop_str_in_output,
-                output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
+                output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+                structured_outputs=constraint.params if constraint is not None else None)
         except (ValueError, TypeError) as e:
             err = from_value_error(ValueError(str(e)), type(request).model_fields)
             if err.param and field_aliases and err.param in field_aliases:
@@ -131,8 +136,8 @@ class OpenAIServing:
             raise err from e
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                    request: SamplingRequest, prompt_param: str,
-                    prompt_text: str | None = None) -> RequestOutputCollector:
+                    request: SamplingRequest, prompt_param: str, prompt_text: str | None = None,
+                    constraint: OutputConstraint | None = None) -> RequestOutputCollector:
         """Start a request in the engine; a validation ValueError becomes a 400 (about `prompt_param` if unnamed)."""
         prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
         if prompt_text is not None:
@@ -141,7 +146,34 @@ class OpenAIServing:
             return self.engine.add_request(request_id, prompt, params, priority=request.priority,
                                            cache_salt=request.cache_salt)
         except ValueError as e:
-            raise from_value_error(e, type(request).model_fields, prompt_param) from e
+            raise self.request_error(e, request, prompt_param, constraint) from e
+
+    @staticmethod
+    def request_error(exc: ValueError, request: SamplingRequest, default_param: str | None,
+                      constraint: OutputConstraint | None) -> OpenAIError:
+        """The 400 for an engine ValueError: it names the field the message starts with; an error about the output
+        constraint (structured_outputs / guided_decoding) names the request field that gave the constraint."""
+        err = from_value_error(exc, type(request).model_fields, default_param)
+        message = str(exc)
+        about_constraint = err.param == "structured_outputs" or any(
+            word in message for word in ("structured_outputs", "guided_decoding"))
+        if constraint is not None and about_constraint:
+            err.param = constraint.blamed_field
+            if not message.startswith(err.param):
+                err.message = f"{err.param}: {message}"
+        return err
+
+    async def final_output(self, request_id: str, collector: RequestOutputCollector, request: SamplingRequest,
+                           default_param: str | None, constraint: OutputConstraint | None) -> RequestOutput:
+        """The last output of a non-streamed request; a ValueError the engine reports later becomes a 400."""
+        final: RequestOutput | None = None
+        try:
+            async for out in self.engine.iterate(request_id, collector):
+                final = out
+        except ValueError as e:
+            raise self.request_error(e, request, default_param, constraint) from e
+        assert final is not None
+        return final
 
     def release_when_dropped(self, stream: AsyncIterator[str], request_ids: list[str]) -> AsyncIterator[str]:
         """Abort the requests if the response stream is dropped before it ever started."""

@@ -28,8 +28,10 @@ class OpenAIServingTokenization:
         if request.messages is not None:
             if not request.messages:
                 raise OpenAIError("messages must not be empty.", 400, "messages")
-            ids = self.renderer.render([m.to_dict() for m in request.messages], request.chat_template, request.add_generation_prompt,
-                                       request.continue_final_message, request.chat_template_kwargs)
+            tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
+            ids = self.renderer.render([m.to_dict() for m in request.messages], request.chat_template,
+                                       request.add_generation_prompt, request.continue_final_message,
+                                       request.chat_template_kwargs, tools)
         else:
             ids = self.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
         return TokenizeResponse(count=len(ids), max_model_len=self.models.max_model_len, tokens=ids)
