@@ -1,9 +1,5 @@
 """Structured output through a real `pagemill serve` and the real openai client: response_format (json_object,
-json_schema, the SDK's `parse`), vLLM's structured_outputs, the older guided_* fields, and their 400s.
-
-The tests marked `needs_engine_enforcement` need the engine side of structured output (grammar compile, bitmask
-enforcement, request validation); the others check what the server alone does.
-"""
+json_schema, the SDK's `parse`), vLLM's structured_outputs, the older guided_* fields, and their 400s."""
 
 from __future__ import annotations
 
@@ -23,7 +19,6 @@ PERSON = [{"role": "user", "content": "Invent a person: give their name and age 
 PERSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
                                                   "age": {"type": "integer", "minimum": 0, "maximum": 150}},
                  "required": ["name", "age"], "additionalProperties": False}
-needs_engine_enforcement = pytest.mark.needs_engine_enforcement
 KW = dict(model=MODEL, temperature=0)
 
 
@@ -37,13 +32,11 @@ def chat_text(client, messages=PERSON, max_tokens=80, **kw) -> tuple[str, str]:
     return r.choices[0].message.content, r.choices[0].finish_reason
 
 
-@needs_engine_enforcement
 def test_json_object(client):
     text, reason = chat_text(client, response_format={"type": "json_object"}, max_tokens=120)
     assert reason == "stop" and isinstance(json.loads(text), dict), text
 
 
-@needs_engine_enforcement
 def test_json_schema(client):
     rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA, "strict": True}}
     text, reason = chat_text(client, response_format=rf)
@@ -51,7 +44,6 @@ def test_json_schema(client):
     jsonschema.validate(json.loads(text), PERSON_SCHEMA)
 
 
-@needs_engine_enforcement
 def test_json_schema_streamed(client):
     rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA}}
     chunks = list(client.chat.completions.create(messages=PERSON, max_tokens=80, response_format=rf, stream=True,
@@ -61,7 +53,6 @@ def test_json_schema_streamed(client):
     assert (text, "stop") == chat_text(client, response_format=rf)
 
 
-@needs_engine_enforcement
 def test_sdk_parse_with_a_pydantic_model(client):
     r = client.chat.completions.parse(model=MODEL, messages=PERSON, response_format=Person, max_tokens=80,
                                       temperature=0)
@@ -81,7 +72,6 @@ def matches(pattern: str) -> object:
     return lambda text: re.fullmatch(pattern, text) is not None
 
 
-@needs_engine_enforcement
 @pytest.mark.parametrize("extra,check", [
     ({"guided_json": PERSON_SCHEMA}, follows(PERSON_SCHEMA)),
     ({"guided_regex": r"[A-Z][a-z]{2,8} is [0-9]{2}"}, matches(r"[A-Z][a-z]{2,8} is [0-9]{2}")),
@@ -103,7 +93,6 @@ def test_constraint_fields_chat_and_completions(client, extra, check):
     assert check(r.choices[0].text) and r.choices[0].finish_reason == "stop", r.choices[0].text
 
 
-@needs_engine_enforcement
 def test_choice_streamed_completion(client):
     chunks = list(client.completions.create(model=MODEL, prompt="The sky is", max_tokens=10, temperature=0,
                                             stream=True, extra_body={"guided_choice": ["blue", "green"]}))
@@ -162,7 +151,6 @@ def test_bad_constraint_is_a_400(http, path, body, param):
     check_400(http, path, body, param)
 
 
-@needs_engine_enforcement
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("path,body,param", [c[1:] for c in ENGINE_CASES], ids=[c[0] for c in ENGINE_CASES])
 def test_invalid_constraint_is_a_400(http, path, body, param, stream):

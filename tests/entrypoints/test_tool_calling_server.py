@@ -4,9 +4,8 @@ results in the conversation, and the 400s.
 
 SmolLM2-135M answers in prose rather than calling tools, so the `auto` tests script the model's text: a
 constraint that allows only the script (structured_outputs.choice) comes with tools and tool_choice="auto", the
-model emits exactly the script, and the parser turns it into tool_calls. Those, and the required / named tests
-(whose calls a JSON schema forces), are marked `needs_engine_enforcement`: they need the engine side of
-structured output. The others check what the server alone does.
+model emits exactly the script, and the parser turns it into tool_calls. The required / named tests' calls are
+forced by a JSON schema built from the tools' parameters.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import pytest
 
 from tests.entrypoints.conftest import MAX_MODEL_LEN, MODEL, RemoteServer
 
-needs_engine_enforcement = pytest.mark.needs_engine_enforcement
 WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
                   "required": ["city", "unit"], "additionalProperties": False}
@@ -207,7 +205,6 @@ def test_healthy_after_bad_tool_requests(client, tool_server):
 
 
 # ---- what needs the engine to enforce constraints ----
-@needs_engine_enforcement
 @pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "single"])
 def test_required(client, parallel):
     kw = dict(tools=TOOLS, tool_choice="required", max_tokens=120, parallel_tool_calls=parallel)
@@ -220,7 +217,6 @@ def test_required(client, parallel):
     assert streamed.names_and_arguments() == plain.names_and_arguments()
 
 
-@needs_engine_enforcement
 @pytest.mark.parametrize("name", ["get_weather", "get_time"])
 def test_named_function(client, name):
     kw = dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": name}}, max_tokens=80)
@@ -242,12 +238,10 @@ def check_scripted_auto(client, parser: str) -> None:
     assert streamed.names_and_arguments() == plain.names_and_arguments()
 
 
-@needs_engine_enforcement
 def test_auto_hermes_scripted(client):
     check_scripted_auto(client, "hermes")
 
 
-@needs_engine_enforcement
 def test_auto_without_parallel_calls_keeps_the_first(client):
     reply = create(client, tools=TOOLS, tool_choice="auto", max_tokens=120, parallel_tool_calls=False,
                    **scripted("hermes"))
@@ -256,7 +250,6 @@ def test_auto_without_parallel_calls_keeps_the_first(client):
                   **scripted("hermes")).names_and_arguments() == reply.names_and_arguments()
 
 
-@needs_engine_enforcement
 @pytest.mark.parametrize("parser", ["xlam", "llama3_json"])
 def test_auto_other_parsers_scripted(parser, tmp_path):
     srv = start_server(parser, tmp_path)
