@@ -23,6 +23,7 @@ from torch import nn
 from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig, copy_into
 from pagemill.layers.quantization.dense import DenseQuantConfig
 from pagemill.layers.quantization.gguf import RecordsLinearMethod
+from pagemill.layers.quantization.gguf_records import GEMV_TILE, Int8Codes
 
 WEIGHT_ONLY_FORMATS = ("int8", "int4")
 QUANT_GROUP = 32  # inputs per scale (and per min for int4): the GGUF block the unpackers read
