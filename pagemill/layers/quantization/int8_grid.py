@@ -17,7 +17,8 @@ from pagemill.layers.quantization.gguf_records import GEMV_TILE, Int8Codes
 
 QMAX_SYMMETRIC = 127
 LEVELS_ASYMMETRIC = 255  # code steps across a group's range (q + 128 in 0..255)
-SEARCH_STEPS = torch.linspace(-1.0, 1.0, 9).tolist()  # candidate offsets of the levels spanned, around the plain fit
+SEARCH_STEPS = torch.linspace(-1.0, 1.0, 5).tolist()  # candidate offsets of the levels spanned, around the plain fit
+PARENT_GROUP = 32  # the asymmetric search's coarser candidate grid (GGUF's block: Q4_1, Q8_0, ...)
 _CHUNK_GROUPS = 1 << 16  # groups fitted at once (bounds the candidates' temporaries)
 
 
@@ -59,8 +60,16 @@ def _fit_symmetric(g: torch.Tensor, search: bool) -> tuple[torch.Tensor, torch.T
     return best_q, best_d
 
 
-def _fit_asymmetric(g: torch.Tensor, search: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Codes l in [0, 255], scales d and offsets m [groups, 1] of groups g [groups, G] (w = d l + m)."""
+def _parent_grid(g: torch.Tensor, factor: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain asymmetric fit (d, m) of each run of `factor` consecutive groups, repeated for each of its groups."""
+    runs = g.reshape(-1, factor * g.shape[1])
+    lo, hi = runs.amin(-1, keepdim=True), runs.amax(-1, keepdim=True)
+    return ((hi - lo) / LEVELS_ASYMMETRIC).repeat_interleave(factor, 0), lo.repeat_interleave(factor, 0)
+
+
+def _fit_asymmetric(g: torch.Tensor, search: bool, parent: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes l in [0, 255], scales d and offsets m [groups, 1] of groups g [groups, G] (w = d l + m). The search
+    also tries the grid of `parent` consecutive groups (a weight already on a coarser grid comes back exactly)."""
     lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
     span = hi - lo
     safe = torch.where(span > 0, span, torch.ones_like(span))
@@ -80,13 +89,21 @@ def _fit_asymmetric(g: torch.Tensor, search: bool) -> tuple[torch.Tensor, torch.
         best_l, best_d, best_m = (torch.where(better, l, best_l), torch.where(better, d, best_d),
                                   torch.where(better, m, best_m))
         best_err = torch.where(better, err, best_err)
+    if parent > 1:
+        d, m = _parent_grid(g, parent)
+        l = ((g - m) / torch.where(d > 0, d, torch.ones_like(d))).round_().clamp_(0, LEVELS_ASYMMETRIC)
+        better = ((d * l + m - g).square_().sum(-1, keepdim=True) < best_err) & (d > 0)
+        best_l, best_d, best_m = (torch.where(better, l, best_l), torch.where(better, d, best_d),
+                                  torch.where(better, m, best_m))
     return best_l, best_d, best_m
 
 
 def quantize_int8(w: torch.Tensor, group: int, asymmetric: bool, search: bool) -> Int8Codes:
     """int8 codes of a float weight [N, K] (K a multiple of `group`) per group of `group` inputs: q * scale
-    (+ min for the asymmetric grid, whose codes are l - 128)."""
+    (+ min for the asymmetric grid, whose codes are l - 128). An asymmetric search with groups of 16 also tries each
+    group of 32's grid (where K allows)."""
     n, k = w.shape
+    parent = PARENT_GROUP // group if asymmetric and search and k % PARENT_GROUP == 0 else 1
     flat = w.detach().float().reshape(-1, group)
     q = torch.empty(flat.shape, dtype=torch.int8)
     scale = torch.empty(flat.shape[0], 1)
@@ -94,7 +111,7 @@ def quantize_int8(w: torch.Tensor, group: int, asymmetric: bool, search: bool) -
     for g0 in range(0, flat.shape[0], _CHUNK_GROUPS):
         g = flat[g0:g0 + _CHUNK_GROUPS]
         if asymmetric:
-            l, d, m = _fit_asymmetric(g, search)
+            l, d, m = _fit_asymmetric(g, search, parent)
             q[g0:g0 + len(g)] = (l - 128).to(torch.int8)
             scale[g0:g0 + len(g)], mins[g0:g0 + len(g)] = d, m + 128 * d
         else:

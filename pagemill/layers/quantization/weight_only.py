@@ -23,10 +23,12 @@ from torch import nn
 from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig, copy_into
 from pagemill.layers.quantization.dense import DenseQuantConfig
 from pagemill.layers.quantization.gguf import RecordsLinearMethod
-from pagemill.layers.quantization.gguf_records import GEMV_TILE, Int8Codes
+from pagemill.layers.quantization.int8_grid import int8_tiles, quantize_int8
 
 WEIGHT_ONLY_FORMATS = ("int8", "int4")
-QUANT_GROUP = 32  # inputs per scale (and per min for int4): the GGUF block the unpackers read
+INT8_GROUP = 16  # inputs per int8 scale and min (gemv_int8 takes 16 or 32)
+QUANT_GROUP = 32  # inputs per int4 scale and min: the Q4_1 block of gemv_q4's records
+FORMAT_GROUPS = {"int8": INT8_GROUP, "int4": QUANT_GROUP}
 FLOAT_LAYER_SUFFIXES = ("lm_head.weight", "embed_tokens.weight")  # the LM head's checkpoint names (tied or not)
 
 
@@ -57,7 +59,7 @@ class WeightOnlyLinearMethod(RecordsLinearMethod):
         if not torch.isfinite(w).all():
             raise ValueError(f"quantization={self.weight_format!r}: the checkpoint weight has non-finite values")
         if self.weight_format == "int8":
-            records = list(self.kernels.pack_gemv_weight_int8(w, QUANT_GROUP))
+            records = int8_tiles(quantize_int8(w, INT8_GROUP, asymmetric=True, search=True))
         else:
             records, err = self.kernels.pack_gemv_weight_q4(w, QUANT_GROUP)
             if not math.isfinite(float(err)):  # d or m past float16's range
@@ -84,6 +86,7 @@ class WeightOnlyQuantConfig(QuantConfig):
 
     def get_linear_method(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:
         """The quantized method, except for the LM head and inputs not a whole number of groups (dense)."""
-        if in_features % QUANT_GROUP or any(n.endswith(FLOAT_LAYER_SUFFIXES) for n in checkpoint_names):
+        head = any(n.endswith(FLOAT_LAYER_SUFFIXES) for n in checkpoint_names)
+        if head or in_features % FORMAT_GROUPS[self.weight_format]:
             return self.dense.get_linear_method(checkpoint_names, in_features)
         return WeightOnlyLinearMethod(self.weight_format, self.dense.linear_dtype, self.dense.kernels)
