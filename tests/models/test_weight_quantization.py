@@ -173,18 +173,19 @@ def test_smollm2_teacher_forced_agreement(smol_hf_dirs):
     for name, res in (("stored", stored), ("dithered", dithered)):
         for a in res.values():
             print(f"{name} {a}")
-    assert stored["int4"].top1_agreement == 1.0 and stored["int4"].mean_abs_dlogprob < 1e-4
-    # Measured 98.0% / 97.2%: int8's 0.55% weight error flips near ties as often as bfloat16 matmuls (98.2% / 97.8%);
-    # 99% is out of reach for symmetric int8 per group on this 135M model (group 16 gives the same).
-    assert stored["int8"].top1_agreement >= 0.97 and stored["int8"].mean_abs_dlogprob < 0.04
-    assert dithered["int8"].top1_agreement >= 0.95 and dithered["int8"].mean_abs_dlogprob < 0.05
+    # Stored weights lie on a Q4_1 grid per group of 32, which int8's search tries for each group of 16: exact too.
+    for q in ("int4", "int8"):
+        assert stored[q].top1_agreement == 1.0 and stored[q].mean_abs_dlogprob < 1e-4, q
+    # Dithered, measured 97.9% / 0.019 (asymmetric per 16, least squares; symmetric per 32 was 97.2% / 0.028): the
+    # flips are near ties as for bfloat16 matmuls (97.8%); 99% needs about half int8's weight error (README).
+    assert dithered["int8"].top1_agreement >= 0.965 and dithered["int8"].mean_abs_dlogprob < 0.025
     assert dithered["int4"].top1_agreement >= 0.55 and dithered["int4"].mean_abs_dlogprob < 0.7
 
 
 @pytest.mark.slow
 def test_smollm2_greedy_close_to_float32(smol_hf_dirs):
-    """Greedy continuations of the SmolLM2 HF directory: int4 recovers its Q4_1 values, so its tokens are float32's;
-    int8 follows float32's for a while, then parts at a near tie (measured common prefixes: 32, 32, 5, 3, 4, 0)."""
+    """Greedy continuations of the SmolLM2 HF directory: its weights are Q4_1 values, which int4 and int8 (the
+    group of 32's grid among its candidates) recover, so their tokens are float32's."""
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     runs = {}
     for q in ("none", "int8", "int4"):
@@ -192,7 +193,4 @@ def test_smollm2_greedy_close_to_float32(smol_hf_dirs):
         runs[q] = [o.outputs[0].token_ids for o in llm.generate(SMOL_PROMPTS[:6], params, use_tqdm=False)]
         del llm
     assert runs["int4"] == runs["none"]
-    common = [next((i for i, (a, b) in enumerate(zip(f, q)) if a != b), len(f))
-              for f, q in zip(runs["none"], runs["int8"])]
-    print(f"int8 vs float32 greedy: common prefix {common} of 32 tokens")
-    assert max(common) == 32 and sum(common) >= 48
+    assert runs["int8"] == runs["none"]
