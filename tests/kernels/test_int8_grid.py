@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from pagemill.kernels.build import load_kernels
-from pagemill.layers.quantization.int8_grid import dequantize_int8, int8_tiles, quantize_int8
 from pagemill.layers.quantization.gguf_records import unpack_int8
+from pagemill.layers.quantization.int8_grid import dequantize_int8, int8_tiles, quantize_int8
 from tests.conftest import requires_kernels
 from tests.kernels.conftest import assert_gemv_close
 
