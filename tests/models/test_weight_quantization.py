@@ -194,3 +194,21 @@ def test_smollm2_greedy_close_to_float32(smol_hf_dirs):
         del llm
     assert runs["int4"] == runs["none"]
     assert runs["int8"] == runs["none"]
+
+
+def test_dither_follows_each_tensor_grid(smol_path):
+    """gguf_grids names every decoder linear of SmolLM2's GGUF with Q4_1's grid; dither_ moves each weight by at
+    most half of its group's step ((max - min) / levels) and leaves every weight off the grid it had."""
+    from pagemill.benchmarks.quant_accuracy import Q4_1_GRID, dither_, gguf_grids
+
+    grids = gguf_grids(smol_path)
+    assert len(grids) == 30 * 7 and set(grids.values()) == {Q4_1_GRID}
+    assert "layers.3.mlp.down_proj.weight" in grids
+    for group, levels in ((32, 15), (16, 63)):
+        w = torch.randn(8, 64)
+        d = w.clone()
+        dither_(d, torch.Generator().manual_seed(0), group, levels)
+        g = w.view(8, -1, group)
+        step = (g.amax(-1, keepdim=True) - g.amin(-1, keepdim=True)) / levels
+        moved = (d.view(8, -1, group) - g).abs()
+        assert (moved <= step / 2 * 1.0001).all() and (moved > 0).all()
