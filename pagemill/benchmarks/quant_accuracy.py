@@ -60,18 +60,41 @@ def corpus_paragraphs() -> list[str]:
     return [p.strip() for p in CORPUS_TEXT.split("\n\n") if p.strip()] + EXTRA_PARAGRAPHS
 
 
-def dither_(weight: Any, generator: Any, group: int = 32) -> None:
-    """Add uniform noise of one Q4_1 step (per group of `group` inputs: (max - min) / 15) to a weight in place.
+# A GGUF type's grid: (inputs per group, steps across a group's range) of its dequantized values.
+GGUF_GRIDS = {2: (32, 15), 3: (32, 15), 6: (32, 31), 7: (32, 31), 8: (32, 255), 10: (16, 3), 11: (16, 7),
+              12: (32, 15), 13: (32, 31), 14: (16, 63)}  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K
+Q4_1_GRID = GGUF_GRIDS[3]
+# GGUF block names of a decoder layer's linears -> transformers' module names.
+GGUF_LINEAR_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                     "ffn_down": "mlp.down_proj"}
 
-    A Q4_1 file's dequantized weights are already on a 4-bit grid per group of 32, so int4 re-quantization recovers
-    them exactly; the noise makes a float weight whose Q4_1 rounding is (about) the stored one, as the original
-    checkpoint's was, so int4 / int8 errors are those of quantizing real float weights.
+
+def dither_(weight: Any, generator: Any, group: int = 32, levels: int = 15) -> None:
+    """Add uniform noise of one grid step (per group of `group` inputs: (max - min) / levels) to a weight in place.
+
+    A GGUF file's dequantized weights are already on its format's grid (Q4_1: 15 steps per group of 32), so
+    re-quantization to that grid recovers them exactly; the noise makes a float weight whose rounding to the grid
+    is (about) the stored one, as the original checkpoint's was, so int4 / int8 errors are those of quantizing real
+    float weights.
     """
     import torch
 
     g = weight.view(weight.shape[0], -1, group)
-    step = (g.amax(-1, keepdim=True) - g.amin(-1, keepdim=True)) / 15
+    step = (g.amax(-1, keepdim=True) - g.amin(-1, keepdim=True)) / levels
     g.add_((torch.rand(g.shape, generator=generator) - 0.5) * step)
+
+
+def gguf_grids(gguf_path: str) -> dict[str, tuple[int, int]]:
+    """Each decoder linear's grid (GGUF_GRIDS) keyed by its transformers name suffix, `layers.{i}.{module}.weight`."""
+    from pagemill.loader.gguf_file import open_gguf
+
+    grids = {}
+    for name, t in open_gguf(gguf_path).tensors.items():
+        parts = name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[2] in GGUF_LINEAR_NAMES and t.ggml_type in GGUF_GRIDS:
+            grids[f"layers.{parts[1]}.{GGUF_LINEAR_NAMES[parts[2]]}.weight"] = GGUF_GRIDS[t.ggml_type]
+    return grids
 
 
 def load_gguf_as_hf(gguf_path: str) -> tuple[Any, Any]:
@@ -84,9 +107,19 @@ def load_gguf_as_hf(gguf_path: str) -> tuple[Any, Any]:
     return model, AutoTokenizer.from_pretrained(d, gguf_file=f)
 
 
-def save_hf_dir(model: Any, tokenizer: Any, out_dir: str, dither_seed: int | None = None) -> str:
+def _grid_of(name: str, grids: dict[str, tuple[int, int]] | None) -> tuple[int, int]:
+    """The grid of the parameter `name`: its entry in `grids` (by name suffix), else Q4_1's."""
+    for suffix, grid in (grids or {}).items():
+        if name.endswith(suffix):
+            return grid
+    return Q4_1_GRID
+
+
+def save_hf_dir(model: Any, tokenizer: Any, out_dir: str, dither_seed: int | None = None,
+                grids: dict[str, tuple[int, int]] | None = None) -> str:
     """A transformers model (e.g. loaded from GGUF) saved as a float32 safetensors HF directory with its tokenizer;
-    with `dither_seed`, the decoder layers' linear weights are dithered off their 4-bit grid (`dither_`)."""
+    with `dither_seed`, the decoder layers' linear weights are dithered off their grid (`dither_`: each tensor's
+    entry in `grids`, see gguf_grids; Q4_1's where it has none)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -100,8 +133,9 @@ def save_hf_dir(model: Any, tokenizer: Any, out_dir: str, dither_seed: int | Non
         generator = torch.Generator().manual_seed(dither_seed)
         with torch.no_grad():
             for name, p in fresh.named_parameters():
-                if ".layers." in name and p.dim() == 2 and p.shape[1] % 32 == 0:
-                    dither_(p.data, generator)
+                group, levels = _grid_of(name, grids)
+                if ".layers." in name and p.dim() == 2 and p.shape[1] % group == 0:
+                    dither_(p.data, generator, group, levels)
     fresh.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir

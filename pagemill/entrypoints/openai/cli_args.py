@@ -30,7 +30,7 @@ _ENGINE_HELP = {
     "num_threads": "Torch threads of the engine core (None: all cores).",
     "disable_log_stats": "Do not log the periodic stats line.",
     "quantization": "auto (a GGUF file's own blocks, else none), none, gguf, or int8 / int4: quantize a safetensors "
-                    "model's linear layers at load (weight-only, per group of 32).",
+                    "model's linear layers at load (weight-only, per group of 16 / 32).",
     "greedy_head_screen": "Greedy rows: int8 screen of the LM head, exact float32 recheck of the tokens that could "
                           "win (same tokens, faster batched decode).",
     "structured_outputs_backend": "Structured output (guided decoding) library: auto (xgrammar, or llguidance for "
