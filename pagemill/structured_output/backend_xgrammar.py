@@ -84,17 +84,7 @@ class XgrammarBackend:
 
     def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         """The compiled grammar (tokenizer-specific token masks precomputed)."""
-        if spec.kind == "json":
-            return self.compiler.compile_json_schema(spec.text, strict_mode=True, **_json_kwargs(spec))
-        if spec.kind == "json_object":
-            return self.compiler.compile_json_schema('{"type": "object"}', strict_mode=False, **_json_kwargs(spec))
-        if spec.kind == "regex":
-            return self.compiler.compile_regex(spec.text)
-        if spec.kind == "choice":
-            return self.compiler.compile_grammar(_choice_ebnf(json.loads(spec.text)))
-        if spec.kind == "grammar":
-            return self.compiler.compile_grammar(spec.text)
-        return self.compiler.compile_structural_tag(spec.text)
+        return self.compiler.compile_grammar(_grammar(spec))
 
     def new_grammar(self, compiled: xgr.CompiledGrammar) -> XgrammarGrammar:
         """A fresh matcher at the start of the grammar."""

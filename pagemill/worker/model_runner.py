@@ -109,6 +109,9 @@ class ModelRunner:
         if config.greedy_head_screen:
             self.head_screen = GreedyHeadScreen.for_head(getattr(self.model, "lm_head", None),
                                                         getattr(ops, "kernels", None))
+            if self.head_screen is not None:
+                logger.info("Greedy head screen: int8 copy of the LM head, %.1f MiB",
+                            self.head_screen.nbytes / 2**20)
         self.profiler = StepTimer(config.profile)  # its timings go back in ModelRunnerOutput.timings
 
     def _num_blocks(self) -> int:

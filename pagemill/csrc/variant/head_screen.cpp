@@ -224,20 +224,14 @@ void tile_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t*, const 
 }
 #endif
 
-template <int R>
-void tile_block(const HeadScreenArgs& a, const int8_t* xq, const uint8_t* xu, const float* sx, int64_t t, int64_t r0,
-                float* tmax) {
-  tile_rows<R>(a, xq, xu, sx, t, r0, tmax);
-}
-
 void tile_all_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t* xu, const float* sx, int64_t t,
                    float* tmax) {
   int64_t r0 = 0;
-  for (; r0 + MR <= a.M; r0 += MR) tile_block<MR>(a, xq, xu, sx, t, r0, tmax);
+  for (; r0 + MR <= a.M; r0 += MR) tile_rows<MR>(a, xq, xu, sx, t, r0, tmax);
   switch (a.M - r0) {
-    case 3: tile_block<3>(a, xq, xu, sx, t, r0, tmax); break;
-    case 2: tile_block<2>(a, xq, xu, sx, t, r0, tmax); break;
-    case 1: tile_block<1>(a, xq, xu, sx, t, r0, tmax); break;
+    case 3: tile_rows<3>(a, xq, xu, sx, t, r0, tmax); break;
+    case 2: tile_rows<2>(a, xq, xu, sx, t, r0, tmax); break;
+    case 1: tile_rows<1>(a, xq, xu, sx, t, r0, tmax); break;
     default: break;
   }
 }

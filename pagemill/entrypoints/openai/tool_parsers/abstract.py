@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import ClassVar
 
-from pagemill.entrypoints.openai.tool_parsers.partial_json import JArray, JObject, JString, Node, to_json
+from pagemill.entrypoints.openai.tool_parsers.partial_json import (JArray, JObject, JString, Node, Status, parse_json,
+                                                                  to_json)
 
 _PARSERS: dict[str, type["ToolParser"]] = {}
 
@@ -132,6 +133,25 @@ def calls_from_list(node: JArray, argument_keys: tuple[str, ...]) -> tuple[list[
             return calls, is_nameless(item, finished)
         calls.append(call)
     return calls, False
+
+
+def read_calls(text: str, pos: int, final: bool, argument_keys: tuple[str, ...],
+               next_call: Callable[[str, int], int]) -> tuple[list[ParsedToolCall], bool]:
+    """The calls of consecutive call objects, the first starting at `pos`; `next_call(text, end)` gives where the
+    next object starts after one ending at `end` (-1: no more). Also whether something that is not a call stopped
+    the sequence."""
+    calls: list[ParsedToolCall] = []
+    while True:
+        result = parse_json(text, pos, final)
+        call = call_from_object(result.node, argument_keys)
+        if call is None:
+            return calls, result.status is Status.ERROR or is_nameless(result.node, result.status is Status.DONE)
+        calls.append(call)
+        if result.status is not Status.DONE:
+            return calls, False
+        pos = next_call(text, result.end)
+        if pos < 0:
+            return calls, False
 
 
 def resolve(text: str, content: str, calls: list[ParsedToolCall], failed: bool, final: bool) -> ParsedOutput:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from pagemill.entrypoints.openai.tool_parsers.abstract import (ParsedOutput, ParsedToolCall, ToolParser,
-                                                                call_from_object, is_nameless,
-                                                                register_tool_parser, resolve,
-                                                                without_marker_start)
-from pagemill.entrypoints.openai.tool_parsers.partial_json import Status, parse_json
+from pagemill.entrypoints.openai.tool_parsers.abstract import (ParsedOutput, ToolParser, read_calls,
+                                                                register_tool_parser, resolve, without_marker_start)
 
 START = "<tool_call>"
 ARGUMENT_KEYS = ("arguments", "parameters")
+
+
+def next_tag(text: str, end: int) -> int:
+    """Where the call object of the next `<tool_call>` after `end` starts (-1: none yet)."""
+    pos = text.find(START, end)
+    return pos + len(START) if pos >= 0 else -1
 
 
 @register_tool_parser("hermes")
@@ -21,18 +24,5 @@ class HermesToolParser(ToolParser):
         start = text.find(START)
         if start < 0:
             return ParsedOutput(text if final else without_marker_start(text, (START,)))
-        calls: list[ParsedToolCall] = []
-        failed, pos = False, start
-        while True:
-            result = parse_json(text, pos + len(START), final)
-            call = call_from_object(result.node, ARGUMENT_KEYS)
-            if call is not None:
-                calls.append(call)
-            else:
-                failed = result.status is Status.ERROR or is_nameless(result.node, result.status is Status.DONE)
-            if call is None or result.status is not Status.DONE:
-                break
-            pos = text.find(START, result.end)
-            if pos < 0:
-                break
+        calls, failed = read_calls(text, start + len(START), final, ARGUMENT_KEYS, next_tag)
         return resolve(text, text[:start], calls, failed, final)

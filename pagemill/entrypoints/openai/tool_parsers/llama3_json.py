@@ -3,13 +3,21 @@ separated by `;`; the reply is tool calls only when it starts with one."""
 
 from __future__ import annotations
 
-from pagemill.entrypoints.openai.tool_parsers.abstract import (ParsedOutput, ParsedToolCall, Prefix, ToolParser,
-                                                                call_from_object, is_nameless, match_literal,
-                                                                register_tool_parser, resolve)
-from pagemill.entrypoints.openai.tool_parsers.partial_json import Status, parse_json, skip_ws
+from pagemill.entrypoints.openai.tool_parsers.abstract import (ParsedOutput, Prefix, ToolParser, match_literal,
+                                                                read_calls, register_tool_parser, resolve)
+from pagemill.entrypoints.openai.tool_parsers.partial_json import skip_ws
 
 PYTHON_TAG = "<|python_tag|>"
 ARGUMENT_KEYS = ("parameters", "arguments")
+
+
+def next_after_semicolon(text: str, end: int) -> int:
+    """Where the next `;`-separated call object starts after one ending at `end` (-1: none)."""
+    pos = skip_ws(text, end)
+    if pos == len(text) or text[pos] != ";":
+        return -1
+    pos = skip_ws(text, pos + 1)
+    return pos if pos < len(text) and text[pos] == "{" else -1
 
 
 @register_tool_parser("llama3_json")
@@ -27,21 +35,5 @@ class Llama3JsonToolParser(ToolParser):
             pos += len(PYTHON_TAG)
         elif text[pos] != "{":
             return ParsedOutput(text)
-        calls: list[ParsedToolCall] = []
-        failed = False
-        while True:
-            result = parse_json(text, pos, final)
-            call = call_from_object(result.node, ARGUMENT_KEYS)
-            if call is not None:
-                calls.append(call)
-            else:
-                failed = result.status is Status.ERROR or is_nameless(result.node, result.status is Status.DONE)
-            if call is None or result.status is not Status.DONE:
-                break
-            pos = skip_ws(text, result.end)
-            if pos == len(text) or text[pos] != ";":
-                break
-            pos = skip_ws(text, pos + 1)
-            if pos == len(text) or text[pos] != "{":
-                break
+        calls, failed = read_calls(text, pos, final, ARGUMENT_KEYS, next_after_semicolon)
         return resolve(text, "", calls, failed, final)
