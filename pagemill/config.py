@@ -177,6 +177,73 @@ class StructuredOutputsConfig:
             raise ValueError("structured_outputs max_json_whitespace must be >= 0.")
 
 
+SPECULATIVE_METHODS = ("ngram", "suffix", "draft_model")
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's `speculative_config`): who proposes draft tokens and how many per step.
+
+    Proposals are verified by the target model in one step with an exact rejection sampler; a back-off turns
+    speculation off for requests whose drafts are rarely accepted and for batches too large to verify for free.
+    """
+
+    method: str = "ngram"  # ngram (prompt lookup) | suffix (suffix tree, model-free) | draft_model
+    num_speculative_tokens: int | None = None  # k; default 4 (ngram, draft_model) or 8 (suffix)
+    prompt_lookup_min: int = 2  # ngram: shortest n-gram to match
+    prompt_lookup_max: int = 5  # ngram: longest n-gram to match
+    model: str | None = None  # draft_model: a smaller model with the target's tokenizer (default: the target)
+    draft_num_layers: int | None = None  # draft_model: use only the draft's first N layers
+    suffix_decoding_max_tree_depth: int = 24  # suffix: longest context suffix matched / stored
+    suffix_decoding_max_cached_requests: int = 1000  # suffix: finished requests kept in the global tree
+    suffix_decoding_max_spec_factor: float = 1.0  # suffix: at most this x the match length draft tokens
+    suffix_decoding_min_token_prob: float = 0.1  # suffix: stop drafting below this estimated probability
+    # Back-off: no drafts while the running batch is this large or more (verification stops being free) ...
+    max_batch_size: int = 8
+    # ... nor for a request whose recent acceptance (tokens accepted per draft token, moving average) is below this.
+    min_acceptance_rate: float = 0.15
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_config.method must be one of {', '.join(SPECULATIVE_METHODS)}, "
+                             f"got {self.method!r}.")
+        if self.num_speculative_tokens is None:
+            self.num_speculative_tokens = 8 if self.method == "suffix" else 4
+        if not 1 <= self.num_speculative_tokens <= 32:
+            raise ValueError("speculative_config.num_speculative_tokens must be in [1, 32], "
+                             f"got {self.num_speculative_tokens}.")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("speculative_config needs 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                             f"{self.prompt_lookup_min} and {self.prompt_lookup_max}.")
+        if self.draft_num_layers is not None and self.draft_num_layers < 1:
+            raise ValueError(f"speculative_config.draft_num_layers must be >= 1, got {self.draft_num_layers}.")
+        if self.suffix_decoding_max_tree_depth < 1:
+            raise ValueError("speculative_config.suffix_decoding_max_tree_depth must be >= 1.")
+        if self.max_batch_size < 1:
+            raise ValueError("speculative_config.max_batch_size must be >= 1.")
+
+    @classmethod
+    def from_user(cls, value: dict[str, Any] | str | SpeculativeConfig | None) -> SpeculativeConfig | None:
+        """Build from a dict, its JSON text (the CLI's --speculative-config) or a config; None stays None.
+        Unknown keys raise a ValueError naming them."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            import json
+
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative_config is not valid JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a dict or its JSON text, got {type(value).__name__}.")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative_config has unknown keys {unknown}; known: {sorted(known)}.")
+        return cls(**value)
+
+
 @dataclass
 class EngineConfig:
     """All the configuration of one engine."""
@@ -190,6 +257,7 @@ class EngineConfig:
     profile: bool = False
     greedy_head_screen: bool = True
     structured_outputs_config: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
+    speculative_config: SpeculativeConfig | None = None
 
 
 @dataclass
@@ -224,6 +292,7 @@ class EngineArgs:
     greedy_head_screen: bool = True
     disable_log_stats: bool = True
     structured_outputs_backend: str = "auto"  # auto | xgrammar | guidance (structured output / guided decoding)
+    speculative_config: dict[str, Any] | str | None = None  # SpeculativeConfig's fields, as a dict or JSON text
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -244,6 +313,7 @@ class EngineArgs:
             )
         check_linear_options(self.linear_dtype, self.quantization)
         so_config = StructuredOutputsConfig(backend=self.structured_outputs_backend)
+        spec_config = SpeculativeConfig.from_user(self.speculative_config)
         max_batched = self.max_num_batched_tokens or max(2048, 0)
         kv_bytes = parse_size(self.kv_cache_memory) if self.kv_cache_memory is not None else _default_kv_bytes()
         model_config = ModelConfig(
@@ -277,7 +347,8 @@ class EngineArgs:
         return EngineConfig(model_config, cache_config, scheduler_config,
                             num_threads=self.num_threads, log_stats=not self.disable_log_stats,
                             attention_backend=self.attention_backend, profile=self.profile,
-                            greedy_head_screen=self.greedy_head_screen, structured_outputs_config=so_config)
+                            greedy_head_screen=self.greedy_head_screen, structured_outputs_config=so_config,
+                            speculative_config=spec_config)
 
 
 def _default_kv_bytes() -> int:

@@ -81,6 +81,7 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
     structured_outputs: StructuredOutputsParams | None = None
     guided_decoding: StructuredOutputsParams | None = None  # vLLM's older spelling of structured_outputs
+    speculative_decoding: bool = True  # False: this request never gets draft tokens (when the engine speculates)
     # Filled in by the engine from the model's generation config; not user input.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 

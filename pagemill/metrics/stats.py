@@ -8,6 +8,21 @@ from typing import Protocol
 import msgspec
 
 
+class SpecDecodingStats(msgspec.Struct, omit_defaults=True):
+    """Speculative decoding counters since the engine started (vLLM's names)."""
+
+    num_spec_tokens: int = 0  # k: draft positions tracked per position below
+    num_drafts: int = 0  # verification steps of a request that had draft tokens
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = msgspec.field(default_factory=list)  # [k]: drafts accepted at position i
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens produced per verification step of a drafted request: 1 + accepted drafts per draft."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+
 class SchedulerStats(msgspec.Struct, omit_defaults=True):
     """Snapshot of the scheduler and KV cache after a step (for logs and /metrics)."""
 
@@ -27,6 +42,7 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     num_cow_copies: int = 0  # copy-on-write block copies (counter)
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
+    spec_decoding: SpecDecodingStats | None = None  # with speculative decoding on
 
 
 @dataclass
