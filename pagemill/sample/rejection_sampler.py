@@ -97,7 +97,7 @@ def _residual(probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tens
 def _draft_uniforms(lens: list[int], greedy: Sequence[bool], generators: dict[int, torch.Generator],
                     num_drafts: int) -> torch.Tensor:
     """U[0, 1) per draft: one batched draw from the global RNG, then each sampled seeded request's own k_i draws."""
-    uniforms = torch.empty(num_drafts)
+    uniforms = torch.zeros(num_drafts)  # greedy requests' entries stay unused
     seeded = [i for i in generators if not greedy[i]]
     if len(seeded) < sum(1 for g in greedy if not g):
         uniforms.uniform_()

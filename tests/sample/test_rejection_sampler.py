@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import pytest
 import torch
 
@@ -51,12 +53,14 @@ def _p_values(outputs: list[list[int]], k: int) -> list[float]:
     return [p_value(_position_counts(outputs, j), TARGETS[j].double()) for j in range(k + 1)]
 
 
-def _zero_uniforms(lens, greedy, generators, num_drafts):
+def _zero_uniforms(lens: list[int], greedy: Sequence[bool], generators: dict[int, torch.Generator],
+                   num_drafts: int) -> torch.Tensor:
     """Broken: u = 0 accepts every draft with p(x) > 0."""
     return torch.zeros(num_drafts)
 
 
-def _p_residual(probs, drafts, draft_probs, draft_idx):
+def _p_residual(probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
+                draft_idx: torch.Tensor) -> torch.Tensor:
     """Broken: the recovered token is drawn from p, not from the residual max(p - q, 0)."""
     return probs
 
@@ -110,7 +114,7 @@ def test_distribution_matches_target(k: int) -> None:
 
 @pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("bug", [_zero_uniforms, _p_residual], ids=["accept_all", "recover_from_p"])
-def test_distribution_check_catches_broken_sampler(k: int, bug, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_distribution_check_catches_broken_sampler(k: int, bug: Callable[..., torch.Tensor], monkeypatch: pytest.MonkeyPatch) -> None:
     """The same check fails for a sampler with a classic bug: at position 0, and at position 1 when it is a draft's."""
     name = "_draft_uniforms" if bug is _zero_uniforms else "_residual"
     monkeypatch.setattr(rs_mod, name, bug)
