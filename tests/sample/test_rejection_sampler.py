@@ -114,7 +114,8 @@ def test_distribution_matches_target(k: int) -> None:
 
 @pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("bug", [_zero_uniforms, _p_residual], ids=["accept_all", "recover_from_p"])
-def test_distribution_check_catches_broken_sampler(k: int, bug: Callable[..., torch.Tensor], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_distribution_check_catches_broken_sampler(k: int, bug: Callable[..., torch.Tensor],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The same check fails for a sampler with a classic bug: at position 0, and at position 1 when it is a draft's."""
     name = "_draft_uniforms" if bug is _zero_uniforms else "_residual"
     monkeypatch.setattr(rs_mod, name, bug)
