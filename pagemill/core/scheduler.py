@@ -219,7 +219,8 @@ class Scheduler:
             elif req.num_computed_tokens == 0:
                 hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(req)
             num_new = min(req.num_tokens - req.num_computed_tokens - num_hit, budget)
-            new_blocks = self.kv_cache_manager.allocate_slots(req, num_new, num_hit, hit_blocks)
+            new_blocks = self.kv_cache_manager.allocate_slots(req, num_new, num_hit, hit_blocks,
+                                                              num_lookahead_tokens=self.num_lookahead_tokens)
             if new_blocks is None:
                 break
             self.waiting.pop()

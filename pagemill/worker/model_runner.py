@@ -71,7 +71,7 @@ class ModelRunner:
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         self.backend = get_attn_backend(config.attention_backend)
         # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.
-        ops = select_layer_ops(use_kernels=self.backend.name != "torch")
+        self.ops = ops = select_layer_ops(use_kernels=self.backend.name != "torch")
         self.model = load_model(mc, ops, self.backend)
         self.vocab_size = mc.hf_config.vocab_size
         self.block_size = cc.block_size
@@ -87,6 +87,8 @@ class ModelRunner:
         # One allocation for all layers, so a copy-on-write of blocks is one indexed copy for every layer.
         self.kv_cache = lazy_zeros((self.group_size, *shape), self.kv_dtype)
         self.kv_caches = list(self.kv_cache.unbind(0))
+        # Caches indexed by the same block ids (a draft model's): copy-on-write copies apply to them too.
+        self.extra_kv_caches: list[torch.Tensor] = []
         per_block = self.kv_cache[:, :, 0].numel() * self.kv_cache.element_size()
         num_swap_blocks = int(cc.swap_space // per_block) if config.scheduler_config.preemption_mode == "swap" else 0
         # Host swap space for preempted requests' blocks (pages are only touched when used).
@@ -159,7 +161,8 @@ class ModelRunner:
             self.kv_cache[:, :, kv_ids] = self.swap_cache[:, :, swap_ids]
         if so.blocks_to_copy:
             src, dst = (torch.tensor(x) for x in zip(*so.blocks_to_copy))
-            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+            for cache in (self.kv_cache, *self.extra_kv_caches):
+                cache[:, :, dst] = cache[:, :, src]
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step; the output carries the sampled tokens and this step's section timings."""
@@ -195,12 +198,23 @@ class ModelRunner:
         order = batch_permutation(counts, ib.num_computed_tokens[rows], self.backend.batch_order)
         counts, rows = counts[order], rows[order]
         req_ids = [req_ids[i] for i in order]
-        num_reqs = len(req_ids)
+        computed = ib.num_computed_tokens[rows]
+        md, input_ids, positions, cu = self.attn_inputs(rows, computed, counts)
+        seq_lens = computed + counts
+        ib.num_computed_tokens[rows] = seq_lens
+        return StepInputs(md, input_ids, positions, req_ids, rows, counts, computed, cu - counts, cu, seq_lens)
+
+    def attn_inputs(self, rows: np.ndarray, computed: np.ndarray, counts: np.ndarray
+                    ) -> tuple[list[CommonAttentionMetadata], torch.Tensor, torch.Tensor, np.ndarray]:
+        """(attention metadata per KV cache group, input ids, positions, cumulative counts) for `counts[i]` tokens
+        of input-batch row `rows[i]` from position `computed[i]` on, read from the batch's token ids (a draft
+        model's steps use it too). Rows are in the backend's batch order."""
+        ib = self.input_batch
+        num_reqs = len(rows)
         cu = np.cumsum(counts)
         starts = cu - counts
         total = int(cu[-1])
         req_idx = np.repeat(np.arange(num_reqs), counts)
-        computed = ib.num_computed_tokens[rows]
         positions = (computed[req_idx] + (np.arange(total) - starts[req_idx])).astype(np.int64, copy=False)
         token_rows = rows[req_idx]
         input_ids = ib.token_ids[token_rows, positions]
@@ -215,9 +229,7 @@ class ModelRunner:
             num_reqs=num_reqs, num_decodes=num_decodes, num_actual_tokens=total, query_start_loc=qsl,
             seq_lens=seq_lens, num_computed_tokens=computed, block_table=tables[g], block_size=bs,
             slot_mapping=torch.from_numpy(slot_mapping[g])) for g in range(len(tables))]
-        ib.num_computed_tokens[rows] = seq_lens
-        return StepInputs(md, torch.from_numpy(input_ids), torch.from_numpy(positions), req_ids, rows, counts,
-                          computed, starts, cu, seq_lens)
+        return md, torch.from_numpy(input_ids), torch.from_numpy(positions), cu
 
     def _sample(self, hidden: torch.Tensor, step: StepInputs, so: SchedulerOutput) -> ModelRunnerOutput:
         """Logits for the requests that reached the end of their tokens, structured-output masks, sampling (or
@@ -335,6 +347,7 @@ class ModelRunner:
         context length (a request's last verification may end it at max_tokens exactly)."""
         ib = self.input_batch
         max_len = self.config.model_config.max_model_len
+        req_ids, rows, rooms = [], [], []
         for rid, k in wanted.items():
             if rid not in out.sampled:
                 continue
@@ -345,9 +358,19 @@ class ModelRunner:
             if max_tokens is not None:
                 room = min(room, max_tokens - (n - num_prompt) - 1)
             if room > 0:
-                drafts = self.proposer.propose(rid, ib.token_ids[row, :n], num_prompt, room)
-                if drafts:
-                    out.draft_token_ids[rid] = drafts
+                req_ids.append(rid)
+                rows.append(row)
+                rooms.append(room)
+        if not req_ids:
+            return
+        if hasattr(self.proposer, "propose_batch"):  # a draft model: one batched forward per draft position
+            drafts = self.proposer.propose_batch(req_ids, np.array(rows, dtype=np.int64), np.array(rooms))
+        else:
+            drafts = [self.proposer.propose(rid, ib.token_ids[row, :ib.num_tokens[row]], int(ib.num_prompt_tokens[row]),
+                                            room) for rid, row, room in zip(req_ids, rows, rooms)]
+        for rid, d in zip(req_ids, drafts):
+            if d:
+                out.draft_token_ids[rid] = d
 
     def _sample_logits(self, hidden: torch.Tensor, rows: np.ndarray,
                        offsets: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
