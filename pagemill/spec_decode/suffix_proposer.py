@@ -9,9 +9,9 @@ it holds: `count(w)` is the number of positions where `w` occurs. It is a trie, 
   stored in the parent's `children` dict as a negative int (~ref), and its descendants are implicit: they follow
   that sequence. So a request whose text never repeats costs one dict entry per (node, token) pair at the frontier,
   not one node per (position, depth).
-- `best[node]` is the token of its most frequent child (ties: the one that reached that count last), kept up to
-  date on every increment; a decrement of the best child (global tree only) marks it unknown (-1) and the next
-  proposal from that node recomputes it.
+- `best[node]` is the token of its most frequent child (ties: the smallest token, so a tree depends only on what
+  it holds, not on the order it got there), kept up to date on every increment; a decrement of the best child
+  (global tree only) marks it unknown (-1) and the next proposal from that node recomputes it.
 
 Updates are incremental: each sequence keeps its "active" nodes, the nodes of its current suffixes of length
 0..D-1 (only suffixes that occurred earlier can be nodes, so there are as many as the longest repeated suffix is
@@ -128,7 +128,8 @@ class _SuffixTree:
                             best[node] = t
                     else:
                         bv = ch[b]
-                        if c >= (count[bv] if bv >= 0 else 1):
+                        bc = count[bv] if bv >= 0 else 1
+                        if c > bc or (c == bc and t < b):
                             best[node] = t
             self.active[s] = active = new_active
 
@@ -192,7 +193,7 @@ class _SuffixTree:
                 bc = 0
                 for tok, v in ch.items():
                     c = count[v] if v >= 0 else 1
-                    if c > bc:
+                    if c > bc or (c == bc and tok < b):
                         b, bc = tok, c
                 self.best[node] = b
         return b
