@@ -19,15 +19,18 @@ def _propose(tokens: list[int], k: int, lo: int = 2, hi: int = 5) -> list[int]:
 
 
 def _reference(tokens: list[int], k: int, lo: int, hi: int) -> list[int]:
-    """Brute force: longest n in [lo, hi], then the most recent earlier start (overlap allowed)."""
+    """Brute force: longest n in [lo, hi], then the most recent earlier start (overlap allowed) followed by k
+    tokens, else the earliest start."""
     n = len(tokens)
     if k <= 0:
         return []
     for size in range(min(hi, n - 1), lo - 1, -1):
         suffix = tokens[n - size:]
-        for start in range(n - size - 1, -1, -1):
-            if tokens[start:start + size] == suffix:
-                return tokens[start + size:start + size + k]
+        starts = [s for s in range(n - size) if tokens[s:s + size] == suffix]
+        if starts:
+            full = [s for s in starts if s + size + k <= n]
+            start = full[-1] if full else starts[0]
+            return tokens[start + size:start + size + k]
     return []
 
 
@@ -44,7 +47,15 @@ def test_most_recent_occurrence_and_caps():
     assert _propose(ctx, 3) == [8, 1, 2]
     assert _propose(ctx, 1) == [8]
     assert _propose(ctx, 0) == []
-    assert _propose(ctx, 10) == [8, 1, 2]  # truncated at the end of the context
+    # No occurrence is followed by 4 tokens: the earliest has the longest continuation ...
+    assert _propose(ctx, 4) == [9, 1, 2, 8, 1, 2][:4]
+    # ... which is truncated at the end of the context.
+    assert _propose(ctx, 10) == [9, 1, 2, 8, 1, 2]
+    assert _propose([4, 1, 2, 9, 1, 2], 10) == [9, 1, 2]
+    # The most recent occurrence with room for the whole draft wins over a nearer one without.
+    assert _propose([1, 2, 5, 6, 7, 1, 2, 3, 1, 2], 2) == [3, 1]
+    assert _propose([1, 2, 5, 6, 7, 1, 2, 3, 1, 2], 3) == [3, 1, 2]
+    assert _propose([1, 2, 5, 6, 7, 1, 2, 3, 1, 2], 4) == [5, 6, 7, 1]
 
 
 def test_no_match():
@@ -63,6 +74,7 @@ def test_match_is_never_the_suffix_itself():
     # An earlier occurrence may overlap the suffix (periodic text), as in vLLM.
     assert _propose([7, 7, 7], 4) == [7]
     assert _propose([1, 2, 1, 2, 1, 2], 4, lo=4, hi=4) == [1, 2]
+    assert _propose([7] * 10, 4) == [7] * 4  # not the one-token continuation of the most recent "7 7"
 
 
 @pytest.mark.parametrize("seed", range(4))
