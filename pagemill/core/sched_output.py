@@ -30,6 +30,8 @@ class CachedRequestData:
     new_block_ids: list[list[int]]  # per KV cache group (equal lengths)
     num_computed_tokens: int
     replaced_block_ids: list[tuple[int, int, int]] | None = None  # (group, table index, block id) after copy-on-write
+    # The tables were cut to this many blocks (the blocks of rejected draft tokens were freed) before new_block_ids.
+    num_blocks_kept: int | None = None
 
 
 @dataclass

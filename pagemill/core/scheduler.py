@@ -94,6 +94,7 @@ class Scheduler:
         self.num_prompt_tokens = 0  # computed prompt tokens (counter)
         self.num_generation_tokens = 0
         self._failed_outputs: list[EngineCoreOutput] = []  # requests whose grammar failed to compile
+        self._cut_tables: dict[str, int] = {}  # request -> table length after freeing rejected drafts' blocks
 
     # ---- requests in and out ----
     def add_request(self, request: Request) -> None:
@@ -130,6 +131,7 @@ class Scheduler:
         return done
 
     def _free(self, req: Request) -> None:
+        self._cut_tables.pop(req.request_id, None)
         if req.structured_output is not None:
             req.structured_output.free()
         self.kv_cache_manager.free(req)
@@ -197,6 +199,7 @@ class Scheduler:
             replaced = self.kv_cache_manager.replaced_blocks.pop(req.request_id, None)
             if replaced:
                 cached_reqs[-1].replaced_block_ids = replaced
+            cached_reqs[-1].num_blocks_kept = self._cut_tables.pop(req.request_id, None)
             budget -= num_new
             i += 1
 
@@ -282,7 +285,9 @@ class Scheduler:
         num_rejected = num_drafts - num_accepted
         if num_rejected:
             req.num_computed_tokens -= num_rejected
-            self.kv_cache_manager.free_tail(req, req.num_computed_tokens)
+            kept = self.kv_cache_manager.free_tail(req, req.num_computed_tokens)
+            if kept is not None:  # the runner's copy of the tables must be cut too
+                self._cut_tables[req.request_id] = kept
         cfg = self.spec_config
         req.spec_acceptance = 0.6 * req.spec_acceptance + 0.4 * (num_accepted / num_drafts)
         if req.spec_acceptance < cfg.min_acceptance_rate:
@@ -316,6 +321,7 @@ class Scheduler:
         req.num_preemptions += 1
         self.num_preemptions += 1
         req.spec_token_ids = []
+        self._cut_tables.pop(req.request_id, None)
         swap_ids = None
         if self.config.preemption_mode == "swap":
             block_ids, layout = self.kv_cache_manager.swap_layout(req.request_id)

@@ -74,13 +74,15 @@ class FullAttentionManager:
         self.req_to_blocks[request_id] = blocks
         self.num_cached_blocks[request_id] = num_cached
 
-    def free_tail(self, request_id: str, num_blocks: int) -> None:
-        """Release the request's blocks past its first `num_blocks` (slots of rejected draft tokens)."""
+    def free_tail(self, request_id: str, num_blocks: int) -> bool:
+        """Release the request's blocks past its first `num_blocks` (slots of rejected draft tokens); True if any."""
         blocks = self.req_to_blocks.get(request_id)
-        if blocks is not None and len(blocks) > num_blocks:
-            tail = blocks[num_blocks:]
-            del blocks[num_blocks:]
-            self.pool.free_blocks(reversed(tail))
+        if blocks is None or len(blocks) <= num_blocks:
+            return False
+        tail = blocks[num_blocks:]
+        del blocks[num_blocks:]
+        self.pool.free_blocks(reversed(tail))
+        return True
 
     def free(self, request_id: str) -> None:
         """Release a request's blocks, tail first so that its last blocks are evicted first."""

@@ -144,6 +144,8 @@ class ModelRunner:
             ib.add_request(new)
         for c in so.scheduled_cached_reqs:
             row = ib.req_id_to_row[c.req_id]
+            if c.num_blocks_kept is not None:
+                ib.num_blocks[row] = c.num_blocks_kept
             if c.replaced_block_ids:
                 for group, idx, block_id in c.replaced_block_ids:
                     ib.block_table[group, row, idx] = block_id
