@@ -72,7 +72,7 @@ METHODS = {
 @pytest.mark.parametrize("method", list(METHODS))
 def test_batch_32_chunked_prefill_and_preemption(smol_path, prompts, reference, method):
     """32 requests at once, 48-token steps (chunked prefill), a KV cache too small for all of them (preemption)."""
-    llm = LLM(smol_path, num_gpu_blocks_override=60, max_model_len=512, max_num_batched_tokens=48,
+    llm = LLM(smol_path, num_gpu_blocks_override=40, max_model_len=512, max_num_batched_tokens=48,
               enable_prefix_caching=False, speculative_config={**METHODS[method], **ALWAYS})
     _check(llm, prompts, reference, list(range(32)))
     assert llm.get_stats().num_preemptions > 0
