@@ -123,7 +123,8 @@ def test_spec_decoding_log_line_covers_the_interval(caplog):
     log.record(_spec(150, 600, 250, [110, 65, 45, 30]), IterationStats(num_generation_tokens=200), 30.0)
     spec_line = caplog.records[-1].getMessage()
     assert "Mean acceptance length: 4.00," in spec_line and "Accepted throughput: 7.50 tokens/s" in spec_line
-    assert "Drafted: 200 tokens" in spec_line and "Per-position acceptance rate: 1.000, 0.800, 0.700, 0.500" in spec_line
+    assert "Drafted: 200 tokens" in spec_line
+    assert "Per-position acceptance rate: 1.000, 0.800, 0.700, 0.500" in spec_line
     assert spec_line.endswith("Avg Draft acceptance rate: 75.0%")
     caplog.clear()
     log.record(_spec(150, 600, 250, [110, 65, 45, 30]), IterationStats(num_generation_tokens=5), 40.0)
