@@ -24,7 +24,8 @@ EDIT_INSTRUCTIONS = (
     "Change nothing else.",
     "Rewrite the following paragraph in modern English, keeping every sentence and its order.",
     "Copy the following paragraph, replacing every \"and\" with \"&\". Keep everything else the same.",
-)
+    "Split the long sentences of the following paragraph into shorter ones, keeping the same words.",
+)  # five instructions and six corpus paragraphs: 30 distinct prompts before any repeats
 
 # Pure-Python standard-library modules of 300+ lines: the code-completion files.
 CODE_MODULES = ("textwrap", "shlex", "heapq", "calendar", "json.decoder", "queue", "difflib", "fractions", "string")
@@ -36,7 +37,7 @@ def corpus_paragraphs() -> list[str]:
 
 
 def edit_messages(num_prompts: int) -> list[list[dict[str, str]]]:
-    """Chat conversations `instruction + paragraph`, cycling through every (instruction, paragraph) pair."""
+    """Chat conversations `instruction + paragraph`, cycling through all (instruction, paragraph) pairs."""
     paragraphs = corpus_paragraphs()
     return [[{"role": "user", "content": f"{EDIT_INSTRUCTIONS[k % len(EDIT_INSTRUCTIONS)]}\n\n"
                                          f"{paragraphs[k % len(paragraphs)]}"}] for k in range(num_prompts)]

@@ -10,9 +10,9 @@ from pagemill.benchmarks import spec_workloads as W
 def test_edit_prompts_ask_to_repeat_or_edit_a_corpus_paragraph(tokenizer):
     paragraphs = W.corpus_paragraphs()
     assert len(paragraphs) == 6 and paragraphs[1].startswith("Call me Ishmael.")
-    messages = W.edit_messages(12)
+    messages = W.edit_messages(30)
     pairs = {(m[0]["content"].split("\n\n")[0], m[0]["content"].split("\n\n")[1]) for m in messages}
-    assert len(pairs) == 12  # every prompt distinct: 4 instructions x 6 paragraphs cycle together
+    assert len(pairs) == 30  # 5 instructions x 6 paragraphs: no prompt repeats before 30
     assert all(m[0]["role"] == "user" and m[0]["content"].split("\n\n")[1] in paragraphs for m in messages)
     assert messages[0][0]["content"].startswith("Repeat the following text exactly")
     prompts = W.edit_prompts(tokenizer, 3)
