@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from pagemill.benchmarks.cli import build_parser
+from pagemill.benchmarks.report import format_table
+from pagemill.benchmarks.server_metrics import parse_spec_counters
+from pagemill.benchmarks.spec_report import spec_rows
 from pagemill.benchmarks.speculative import cell_prompts, format_cells, method_config, run_speculative
+from pagemill.metrics.prometheus import PrometheusStatLogger
+from pagemill.metrics.spec_decode import spec_summary
+from pagemill.metrics.stats import IterationStats, SchedulerStats, SpecDecodingStats
 
 
 def _parse(*argv: str):
@@ -69,3 +76,23 @@ def test_tiny_run_reports_identical_greedy_outputs(capsys, tmp_path):
     printed = capsys.readouterr().out
     assert "greedy outputs identical with and without speculation: True (4/4 cells)" in printed
     assert out.exists()
+
+
+def test_bench_tables_report_acceptance():
+    summary = spec_summary(SpecDecodingStats(num_spec_tokens=2, num_drafts=10, num_draft_tokens=20,
+                                             num_accepted_tokens=15, num_accepted_tokens_per_pos=[9, 6]))
+    assert summary["mean_acceptance_length"] == 2.5 and summary["draft_acceptance_rate"] == 0.75
+    assert summary["per_position_acceptance_rate"] == [0.9, 0.6]
+    table = format_table("Throughput: pagemill", spec_rows({"spec_decoding": summary}))
+    assert "Mean acceptance length:" in table and "2.50" in table
+    assert "Draft acceptance rate (%):" in table and "75.00" in table and "0.90, 0.60" in table
+    assert spec_rows({}) == [] and spec_rows({"spec_decoding": None}) == []
+
+
+def test_bench_serve_reads_a_servers_spec_counters():
+    p = PrometheusStatLogger(CollectorRegistry(), "m")
+    assert parse_spec_counters(p.render().decode()) is None  # a server that does not speculate
+    spec = SpecDecodingStats(num_spec_tokens=3, num_drafts=10, num_draft_tokens=30, num_accepted_tokens=12,
+                             num_accepted_tokens_per_pos=[7, 4, 1])
+    p.record(SchedulerStats(spec_decoding=spec), IterationStats(), 1.0)
+    assert parse_spec_counters(p.render().decode()) == spec
