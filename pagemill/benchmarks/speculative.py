@@ -124,7 +124,8 @@ def measure_cell(base: Any, spec: Any, prompts: Sequence[Sequence[int]], output_
         for name in (("base", "spec") if it % 2 == 0 else ("spec", "base")):
             runs[name].append(timed_run(base if name == "base" else spec, prompts, output_len, batch_size))
     b, s = _median_run(runs["base"]), _median_run(runs["spec"])
-    identical = sum(x == y for x, y in zip(runs["base"][-1].outputs, runs["spec"][-1].outputs))
+    reference = runs["base"][0].outputs  # every run of both engines must give these tokens
+    identical = sum(all(r.outputs[i] == ref for r in runs["base"] + runs["spec"]) for i, ref in enumerate(reference))
     spec_total = SpecDecodingStats()
     for r in runs["spec"]:
         if r.spec is not None:
