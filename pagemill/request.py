@@ -61,6 +61,10 @@ class Request:
         self.events: list[EngineCoreEvent] = []  # not yet sent to the front end
         self.swapped_blocks: list[int] | None = None  # swap block ids while swapped out
         self.structured_output: StructuredOutputRequest | None = None  # its grammar matcher (set by the engine core)
+        self.spec_token_ids: list[int] = []  # draft tokens proposed for the next step (speculative decoding)
+        self.spec_acceptance = 1.0  # moving average of the fraction of its draft tokens accepted
+        self.spec_backoff_until = 0  # no drafts before this many outputs (poor acceptance)
+        self.spec_backoff_len = 0  # the current back-off's length (doubles while acceptance stays poor)
 
     @classmethod
     def from_engine_core_request(cls, r: EngineCoreRequest) -> "Request":
@@ -72,6 +76,11 @@ class Request:
     def num_tokens(self) -> int:
         """Prompt plus output tokens so far."""
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """Tokens including the draft tokens proposed for the next step."""
+        return len(self.all_token_ids) + len(self.spec_token_ids)
 
     @property
     def num_output_tokens(self) -> int:

@@ -106,12 +106,23 @@ class KVCacheManager:
             self.replaced_blocks.setdefault(rid, []).extend(replaced)
         self._num_stored[rid] = num_computed + num_new_tokens
         if self.enable_caching:
-            num_full = (num_computed + num_new_tokens) // self.block_size
+            # Only committed tokens are hashed: draft tokens beyond request.num_tokens may be rejected.
+            num_full = min(num_computed + num_new_tokens, request.num_tokens) // self.block_size
             if num_full > len(request.block_hashes):
                 self._ensure_hashes(request, num_full)
             for g in self.groups:
                 g.cache_blocks(rid, request.block_hashes, num_full)
         return new_blocks
+
+    def free_tail(self, request: Request, num_tokens: int) -> int | None:
+        """After draft tokens were rejected: release the blocks that hold none of the first `num_tokens` tokens.
+        Returns the tables' new length if they were cut, else None."""
+        keep = cdiv(num_tokens, self.block_size)
+        self._num_stored[request.request_id] = num_tokens
+        cut = False
+        for g in self.groups:
+            cut |= g.free_tail(request.request_id, keep)
+        return keep if cut else None
 
     def swap_layout(self, request_id: str) -> tuple[list[int], SwapLayout]:
         """The request's blocks to swap out (group by group, null entries left out) and the layout to restore."""

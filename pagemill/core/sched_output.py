@@ -30,6 +30,8 @@ class CachedRequestData:
     new_block_ids: list[list[int]]  # per KV cache group (equal lengths)
     num_computed_tokens: int
     replaced_block_ids: list[tuple[int, int, int]] | None = None  # (group, table index, block id) after copy-on-write
+    # The tables were cut to this many blocks (the blocks of rejected draft tokens were freed) before new_block_ids.
+    num_blocks_kept: int | None = None
 
 
 @dataclass
@@ -47,13 +49,18 @@ class SchedulerOutput:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (swap block, KV block), second
     # Structured output: the step's token bitmask being filled (structured_output.manager.GrammarStep), or None.
     grammar: Any = None
+    # Speculative decoding: the draft tokens scheduled for verification, per request that has any ...
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # ... and how many draft tokens to propose for each request's next step (absent: none).
+    num_spec_tokens_to_propose: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
 class ModelRunnerOutput:
-    """Sampled tokens (one per request that reached the end of its known tokens) and logprobs."""
+    """Sampled tokens (for each request that reached the end of its known tokens), logprobs and draft tokens."""
 
-    sampled: dict[str, int]
+    sampled: dict[str, list[int]]  # accepted draft tokens then one sampled token (one token without speculation)
     logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per runner section (with --profile)
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)  # proposals for the next step

@@ -11,14 +11,16 @@ import heapq
 import time
 from collections import deque
 
-from pagemill.config import CacheConfig, SchedulerConfig
+import msgspec
+
+from pagemill.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from pagemill.core.kv_cache_manager import KVCacheManager, SwapLayout, cdiv
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.swap_space import SwapSpace
 from pagemill.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                         SchedulerOutput)
-from pagemill.messages import EngineCoreEventType, EngineCoreOutput
-from pagemill.metrics.stats import SchedulerStats
+from pagemill.messages import EngineCoreEventType, EngineCoreOutput, LogprobsLists
+from pagemill.metrics.stats import SchedulerStats, SpecDecodingStats
 from pagemill.request import Request, RequestStatus
 
 
@@ -64,8 +66,16 @@ class Scheduler:
     """Decides each step's batch and applies the model's results to the requests."""
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 kv_cache_config: KVCacheConfig) -> None:
+                 kv_cache_config: KVCacheConfig, speculative_config: SpeculativeConfig | None = None) -> None:
         self.config = scheduler_config
+        self.spec_config = speculative_config
+        # A draft model writes its own KV for the tokens it proposes: their slots are allocated ahead (lookahead).
+        self.num_lookahead_tokens = (speculative_config.num_speculative_tokens
+                                     if speculative_config is not None and speculative_config.method == "draft_model"
+                                     else 0)
+        self.spec_stats = SpecDecodingStats(speculative_config.num_speculative_tokens, 0, 0, 0,
+                                            [0] * speculative_config.num_speculative_tokens) \
+            if speculative_config is not None else None
         self.kv_cache_config = kv_cache_config
         self.block_size = kv_cache_config.block_size
         self.kv_cache_manager = KVCacheManager(kv_cache_config.num_blocks, kv_cache_config.block_size,
@@ -84,6 +94,7 @@ class Scheduler:
         self.num_prompt_tokens = 0  # computed prompt tokens (counter)
         self.num_generation_tokens = 0
         self._failed_outputs: list[EngineCoreOutput] = []  # requests whose grammar failed to compile
+        self._cut_tables: dict[str, int] = {}  # request -> table length after freeing rejected drafts' blocks
 
     # ---- requests in and out ----
     def add_request(self, request: Request) -> None:
@@ -120,6 +131,7 @@ class Scheduler:
         return done
 
     def _free(self, req: Request) -> None:
+        self._cut_tables.pop(req.request_id, None)
         if req.structured_output is not None:
             req.structured_output.free()
         self.kv_cache_manager.free(req)
@@ -147,22 +159,25 @@ class Scheduler:
         cached_reqs: list[CachedRequestData] = []
         preempted: set[str] = set()
         swap_in: list[tuple[int, int]] = []
+        spec_tokens: dict[str, list[int]] = {}
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget,
+            num_new = min(req.num_tokens_with_spec - req.num_computed_tokens, budget,
                           max_len - req.num_computed_tokens)
             if num_new <= 0:
                 i += 1
                 continue
             while True:
-                new_blocks = self.kv_cache_manager.allocate_slots(req, num_new)
+                new_blocks = self.kv_cache_manager.allocate_slots(req, num_new,
+                                                                  num_lookahead_tokens=self.num_lookahead_tokens)
                 if new_blocks is not None:
                     break
                 victim = self._preempt_victim()
                 if victim.request_id in num_scheduled:  # already planned this step: take it back
                     budget += num_scheduled.pop(victim.request_id)
+                    spec_tokens.pop(victim.request_id, None)
                     cached_reqs = [c for c in cached_reqs if c.req_id != victim.request_id]
                     i -= 1
                 self._preempt(victim)
@@ -172,11 +187,19 @@ class Scheduler:
             if new_blocks is None:
                 break  # req itself was preempted; everything after it is gone too
             num_scheduled[req.request_id] = num_new
+            if req.spec_token_ids:  # the budget or the context length may leave room for fewer drafts
+                num_spec = num_new + req.num_computed_tokens - req.num_tokens
+                if num_spec > 0:
+                    del req.spec_token_ids[num_spec:]
+                    spec_tokens[req.request_id] = req.spec_token_ids
+                else:
+                    req.spec_token_ids = []
             cached_reqs.append(CachedRequestData(req.request_id, [[b.block_id for b in g] for g in new_blocks],
                                                  req.num_computed_tokens))
             replaced = self.kv_cache_manager.replaced_blocks.pop(req.request_id, None)
             if replaced:
                 cached_reqs[-1].replaced_block_ids = replaced
+            cached_reqs[-1].num_blocks_kept = self._cut_tables.pop(req.request_id, None)
             budget -= num_new
             i += 1
 
@@ -199,7 +222,8 @@ class Scheduler:
             elif req.num_computed_tokens == 0:
                 hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(req)
             num_new = min(req.num_tokens - req.num_computed_tokens - num_hit, budget)
-            new_blocks = self.kv_cache_manager.allocate_slots(req, num_new, num_hit, hit_blocks)
+            new_blocks = self.kv_cache_manager.allocate_slots(req, num_new, num_hit, hit_blocks,
+                                                              num_lookahead_tokens=self.num_lookahead_tokens)
             if new_blocks is None:
                 break
             self.waiting.pop()
@@ -220,18 +244,59 @@ class Scheduler:
             self.waiting.add_front(req)
 
         total = sum(num_scheduled.values())
+        to_propose: dict[str, int] = {}
+        speculate = self.spec_config is not None and len(self.running) < self.spec_config.max_batch_size
         for rid, n in num_scheduled.items():
             req = self.requests[rid]
             prompt_left = max(0, req.num_prompt_tokens - req.num_computed_tokens)
             self.num_prompt_tokens += min(n, prompt_left)
             req.num_computed_tokens += n
+            if speculate and req.num_computed_tokens >= req.num_tokens:  # it samples this step
+                k = self._num_drafts_wanted(req)
+                if k:
+                    to_propose[rid] = k
         copies, _ = self.kv_cache_manager.take_step_changes()
         out = SchedulerOutput(new_reqs, cached_reqs, num_scheduled, total,
                               finished_req_ids=self.finished_req_ids, preempted_req_ids=preempted,
-                              blocks_to_copy=copies, blocks_to_swap_out=self._swap_out, blocks_to_swap_in=swap_in)
+                              blocks_to_copy=copies, blocks_to_swap_out=self._swap_out, blocks_to_swap_in=swap_in,
+                              scheduled_spec_decode_tokens=spec_tokens, num_spec_tokens_to_propose=to_propose)
         self.finished_req_ids = set()
         self._swap_out = []
         return out
+
+    def _num_drafts_wanted(self, req: Request) -> int:
+        """Draft tokens to propose for the request's next step: none when it opted out, is constrained by a grammar
+        (its drafts would need the grammar's per-position masks) or is backing off after poor acceptance."""
+        if not req.sampling_params.speculative_decoding or req.structured_output is not None:
+            return 0
+        if req.num_output_tokens < req.spec_backoff_until:
+            return 0
+        return self.spec_config.num_speculative_tokens
+
+    def _verified(self, req: Request, num_drafts: int, num_accepted: int) -> None:
+        """Account one verification: counters, the rollback of rejected slots and the request's back-off."""
+        stats = self.spec_stats
+        stats.num_drafts += 1
+        stats.num_draft_tokens += num_drafts
+        stats.num_accepted_tokens += num_accepted
+        per_pos = stats.num_accepted_tokens_per_pos
+        for j in range(min(num_accepted, len(per_pos))):
+            per_pos[j] += 1
+        num_rejected = num_drafts - num_accepted
+        if num_rejected:
+            req.num_computed_tokens -= num_rejected
+            kept = self.kv_cache_manager.free_tail(req, req.num_computed_tokens)
+            if kept is not None:  # the runner's copy of the tables must be cut too
+                self._cut_tables[req.request_id] = kept
+        cfg = self.spec_config
+        req.spec_acceptance = 0.6 * req.spec_acceptance + 0.4 * (num_accepted / num_drafts)
+        if req.spec_acceptance < cfg.min_acceptance_rate:
+            # Poor acceptance: no drafts for a while (doubling while it stays poor), then one more try.
+            req.spec_backoff_len = min(max(8, 2 * req.spec_backoff_len), 256)
+            req.spec_backoff_until = req.num_output_tokens + req.spec_backoff_len
+            req.spec_acceptance = 2 * cfg.min_acceptance_rate
+        elif req.spec_acceptance >= 2 * cfg.min_acceptance_rate:
+            req.spec_backoff_len = 0
 
     def _fail_grammar(self, req: Request) -> None:
         """A grammar that passed validation but failed to compile: the request ends (reported as an abort)."""
@@ -255,6 +320,8 @@ class Scheduler:
         req.record_event(EngineCoreEventType.PREEMPTED)
         req.num_preemptions += 1
         self.num_preemptions += 1
+        req.spec_token_ids = []
+        self._cut_tables.pop(req.request_id, None)
         swap_ids = None
         if self.config.preemption_mode == "swap":
             block_ids, layout = self.kv_cache_manager.swap_layout(req.request_id)
@@ -291,21 +358,35 @@ class Scheduler:
             if req is None:
                 continue
             prompt_lp = out.prompt_logprobs.get(rid)
-            token = out.sampled.get(rid)
-            if token is None:
+            tokens = out.sampled.get(rid)
+            if not tokens:
                 if prompt_lp is not None:
                     outputs.append(EngineCoreOutput(rid, [], new_prompt_logprobs=prompt_lp, events=req.take_events()))
                 continue
-            req.append_output_token(token)
-            self.num_generation_tokens += 1
-            if req.structured_output is not None:
-                req.structured_output.accept_token(token)
+            drafts = sched.scheduled_spec_decode_tokens.get(rid)
+            if drafts:
+                self._verified(req, len(drafts), len(tokens) - 1)
+            status = None
+            for n, token in enumerate(tokens, 1):
+                req.append_output_token(token)
+                if req.structured_output is not None:
+                    req.structured_output.accept_token(token)
+                status = self._check_stop(req, token)
+                if status is not None:
+                    break
+            self.num_generation_tokens += n
+            logprobs = out.logprobs.get(rid)
+            if n < len(tokens):  # stopped inside the accepted drafts: the rest are not outputs
+                tokens = tokens[:n]
+                if logprobs is not None:
+                    logprobs = LogprobsLists(*(x[:n] for x in logprobs))
             if rid in self.pending_forks:
                 self._fork(req, self.pending_forks.pop(rid))
-            status = self._check_stop(req, token)
-            eco = EngineCoreOutput(rid, [token], new_logprobs=out.logprobs.get(rid), new_prompt_logprobs=prompt_lp,
+            eco = EngineCoreOutput(rid, tokens, new_logprobs=logprobs, new_prompt_logprobs=prompt_lp,
                                    num_cached_tokens=max(req.num_cached_tokens, 0), events=req.take_events())
-            if status is not None:
+            if status is None:
+                req.spec_token_ids = out.draft_token_ids.get(rid, [])
+            else:
                 req.status = status
                 eco.finish_reason = status.finish_reason
                 eco.stop_reason = req.stop_reason
@@ -343,4 +424,6 @@ class Scheduler:
             num_blocks_free=pool.get_num_free_blocks(),
             prefix_cache_queries=self.kv_cache_manager.prefix_cache_queries,
             prefix_cache_hits=self.kv_cache_manager.prefix_cache_hits, num_preemptions=self.num_preemptions,
-            num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens)
+            num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens,
+            spec_decoding=self.spec_stats and msgspec.structs.replace(
+                self.spec_stats, num_accepted_tokens_per_pos=list(self.spec_stats.num_accepted_tokens_per_pos)))

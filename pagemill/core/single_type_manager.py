@@ -74,6 +74,16 @@ class FullAttentionManager:
         self.req_to_blocks[request_id] = blocks
         self.num_cached_blocks[request_id] = num_cached
 
+    def free_tail(self, request_id: str, num_blocks: int) -> bool:
+        """Release the request's blocks past its first `num_blocks` (slots of rejected draft tokens); True if any."""
+        blocks = self.req_to_blocks.get(request_id)
+        if blocks is None or len(blocks) <= num_blocks:
+            return False
+        tail = blocks[num_blocks:]
+        del blocks[num_blocks:]
+        self.pool.free_blocks(reversed(tail))
+        return True
+
     def free(self, request_id: str) -> None:
         """Release a request's blocks, tail first so that its last blocks are evicted first."""
         blocks = self.req_to_blocks.pop(request_id, [])

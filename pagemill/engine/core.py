@@ -33,7 +33,8 @@ class EngineCore:
             raise ValueError(
                 f"kv_cache_memory holds {self.kv_cache_config.usable_blocks} blocks, fewer than one sequence of "
                 f"max_model_len ({sc.max_model_len}) needs ({needed}): raise kv_cache_memory or lower max_model_len.")
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.kv_cache_config)
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.kv_cache_config,
+                                   config.speculative_config)
         self._last_log = time.monotonic()
         self.profiler = StepProfiler(config.profile)
         # Grammars for structured output (tokenizer: the front end's when in-process, else loaded on first use).

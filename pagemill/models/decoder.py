@@ -189,13 +189,14 @@ class DecoderModel(nn.Module):
             for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, ctx.ops, ctx.dtype, spec.norm_one_plus)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Hidden states [T, hidden] of the final norm, for T flattened tokens."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int | None = None) -> torch.Tensor:
+        """Hidden states [T, hidden] of the final norm, for T flattened tokens (after the first `num_layers`
+        layers only, when given: a draft model made of the model's own first layers)."""
         h = self.embed_tokens(input_ids)
         if self.embed_scale is not None:
             h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
         residual = None
-        for layer in self.layers:
+        for layer in self.layers[:num_layers]:
             h, residual = layer(positions, h, residual)
         return self.norm(h, residual)[0]
 

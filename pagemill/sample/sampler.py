@@ -64,6 +64,28 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns (sampled token ids [S], raw log-softmax [S, V] or None if no logprobs were asked for)."""
+        logits, greedy, raw_logprobs = self._process(logits, md)
+        if md.all_greedy:
+            return greedy, raw_logprobs
+        probs = self._probs(logits, md)
+        q = torch.empty_like(probs)
+        if len(md.generators) < probs.shape[0]:
+            q.exponential_()
+        for row, gen in md.generators.items():
+            q[row].exponential_(generator=gen)
+        sampled = probs.div_(q).max(dim=-1).indices
+        return torch.where(md.greedy_mask, greedy, sampled), raw_logprobs
+
+    def target_probs(self, logits: torch.Tensor, md: SamplingMetadata
+                     ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """(the distribution each row samples from [S, V], or None when every row is greedy; the greedy token of
+        each row [S]; raw log-softmax or None): what the rejection sampler verifies draft tokens against."""
+        logits, greedy, raw_logprobs = self._process(logits, md)
+        return (None if md.all_greedy else self._probs(logits, md)), greedy, raw_logprobs
+
+    def _process(self, logits: torch.Tensor, md: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor,
+                                                                            torch.Tensor | None]:
+        """Penalties, min_tokens and grammar masks: (logits, their argmax, raw logprobs before any of it or None)."""
         logits = logits.to(torch.float32)
         raw_logprobs = logits.log_softmax(dim=-1) if md.max_num_logprobs is not None else None
         if md.output_token_ids is not None:
@@ -77,23 +99,18 @@ class Sampler:
             apply_token_bitmask(logits, md.token_bitmask, md.bitmask_rows, self.kernels)
             self.bitmask_seconds += time.perf_counter() - start
         greedy = logits.max(dim=-1).indices  # same first-max tie rule as argmax, 2.5x faster on CPU
-        if md.all_greedy:
-            return greedy, raw_logprobs
-        # vLLM's order: temperature, then min-p (on the whole tempered distribution), then top-k / top-p (the
-        # nucleus is taken of what min-p left, renormalized).
+        return logits, greedy, raw_logprobs
+
+    @staticmethod
+    def _probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """vLLM's order: temperature, then min-p (on the whole tempered distribution), then top-k / top-p (the
+        nucleus is taken of what min-p left, renormalized); softmax."""
         logits = logits / md.temperature.unsqueeze(1)
         if md.min_p is not None:
             logits = apply_min_p(logits, md.min_p)
         if md.top_k is not None or md.top_p is not None:
             logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-        probs = logits.softmax(dim=-1)
-        q = torch.empty_like(probs)
-        if len(md.generators) < probs.shape[0]:
-            q.exponential_()
-        for row, gen in md.generators.items():
-            q[row].exponential_(generator=gen)
-        sampled = probs.div_(q).max(dim=-1).indices
-        return torch.where(md.greedy_mask, greedy, sampled), raw_logprobs
+        return logits.softmax(dim=-1)
 
 
 def gather_logprobs(raw_logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -24,7 +24,9 @@ from pagemill.layers.head_screen import HEAD_SCREEN_MIN_ROWS, GreedyHeadScreen
 from pagemill.loader.model_loader import load_model
 from pagemill.messages import LogprobsLists
 from pagemill.sample.metadata import SamplingMetadata
+from pagemill.sample.rejection_sampler import rejection_sample
 from pagemill.sample.sampler import Sampler, gather_logprobs
+from pagemill.spec_decode.select import make_proposer
 from pagemill.worker.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
@@ -69,7 +71,7 @@ class ModelRunner:
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         self.backend = get_attn_backend(config.attention_backend)
         # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.
-        ops = select_layer_ops(use_kernels=self.backend.name != "torch")
+        self.ops = ops = select_layer_ops(use_kernels=self.backend.name != "torch")
         self.model = load_model(mc, ops, self.backend)
         self.vocab_size = mc.hf_config.vocab_size
         self.block_size = cc.block_size
@@ -85,6 +87,8 @@ class ModelRunner:
         # One allocation for all layers, so a copy-on-write of blocks is one indexed copy for every layer.
         self.kv_cache = lazy_zeros((self.group_size, *shape), self.kv_dtype)
         self.kv_caches = list(self.kv_cache.unbind(0))
+        # Caches indexed by the same block ids (a draft model's): copy-on-write copies apply to them too.
+        self.extra_kv_caches: list[torch.Tensor] = []
         per_block = self.kv_cache[:, :, 0].numel() * self.kv_cache.element_size()
         num_swap_blocks = int(cc.swap_space // per_block) if config.scheduler_config.preemption_mode == "swap" else 0
         # Host swap space for preempted requests' blocks (pages are only touched when used).
@@ -113,6 +117,8 @@ class ModelRunner:
                 logger.info("Greedy head screen: int8 copy of the LM head, %.1f MiB",
                             self.head_screen.nbytes / 2**20)
         self.profiler = StepTimer(config.profile)  # its timings go back in ModelRunnerOutput.timings
+        # Speculative decoding: what proposes the next step's draft tokens (None: no speculation).
+        self.proposer = make_proposer(config.speculative_config, self) if config.speculative_config else None
 
     def _num_blocks(self) -> int:
         mc, cc = self.config.model_config, self.config.cache_config
@@ -128,17 +134,27 @@ class ModelRunner:
         ib = self.input_batch
         for rid in so.finished_req_ids:
             ib.remove_request(rid)
+            if self.proposer is not None:
+                self.proposer.remove_request(rid, finished=True)
         for rid in so.preempted_req_ids:
             ib.remove_request(rid, finished=False)
+            if self.proposer is not None:
+                self.proposer.remove_request(rid, finished=False)
         for new in so.scheduled_new_reqs:
             ib.add_request(new)
         for c in so.scheduled_cached_reqs:
             row = ib.req_id_to_row[c.req_id]
+            if c.num_blocks_kept is not None:
+                ib.num_blocks[row] = c.num_blocks_kept
             if c.replaced_block_ids:
                 for group, idx, block_id in c.replaced_block_ids:
                     ib.block_table[group, row, idx] = block_id
             ib.append_blocks(row, c.new_block_ids)
             ib.num_computed_tokens[row] = c.num_computed_tokens
+        for rid, drafts in so.scheduled_spec_decode_tokens.items():  # inputs after the request's last token
+            row = ib.req_id_to_row[rid]
+            n = int(ib.num_tokens[row])
+            ib.token_ids[row, n:n + len(drafts)] = drafts
         if so.blocks_to_swap_out:  # before anything can overwrite the freed blocks
             kv_ids, swap_ids = (torch.tensor(x) for x in zip(*so.blocks_to_swap_out))
             self.swap_cache[:, :, swap_ids] = self.kv_cache[:, :, kv_ids]
@@ -147,7 +163,8 @@ class ModelRunner:
             self.kv_cache[:, :, kv_ids] = self.swap_cache[:, :, swap_ids]
         if so.blocks_to_copy:
             src, dst = (torch.tensor(x) for x in zip(*so.blocks_to_copy))
-            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+            for cache in (self.kv_cache, *self.extra_kv_caches):
+                cache[:, :, dst] = cache[:, :, src]
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step; the output carries the sampled tokens and this step's section timings."""
@@ -168,7 +185,11 @@ class ModelRunner:
         metadata = [self.backend.build_metadata(md) for md in step.attn_metadata]
         with prof.section("forward"), set_forward_context(metadata):
             hidden = self.model(step.input_ids, step.positions)
-        return self._sample(hidden, step, so.grammar)
+        out = self._sample(hidden, step, so)
+        if so.num_spec_tokens_to_propose and self.proposer is not None:
+            with prof.section("propose"):
+                self._propose(out, so.num_spec_tokens_to_propose)
+        return out
 
     def _prepare(self, so: SchedulerOutput) -> StepInputs:
         """Flattened input ids, positions and attention metadata for the step (vectorised numpy)."""
@@ -179,12 +200,23 @@ class ModelRunner:
         order = batch_permutation(counts, ib.num_computed_tokens[rows], self.backend.batch_order)
         counts, rows = counts[order], rows[order]
         req_ids = [req_ids[i] for i in order]
-        num_reqs = len(req_ids)
+        computed = ib.num_computed_tokens[rows]
+        md, input_ids, positions, cu = self.attn_inputs(rows, computed, counts)
+        seq_lens = computed + counts
+        ib.num_computed_tokens[rows] = seq_lens
+        return StepInputs(md, input_ids, positions, req_ids, rows, counts, computed, cu - counts, cu, seq_lens)
+
+    def attn_inputs(self, rows: np.ndarray, computed: np.ndarray, counts: np.ndarray
+                    ) -> tuple[list[CommonAttentionMetadata], torch.Tensor, torch.Tensor, np.ndarray]:
+        """(attention metadata per KV cache group, input ids, positions, cumulative counts) for `counts[i]` tokens
+        of input-batch row `rows[i]` from position `computed[i]` on, read from the batch's token ids (a draft
+        model's steps use it too). Rows are in the backend's batch order."""
+        ib = self.input_batch
+        num_reqs = len(rows)
         cu = np.cumsum(counts)
         starts = cu - counts
         total = int(cu[-1])
         req_idx = np.repeat(np.arange(num_reqs), counts)
-        computed = ib.num_computed_tokens[rows]
         positions = (computed[req_idx] + (np.arange(total) - starts[req_idx])).astype(np.int64, copy=False)
         token_rows = rows[req_idx]
         input_ids = ib.token_ids[token_rows, positions]
@@ -199,23 +231,26 @@ class ModelRunner:
             num_reqs=num_reqs, num_decodes=num_decodes, num_actual_tokens=total, query_start_loc=qsl,
             seq_lens=seq_lens, num_computed_tokens=computed, block_table=tables[g], block_size=bs,
             slot_mapping=torch.from_numpy(slot_mapping[g])) for g in range(len(tables))]
-        ib.num_computed_tokens[rows] = seq_lens
-        return StepInputs(md, torch.from_numpy(input_ids), torch.from_numpy(positions), req_ids, rows, counts,
-                          computed, starts, cu, seq_lens)
+        return md, torch.from_numpy(input_ids), torch.from_numpy(positions), cu
 
-    def _sample(self, hidden: torch.Tensor, step: StepInputs, grammar: Any = None) -> ModelRunnerOutput:
-        """Logits for the requests that reached the end of their tokens, structured-output masks, sampling, logprobs."""
+    def _sample(self, hidden: torch.Tensor, step: StepInputs, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Logits for the requests that reached the end of their tokens, structured-output masks, sampling (or
+        verification of draft tokens), logprobs."""
         ib = self.input_batch
         req_ids, rows, counts, computed, starts, cu, seq_lens = (step.req_ids, step.rows, step.counts, step.computed,
                                                                  step.starts, step.cu, step.seq_lens)
         out = ModelRunnerOutput({})
         prof = self.profiler
+        grammar = so.grammar
+        spec = so.scheduled_spec_decode_tokens
         with prof.section("logits"):  # model compute (LM head), not engine overhead
             self._prompt_logprobs(out, req_ids, rows, computed, counts, starts, hidden)
             sample_idx = np.nonzero(seq_lens >= ib.num_tokens[rows])[0]
             if len(sample_idx) == 0:
                 return out
             sample_rows = rows[sample_idx]
+            if spec:
+                return self._verify(out, hidden, step, sample_idx, spec, grammar)
             logits, tokens = self._sample_logits(hidden[torch.from_numpy(cu[sample_idx] - 1)], sample_rows)
         if grammar is not None:
             with prof.section("grammar"):  # wait for the bitmask filled during the forward
@@ -234,7 +269,7 @@ class ModelRunner:
                 tokens, raw_lp = self.sampler(logits, smd)
             token_list = tokens.tolist()
             for j, i in enumerate(sample_idx):
-                out.sampled[req_ids[i]] = token_list[j]
+                out.sampled[req_ids[i]] = [token_list[j]]
                 ib.append_token(int(rows[i]), token_list[j])
             if raw_lp is not None:
                 self._sample_logprobs(out, raw_lp, tokens, sample_idx, sample_rows, req_ids)
@@ -243,13 +278,110 @@ class ModelRunner:
             prof.timings["grammar"] = prof.timings.get("grammar", 0.0) + self.sampler.bitmask_seconds
         return out
 
-    def _sample_logits(self, hidden: torch.Tensor, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _verify(self, out: ModelRunnerOutput, hidden: torch.Tensor, step: StepInputs, sample_idx: np.ndarray,
+                spec: dict[str, list[int]], grammar: Any = None) -> ModelRunnerOutput:
+        """A step with draft tokens: target logits at every draft position, the rejection sampler, logprobs.
+
+        A request with k drafts has k + 1 logits rows (after its last token and after each draft); row j sees the
+        first j drafts as outputs (penalties, min_tokens), so the full sampling pipeline applies at every position.
+        Requests with structured output get no drafts (Scheduler._num_drafts_wanted): their one row takes the mask.
+        """
+        ib = self.input_batch
+        prof = self.profiler
+        req_ids, rows, cu = step.req_ids, step.rows, step.cu
+        sample_rows = rows[sample_idx]
+        drafts = [spec.get(req_ids[i], []) for i in sample_idx]
+        num_rows = np.fromiter((len(d) + 1 for d in drafts), dtype=np.int64, count=len(drafts))
+        row_start = np.cumsum(num_rows) - num_rows
+        logit_req = np.repeat(np.arange(len(drafts)), num_rows)
+        offsets = np.arange(int(num_rows.sum())) - row_start[logit_req]  # drafts before each logits row
+        hidden_idx = cu[sample_idx][logit_req] - num_rows[logit_req] + offsets
+        logit_rows = sample_rows[logit_req]
+        logits, argmax = self._sample_logits(hidden[torch.from_numpy(hidden_idx)], logit_rows, offsets)
+        if grammar is not None:
+            with prof.section("grammar"):
+                bitmask = grammar.bitmask()
+                index = {req_ids[i]: int(row_start[j]) for j, i in enumerate(sample_idx)}
+                bitmask_rows = torch.tensor([index[r] for r in grammar.req_ids], dtype=torch.int64)
+        with prof.section("sample"):
+            probs = raw_lp = None
+            if argmax is None:
+                smd = self._sampling_metadata(logit_rows, offsets)
+                if grammar is not None:
+                    smd.token_bitmask, smd.bitmask_rows = bitmask, bitmask_rows
+                probs, argmax, raw_lp = self.sampler.target_probs(logits, smd)
+            greedy = [ib.params[r].greedy for r in sample_rows]
+            gens = {j: ib.generators[r] for j, r in enumerate(sample_rows) if r in ib.generators}
+            outputs = rejection_sample(drafts, probs, argmax, greedy, gens)
+            for j, i in enumerate(sample_idx):
+                toks = outputs[j]
+                out.sampled[req_ids[i]] = toks
+                row = int(rows[i])
+                n = int(ib.num_tokens[row])
+                ib.token_ids[row, n:n + len(toks)] = toks  # (max_model_len bounds the drafts: no overflow)
+                ib.num_tokens[row] = n + len(toks)
+            if raw_lp is not None:
+                self._verify_logprobs(out, raw_lp, outputs, row_start, sample_idx, sample_rows, req_ids)
+        return out
+
+    def _verify_logprobs(self, out: ModelRunnerOutput, raw_lp: torch.Tensor, outputs: list[list[int]],
+                         row_start: np.ndarray, sample_idx: np.ndarray, sample_rows: np.ndarray,
+                         req_ids: list[str]) -> None:
+        """The target model's logprobs of each output token of a verification step (at the row that produced it)."""
+        ib = self.input_batch
+        want = [j for j, r in enumerate(sample_rows) if ib.params[r].logprobs is not None]
+        if not want:
+            return
+        sel = np.concatenate([row_start[j] + np.arange(len(outputs[j])) for j in want])
+        tokens = torch.tensor([t for j in want for t in outputs[j]], dtype=torch.int64)
+        k = max(ib.params[sample_rows[j]].logprobs for j in want)
+        ids, lps, ranks = (x.tolist() for x in gather_logprobs(raw_lp[torch.from_numpy(sel)], tokens, k))
+        pos = 0
+        for j in want:
+            n, m = len(outputs[j]), ib.params[sample_rows[j]].logprobs
+            out.logprobs[req_ids[sample_idx[j]]] = LogprobsLists([x[:m + 1] for x in ids[pos:pos + n]],
+                                                                 [x[:m + 1] for x in lps[pos:pos + n]],
+                                                                 ranks[pos:pos + n])
+            pos += n
+
+    def _propose(self, out: ModelRunnerOutput, wanted: dict[str, int]) -> None:
+        """Draft tokens for the next step of each request the scheduler asked for, within its max_tokens and the
+        context length (a request's last verification may end it at max_tokens exactly)."""
+        ib = self.input_batch
+        max_len = self.config.model_config.max_model_len
+        req_ids, rows, rooms = [], [], []
+        for rid, k in wanted.items():
+            if rid not in out.sampled:
+                continue
+            row = ib.req_id_to_row[rid]
+            n, num_prompt = int(ib.num_tokens[row]), int(ib.num_prompt_tokens[row])
+            max_tokens = ib.params[row].max_tokens
+            room = min(k, max_len - n - 1)
+            if max_tokens is not None:
+                room = min(room, max_tokens - (n - num_prompt) - 1)
+            if room > 0:
+                req_ids.append(rid)
+                rows.append(row)
+                rooms.append(room)
+        if not req_ids:
+            return
+        if hasattr(self.proposer, "propose_batch"):  # a draft model: one batched forward per draft position
+            drafts = self.proposer.propose_batch(req_ids, np.array(rows, dtype=np.int64), np.array(rooms))
+        else:
+            drafts = [self.proposer.propose(rid, ib.token_ids[row, :ib.num_tokens[row]], int(ib.num_prompt_tokens[row]),
+                                            room) for rid, row, room in zip(req_ids, rows, rooms)]
+        for rid, d in zip(req_ids, drafts):
+            if d:
+                out.draft_token_ids[rid] = d
+
+    def _sample_logits(self, hidden: torch.Tensor, rows: np.ndarray,
+                       offsets: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits of the rows to sample, their tokens when every row needs only the argmax, else None). Rows that
         need only the argmax take the greedy head screen (exact token, approximate logits elsewhere), the rest the
-        exact head."""
+        exact head. `offsets`: draft tokens before each row (speculative decoding), else none."""
         if self.head_screen is None or len(rows) < HEAD_SCREEN_MIN_ROWS:
             return self.model.compute_logits(hidden), None
-        argmax_only = self._argmax_only(rows)
+        argmax_only = self._argmax_only(rows, offsets)
         n = int(argmax_only.sum())
         if n == len(rows):
             return self.head_screen.logits(hidden)
@@ -261,20 +393,24 @@ class ModelRunner:
         logits[~screened] = self.model.compute_logits(hidden[~screened]).float()
         return logits, None
 
-    def _argmax_only(self, rows: np.ndarray) -> np.ndarray:
+    def _argmax_only(self, rows: np.ndarray, offsets: np.ndarray | None = None) -> np.ndarray:
         """Per row, whether sampling reads nothing but the argmax of the raw logits: greedy, no logprobs, no
         penalties, no min_tokens mask, no output constraint."""
         ib = self.input_batch
         out = np.empty(len(rows), dtype=bool)
+        num_out = ib.num_tokens[rows] - ib.num_prompt_tokens[rows] + (0 if offsets is None else offsets)
         for j, r in enumerate(rows):
             p = ib.params[r]
             out[j] = (p.greedy and p.logprobs is None and not p.presence_penalty and not p.frequency_penalty
                       and p.repetition_penalty == 1.0 and p.structured_outputs is None
-                      and not (p.min_tokens and ib.num_tokens[r] - ib.num_prompt_tokens[r] < p.min_tokens))
+                      and not (p.min_tokens and num_out[j] < p.min_tokens))
         return out
 
-    def _sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
+    def _sampling_metadata(self, rows: np.ndarray, offsets: np.ndarray | None = None) -> SamplingMetadata:
+        """Sampling tensors for logits rows of input-batch `rows`; `offsets`: draft tokens (already written after
+        each request's tokens) that count as outputs before each row (speculative decoding)."""
         ib = self.input_batch
+        num_out = ib.num_tokens[rows] - ib.num_prompt_tokens[rows] + (0 if offsets is None else offsets)
         params = [ib.params[r] for r in rows]
         greedy = [p.greedy for p in params]
         temperature = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)])
@@ -290,12 +426,11 @@ class ModelRunner:
             min_p=torch.tensor([p.min_p for p in params]) if use_min_p else None,
             generators=gens, max_num_logprobs=max(lp) if lp else None)
         if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in params):
-            self._penalty_metadata(md, rows, params)
+            self._penalty_metadata(md, rows, params, num_out)
         blocks = []
         for j, (r, p) in enumerate(zip(rows, params)):
             # (a structured-output request ends where its grammar does: its mask alone decides when EOS may come)
-            if p.min_tokens and p.structured_outputs is None \
-                    and ib.num_tokens[r] - ib.num_prompt_tokens[r] < p.min_tokens:
+            if p.min_tokens and p.structured_outputs is None and num_out[j] < p.min_tokens:
                 ids = set(p.all_stop_token_ids)
                 if ib.eos_token_id[r] is not None:
                     ids.add(ib.eos_token_id[r])
@@ -303,11 +438,11 @@ class ModelRunner:
         md.min_tokens_blocks = blocks or None
         return md
 
-    def _penalty_metadata(self, md: SamplingMetadata, rows: np.ndarray, params: list) -> None:
+    def _penalty_metadata(self, md: SamplingMetadata, rows: np.ndarray, params: list, num_out: np.ndarray) -> None:
         ib = self.input_batch
         v = self.vocab_size
         prompts = [ib.token_ids[r, :ib.num_prompt_tokens[r]] for r in rows]
-        outputs = [ib.token_ids[r, ib.num_prompt_tokens[r]:ib.num_tokens[r]] for r in rows]
+        outputs = [ib.token_ids[r, ib.num_prompt_tokens[r]:ib.num_prompt_tokens[r] + n] for r, n in zip(rows, num_out)]
 
         def padded(seqs: list[np.ndarray]) -> torch.Tensor:
             width = max(1, max(len(s) for s in seqs))

@@ -70,7 +70,7 @@ def run_to_completion(s: Scheduler, rng: random.Random, max_steps: int = 5000) -
         for rid in so.num_scheduled_tokens:
             req = s.requests[rid]
             if req.num_computed_tokens == req.num_tokens:
-                sampled[rid] = rng.randrange(3, 50)
+                sampled[rid] = [rng.randrange(3, 50)]
         for o in s.update_from_output(so, ModelRunnerOutput(sampled)):
             results.setdefault(o.request_id, []).extend(o.new_token_ids)
         check_invariants(s)
@@ -93,7 +93,7 @@ def run_random_workload(s: Scheduler, rng: random.Random, steps: int, shared_len
             s.finish_requests([rng.choice(list(s.requests))], RequestStatus.FINISHED_ABORTED)
         if s.has_unfinished_requests():
             so = s.schedule()
-            sampled = {rid: rng.randrange(3, 50) for rid in so.num_scheduled_tokens
+            sampled = {rid: [rng.randrange(3, 50)] for rid in so.num_scheduled_tokens
                        if s.requests[rid].num_computed_tokens == s.requests[rid].num_tokens}
             s.update_from_output(so, ModelRunnerOutput(sampled))
         check_invariants(s)
@@ -128,11 +128,11 @@ def test_chunked_prefill_respects_budget_and_mixes_decodes():
     s.add_request(Request("short", [5, 6, 7], SamplingParams(max_tokens=5, ignore_eos=True), None, 0))
     so = s.schedule()
     assert so.num_scheduled_tokens == {"short": 3}
-    s.update_from_output(so, ModelRunnerOutput({"short": 9}))
+    s.update_from_output(so, ModelRunnerOutput({"short": [9]}))
     s.add_request(Request("long", list(range(3, 40)), SamplingParams(max_tokens=2, ignore_eos=True), None, 1))
     so = s.schedule()
     assert so.num_scheduled_tokens == {"short": 1, "long": 9}  # one decode + a 9-token chunk
-    s.update_from_output(so, ModelRunnerOutput({"short": 9}))
+    s.update_from_output(so, ModelRunnerOutput({"short": [9]}))
     so = s.schedule()
     assert so.num_scheduled_tokens["long"] == 9 and s.requests["long"].num_computed_tokens == 18
 
@@ -142,7 +142,7 @@ def test_prefix_hit_is_block_aligned_and_leaves_last_token():
     prompt = list(range(3, 15))  # 12 tokens = 3 full blocks
     s.add_request(Request("a", prompt, SamplingParams(max_tokens=1, ignore_eos=True), None, 0))
     so = s.schedule()
-    s.update_from_output(so, ModelRunnerOutput({"a": 7}))
+    s.update_from_output(so, ModelRunnerOutput({"a": [7]}))
     s.add_request(Request("b", prompt, SamplingParams(max_tokens=1, ignore_eos=True), None, 1))
     so = s.schedule()
     # 3 full blocks cached, but the last prompt token must be recomputed: 2 blocks hit, 4 tokens computed.
@@ -163,7 +163,7 @@ def test_priority_policy_preempts_lowest_priority():
     for _ in range(6):
         so = s.schedule()
         preempted |= so.preempted_req_ids
-        sampled = {r: 5 for r in so.num_scheduled_tokens if s.requests[r].num_computed_tokens == s.requests[r].num_tokens}
+        sampled = {r: [5] for r in so.num_scheduled_tokens if s.requests[r].num_computed_tokens == s.requests[r].num_tokens}
         s.update_from_output(so, ModelRunnerOutput(sampled))
     assert preempted == {"low"}
 

@@ -1,0 +1,148 @@
+"""The scheduler with speculative decoding, driven without a model: random drafts, random acceptance, preemption,
+prefix caching and aborts; block-pool invariants, rollback and the runner's view of the block tables after every
+step."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pagemill.config import CacheConfig, SchedulerConfig, SpeculativeConfig
+from pagemill.core.kv_cache_manager import cdiv
+from pagemill.core.kv_cache_utils import KVCacheConfig
+from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagemill.core.scheduler import Scheduler
+from pagemill.request import Request, RequestStatus
+from pagemill.sampling_params import SamplingParams
+from tests.core.test_scheduler_invariants import check_invariants
+
+
+class RunnerTables:
+    """The block tables as the model runner rebuilds them from scheduler outputs only."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, list[int]] = {}
+
+    def apply(self, so: SchedulerOutput) -> None:
+        for rid in so.finished_req_ids | so.preempted_req_ids:
+            self.tables.pop(rid, None)
+        for new in so.scheduled_new_reqs:
+            self.tables[new.req_id] = list(new.block_ids[0])
+        for c in so.scheduled_cached_reqs:
+            table = self.tables[c.req_id]
+            if c.num_blocks_kept is not None:
+                del table[c.num_blocks_kept:]
+            for _, idx, block_id in c.replaced_block_ids or ():
+                table[idx] = block_id
+            table.extend(c.new_block_ids[0])
+
+
+def make_scheduler(rng: random.Random, method: str, k: int) -> Scheduler:
+    num_blocks, block_size = rng.choice([16, 24, 48]), rng.choice([2, 4, 8])
+    spec = SpeculativeConfig(method=method, num_speculative_tokens=k, max_batch_size=1000,
+                             min_acceptance_rate=rng.choice([0.0, 0.3]))
+    return Scheduler(SchedulerConfig(max_num_seqs=rng.choice([2, 4, 16]), max_num_batched_tokens=rng.choice([8, 16, 64]),
+                                     max_model_len=(num_blocks - 1) * block_size - 2 * k),
+                     CacheConfig(block_size=block_size, enable_prefix_caching=rng.random() < 0.7),
+                     KVCacheConfig(num_blocks, block_size), spec)
+
+
+def step(s: Scheduler, rng: random.Random, tables: RunnerTables, counts: dict[str, int]) -> None:
+    """One scheduled step with random verification results and random next drafts."""
+    so = s.schedule()
+    assert so.total_num_scheduled_tokens <= s.config.max_num_batched_tokens
+    tables.apply(so)
+    for rid, n in so.num_scheduled_tokens.items():
+        req = s.requests[rid]
+        drafts = so.scheduled_spec_decode_tokens.get(rid, [])
+        assert len(drafts) <= s.spec_config.num_speculative_tokens
+        if drafts:  # a verifying request schedules its last token and its drafts
+            assert req.num_computed_tokens == req.num_tokens + len(drafts)
+        assert tables.tables[rid] == [b.block_id for b in s.kv_cache_manager.groups[0].req_to_blocks[rid]]
+    sampled, proposals = {}, {}
+    for rid in so.num_scheduled_tokens:
+        req = s.requests[rid]
+        if req.num_computed_tokens < req.num_tokens:
+            continue  # a prefill chunk: nothing sampled
+        drafts = so.scheduled_spec_decode_tokens.get(rid, [])
+        accepted = rng.randint(0, len(drafts))
+        sampled[rid] = drafts[:accepted] + [rng.randrange(3, 50)]
+        if rid in so.num_spec_tokens_to_propose:
+            proposals[rid] = [rng.randrange(3, 50) for _ in range(rng.randint(0, so.num_spec_tokens_to_propose[rid]))]
+    before = {rid: s.requests[rid].num_computed_tokens for rid in sampled}
+    for out in s.update_from_output(so, ModelRunnerOutput(sampled, draft_token_ids=proposals)):
+        counts[out.request_id] = counts.get(out.request_id, 0) + len(out.new_token_ids)
+    for rid, toks in sampled.items():
+        req = s.requests.get(rid)
+        if req is None:
+            continue
+        rejected = len(so.scheduled_spec_decode_tokens.get(rid, [])) + 1 - len(toks)
+        assert req.num_computed_tokens == before[rid] - rejected == req.num_tokens - 1  # rolled back
+        for g in s.kv_cache_manager.groups:
+            # the blocks of rejected drafts are freed; cached (hashed) blocks hold committed tokens only
+            assert len(g.req_to_blocks[rid]) <= max(cdiv(req.num_computed_tokens + 1, s.block_size),
+                                                    len(g.req_to_blocks[rid]) if not rejected else 0)
+            assert g.num_cached_blocks.get(rid, 0) * s.block_size <= req.num_tokens
+    check_invariants(s)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_workload_with_speculation(seed):
+    rng = random.Random(seed)
+    k = rng.randint(1, 8)
+    s = make_scheduler(rng, rng.choice(["ngram", "draft_model"]), k)
+    tables, counts = RunnerTables(), {}
+    shared = [rng.randrange(3, 50) for _ in range(12)]
+    max_tokens = {}
+    for n in range(80):
+        if rng.random() < 0.4:
+            prompt = (shared if rng.random() < 0.5 else []) + [rng.randrange(3, 50) for _ in range(rng.randint(1, 20))]
+            sp = SamplingParams(max_tokens=rng.randint(1, 24), ignore_eos=True,
+                                speculative_decoding=rng.random() < 0.9)
+            s.add_request(Request(f"r{n}", prompt[: s.config.max_model_len - 1], sp, None, float(n)))
+            max_tokens[f"r{n}"] = sp.max_tokens
+        if rng.random() < 0.05 and s.requests:
+            s.finish_requests([rng.choice(list(s.requests))], RequestStatus.FINISHED_ABORTED)
+        if s.has_unfinished_requests():
+            step(s, rng, tables, counts)
+    for _ in range(3000):
+        if not s.has_unfinished_requests():
+            break
+        step(s, rng, tables, counts)
+    assert not s.has_unfinished_requests()
+    for rid, n in counts.items():
+        assert n <= max_tokens[rid]  # drafts never take a request past max_tokens
+    pool = s.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == pool.num_blocks - 1
+    spec = s.make_stats().spec_decoding
+    assert spec.num_accepted_tokens <= spec.num_draft_tokens
+    assert sum(spec.num_accepted_tokens_per_pos) == spec.num_accepted_tokens
+
+
+def test_back_off_after_poor_acceptance_then_retry():
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_model_len=512), CacheConfig(block_size=4),
+                  KVCacheConfig(200, 4), SpeculativeConfig(method="ngram", num_speculative_tokens=4))
+    s.add_request(Request("r", [5, 6, 7], SamplingParams(max_tokens=200, ignore_eos=True), None, 0.0))
+    drafted = []
+    for _ in range(120):
+        so = s.schedule()
+        drafts = so.scheduled_spec_decode_tokens.get("r", [])
+        drafted.append(len(drafts))
+        proposals = {"r": [9, 9, 9, 9]} if "r" in so.num_spec_tokens_to_propose else {}
+        s.update_from_output(so, ModelRunnerOutput({"r": [8]}, draft_token_ids=proposals))  # every draft rejected
+    assert drafted[1] == 4 and drafted.count(4) < 12  # backs off, tries again now and then
+    assert 0 in drafted[-20:]
+
+
+def test_no_drafts_for_a_large_batch_or_an_opted_out_request():
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=256, max_model_len=512), CacheConfig(block_size=4),
+                  KVCacheConfig(400, 4), SpeculativeConfig(method="ngram", max_batch_size=4))
+    for i in range(4):
+        s.add_request(Request(f"r{i}", [5, 6, 7], SamplingParams(max_tokens=50, ignore_eos=True), None, float(i)))
+    assert not s.schedule().num_spec_tokens_to_propose  # 4 running: the back-off's batch size
+    s2 = Scheduler(SchedulerConfig(max_num_batched_tokens=256, max_model_len=512), CacheConfig(block_size=4),
+                   KVCacheConfig(400, 4), SpeculativeConfig(method="ngram"))
+    s2.add_request(Request("in", [5, 6, 7], SamplingParams(max_tokens=50), None, 0.0))
+    s2.add_request(Request("out", [5, 6, 7], SamplingParams(max_tokens=50, speculative_decoding=False), None, 1.0))
+    assert set(s2.schedule().num_spec_tokens_to_propose) == {"in"}
