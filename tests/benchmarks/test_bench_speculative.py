@@ -64,11 +64,12 @@ def test_tiny_run_reports_identical_greedy_outputs(capsys, tmp_path):
     out = tmp_path / "spec.json"
     args = _parse("--methods", "ngram", "--batch-sizes", "1,2", "--num-prompts", "1", "--output-len", "12",
                   "--workloads", "edit,code", "--code-prompt-len", "128", "--kv-cache-memory", "128MiB",
-                  "--max-model-len", "1024", "--save-result", str(out))
+                  "--max-model-len", "1024", "--engine-arg", "num_threads=1", "--save-result", str(out))
     payload = run_speculative(args)
     assert [(c["workload"], c["batch_size"], c["method"]) for c in payload["cells"]] == \
         [("edit", 1, "ngram"), ("edit", 2, "ngram"), ("code", 1, "ngram"), ("code", 2, "ngram")]
     assert payload["all_identical"] is True
+    assert sum(c["spec_decoding"]["num_drafts"] for c in payload["cells"]) > 0  # the engine did speculate
     for cell in payload["cells"]:
         assert cell["identical_requests"] == cell["num_requests"] == cell["batch_size"]
         assert cell["base"]["decode_tokens_per_s"] > 0 and cell["spec"]["decode_tokens_per_s"] > 0
