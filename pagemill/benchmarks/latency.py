@@ -16,6 +16,7 @@ from pagemill.benchmarks.peer_report import peer_rows
 from pagemill.benchmarks.prompts import PromptBuilder
 from pagemill.benchmarks.report import (check_machine_idle, config_dict, environment_info,
                                         format_table, save_result)
+from pagemill.benchmarks.spec_report import backend_spec_decoding, spec_rows
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 
@@ -47,6 +48,7 @@ def measure_backends(args: argparse.Namespace, model: str,
                 if not getattr(backend, "self_timed", False):  # a fresh process per run: nothing to warm
                     backend.generate(prompts, lens)
         times, last = interleaved_times(backends, lambda b: b.generate(prompts, lens), args.num_iters)
+        spec = {name: backend_spec_decoding(b) for name, b in backends.items()}
         ttfts: dict[str, list[float]] = {}
         if len(prompts) == 1:
             ttfts, _ = interleaved_times(backends, lambda b: b.generate(prompts, [1]),
@@ -58,6 +60,7 @@ def measure_backends(args: argparse.Namespace, model: str,
         result: dict[str, Any] = {"backend": name, "load_s": load_s[name], "description": labels[name],
                                   "latencies_s": times[name], **latency_stats(times[name])}
         result.update(getattr(last[name], "detail", {}))
+        result.update(spec[name])
         if name in ttfts:
             result["ttft_s"] = float(np.mean(ttfts[name]))
             if args.output_len > 1:
@@ -79,6 +82,7 @@ def latency_table(result: dict[str, Any]) -> str:
         rows.append(("Decode tokens/s", result["decode_tokens_per_s"]))
     rows.append(("Model load (s)", result["load_s"]))
     rows += peer_rows(result)
+    rows += spec_rows(result)
     return format_table(f"Latency: {result['backend']}", rows)
 
 

@@ -7,6 +7,8 @@ import ast
 import gc
 from typing import Any, Sequence
 
+from pagemill.entrypoints.json_flags import config_flag
+
 
 def parse_engine_args(items: Sequence[str] | None) -> dict[str, Any]:
     """Parse repeated `--engine-arg KEY=VALUE` (VALUE as a Python literal when it parses)."""
@@ -26,7 +28,7 @@ def engine_kwargs(args: argparse.Namespace, model: str) -> dict[str, Any]:
     """Keyword arguments for `LLM(...)`: the model plus every engine flag that was given."""
     kwargs: dict[str, Any] = {"model": model}
     for name in ("dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
-                 "kv_cache_memory", "enable_prefix_caching"):
+                 "kv_cache_memory", "enable_prefix_caching", "speculative_config"):
         value = getattr(args, name, None)
         if value is not None:
             kwargs[name] = value
@@ -55,6 +57,13 @@ class PagemillBackend:
                                     use_tqdm=use_tqdm)
         return [list(o.outputs[0].token_ids) for o in outputs]
 
+    def spec_decoding(self) -> dict[str, Any] | None:
+        """Speculative decoding counters and rates since the engine started (None when it does not speculate)."""
+        from pagemill.metrics.spec_decode import spec_summary
+
+        stats = self.llm.get_stats().spec_decoding
+        return spec_summary(stats) if stats is not None else None
+
     def close(self) -> None:
         """Shut the engine down (if it supports it) and release its memory."""
         shutdown = getattr(self.llm, "shutdown", None)
@@ -74,5 +83,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=int, default=None)
     g.add_argument("--kv-cache-memory", default=None, help="e.g. 2GiB")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--speculative-config", type=config_flag("speculative_config"), default=None, metavar="JSON",
+                   help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
     g.add_argument("--engine-arg", action="append", default=None, metavar="KEY=VALUE",
                    help="any other LLM(...) keyword; repeatable")

@@ -23,6 +23,9 @@ from pagemill.benchmarks.model_path import default_model_path, load_hf_tokenizer
 from pagemill.benchmarks.openai_client import build_payload, send_request
 from pagemill.benchmarks.report import (check_machine_idle, config_dict, environment_info,
                                         format_table, save_result)
+from pagemill.benchmarks.server_metrics import fetch_spec_counters
+from pagemill.benchmarks.spec_report import spec_rows
+from pagemill.metrics.spec_decode import spec_delta, spec_summary
 
 REQUEST_TIMEOUT_S = 6 * 3600
 
@@ -137,6 +140,7 @@ def serve_table(metrics: dict[str, Any], percentiles: Sequence[str], title: str)
         rows.append((f"Std {metric.upper()} (ms)", stats["std"]))
         for p in percentiles:
             rows.append((f"P{p} {metric.upper()} (ms)", stats[f"p{p}"]))
+    rows += spec_rows(metrics)  # a pagemill server that speculated: its /metrics counters over the run
     return format_table(title, rows)
 
 
@@ -183,12 +187,16 @@ async def _bench_target(args: argparse.Namespace, base_url: str, label: str,
         await _initial_test(url, model, chat, extra_body)
     runs = []
     for rate, samples in zip(rates, sample_sets):
+        spec_before = await fetch_spec_counters(base_url)
         results, duration = await run_load(
             samples, url, model, chat, rate, args.burstiness, args.max_concurrency,
             args.ignore_eos, args.temperature, args.seed, extra_body, args.disable_tqdm)
         metrics = compute_metrics(results, duration, percentiles, parse_goodput(args.goodput))
         metrics.update(target=label, base_url=base_url, served_model=model, request_rate=rate,
                        burstiness=args.burstiness, max_concurrency=args.max_concurrency)
+        spec_after = await fetch_spec_counters(base_url)
+        if spec_after is not None and (spec := spec_delta(spec_after, spec_before)).num_drafts > 0:
+            metrics["spec_decoding"] = spec_summary(spec)
         if args.save_detailed:
             metrics["requests"] = _details(results)
         errors = sorted({r.error for r in results if r.error})

@@ -15,6 +15,7 @@ from pagemill.benchmarks.pagemill_backend import add_engine_args
 from pagemill.benchmarks.peer_report import peer_rows
 from pagemill.benchmarks.report import (check_machine_idle, config_dict, environment_info,
                                         format_table, save_result)
+from pagemill.benchmarks.spec_report import backend_spec_decoding, spec_rows
 
 
 def throughput_metrics(samples: Sequence[SampleRequest], outputs: Sequence[Sequence[int]] | None,
@@ -82,6 +83,7 @@ def measure_backends(args: argparse.Namespace, model: str, samples: Sequence[Sam
             metrics.update(backend=name, description=labels[name],
                            load_s=load_s[name], elapsed_all_s=times[name])
             metrics.update(getattr(last[name], "detail", {}))
+            metrics.update(backend_spec_decoding(backends[name]))
             if hf is not None and name == "hf":
                 metrics["generated_tokens_incl_batch_padding"] = (
                     hf.generated_tokens // max(1, args.num_iters))
@@ -104,6 +106,7 @@ def throughput_table(metrics: dict[str, Any]) -> str:
     if "generated_tokens_incl_batch_padding" in metrics:
         rows.append(("Tokens generated incl. batch waste", metrics["generated_tokens_incl_batch_padding"]))
     rows += peer_rows(metrics)
+    rows += spec_rows(metrics)
     return format_table(f"Throughput: {metrics['backend']}", rows)
 
 

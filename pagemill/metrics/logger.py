@@ -1,10 +1,12 @@
-"""A periodic log line while the engine is busy: throughput, queue sizes, KV usage, prefix-cache hits."""
+"""A periodic log line while the engine is busy: throughput, queue sizes, KV usage, prefix-cache hits (and, with
+speculative decoding, vLLM's `SpecDecoding metrics` line for the same interval)."""
 
 from __future__ import annotations
 
 import logging
 
-from pagemill.metrics.stats import IterationStats, SchedulerStats
+from pagemill.metrics.spec_decode import spec_delta, spec_log_line
+from pagemill.metrics.stats import IterationStats, SchedulerStats, SpecDecodingStats
 
 logger = logging.getLogger("pagemill.metrics")
 
@@ -20,6 +22,7 @@ class LoggingStatLogger:
         self.last_stats: SchedulerStats | None = None
         self._hits_at_log = 0
         self._queries_at_log = 0
+        self._spec_at_log: SpecDecodingStats | None = None
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats, now: float) -> None:
         """Account one batch of outputs and log if the interval has passed."""
@@ -46,5 +49,10 @@ class LoggingStatLogger:
                 s.num_swapped_reqs, s.num_waiting_reqs, 100 * s.kv_cache_usage,
                 100 * hits / queries if queries > 0 else 0.0)
             self._queries_at_log, self._hits_at_log = s.prefix_cache_queries, s.prefix_cache_hits
+        if s is not None and s.spec_decoding is not None:
+            spec = spec_delta(s.spec_decoding, self._spec_at_log)
+            if spec.num_drafts > 0:
+                logger.info(spec_log_line(spec, elapsed))
+            self._spec_at_log = spec_delta(s.spec_decoding, None)  # a copy: the engine may update its own
         self.last_log = now
         self.prompt_tokens = self.generation_tokens = 0

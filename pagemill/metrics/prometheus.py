@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from pagemill.metrics.stats import IterationStats, SchedulerStats
+from pagemill.metrics.spec_decode import spec_delta
+from pagemill.metrics.stats import IterationStats, SchedulerStats, SpecDecodingStats
 
 _TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
@@ -17,10 +18,45 @@ _LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
 _CUMULATIVE = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions")
 
 
-class PrometheusStatLogger:
-    """Updates the pagemill:* metrics from scheduler and iteration stats."""
+class SpecDecodingCounters:
+    """The pagemill:spec_decode_* counters (vLLM's), incremented by the deltas of cumulative SpecDecodingStats."""
 
-    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+    def __init__(self, registry: CollectorRegistry, model_name: str, num_spec_tokens: int) -> None:
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(f"pagemill:spec_decode_{name}", doc, ["model_name"], registry=registry).labels(model_name)
+
+        self.num_drafts = counter("num_drafts", "Number of spec decoding drafts.")
+        self.num_draft_tokens = counter("num_draft_tokens", "Number of draft tokens.")
+        self.num_accepted_tokens = counter("num_accepted_tokens", "Number of accepted tokens.")
+        self._per_pos_family = Counter("pagemill:spec_decode_num_accepted_tokens_per_pos",
+                                       "Accepted tokens per draft position.", ["model_name", "position"],
+                                       registry=registry)
+        self.model_name = model_name
+        self.per_pos = [self._per_pos_family.labels(model_name, str(i)) for i in range(num_spec_tokens)]
+        self._last: SpecDecodingStats | None = None
+
+    def record(self, stats: SpecDecodingStats) -> None:
+        """Add what happened since the previous snapshot."""
+        delta = spec_delta(stats, self._last)
+        for child, n in ((self.num_drafts, delta.num_drafts), (self.num_draft_tokens, delta.num_draft_tokens),
+                         (self.num_accepted_tokens, delta.num_accepted_tokens)):
+            if n > 0:
+                child.inc(n)
+        while len(self.per_pos) < len(delta.num_accepted_tokens_per_pos):
+            self.per_pos.append(self._per_pos_family.labels(self.model_name, str(len(self.per_pos))))
+        for child, n in zip(self.per_pos, delta.num_accepted_tokens_per_pos):
+            if n > 0:
+                child.inc(n)
+        self._last = spec_delta(stats, None)  # a copy: an in-process engine may update its own object
+
+
+class PrometheusStatLogger:
+    """Updates the pagemill:* metrics from scheduler and iteration stats.
+
+    The spec_decode counters exist when `num_spec_tokens` is given (speculation configured) or from the first
+    stats that carry speculative decoding counters."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str, num_spec_tokens: int | None = None) -> None:
         self.registry = registry
         labels = ["model_name"]
 
@@ -58,6 +94,8 @@ class PrometheusStatLogger:
         self.queue_time = histogram("request_queue_time_seconds",
                                     "Histogram of time spent in the WAITING phase for a request.", _LATENCY_BUCKETS)
         self._last_totals: dict[str, int] = {}
+        self.spec_decoding = (SpecDecodingCounters(registry, model_name, num_spec_tokens)
+                              if num_spec_tokens is not None else None)
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats, now: float) -> None:
         """Account one batch of outputs."""
@@ -75,6 +113,11 @@ class PrometheusStatLogger:
                 if delta > 0:
                     self.counters[name].inc(delta)
                 self._last_totals[name] = total
+            if s.spec_decoding is not None:
+                if self.spec_decoding is None:
+                    self.spec_decoding = SpecDecodingCounters(self.registry, self.model_name,
+                                                              s.spec_decoding.num_spec_tokens)
+                self.spec_decoding.record(s.spec_decoding)
         if iteration.num_prompt_tokens:
             self.prompt_tokens.inc(iteration.num_prompt_tokens)
         if iteration.num_generation_tokens:

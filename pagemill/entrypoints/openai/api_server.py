@@ -132,7 +132,9 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
     completion = OpenAIServingCompletion(engine, models)
     tokenization = OpenAIServingTokenization(engine.get_tokenizer(), models, renderer)
     registry = CollectorRegistry()
-    prometheus = PrometheusStatLogger(registry, models.default_name)
+    spec = engine.config.speculative_config
+    prometheus = PrometheusStatLogger(registry, models.default_name,
+                                      spec.num_speculative_tokens if spec is not None else None)
     engine.stat_loggers.append(prometheus)
     app.state.engine, app.state.registry = engine, registry
     _register_error_handlers(app)

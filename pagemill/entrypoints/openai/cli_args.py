@@ -10,6 +10,7 @@ import typing
 
 from pagemill.config import EngineArgs
 from pagemill.entrypoints.chat_utils import BUILTIN_TEMPLATES
+from pagemill.entrypoints.json_flags import config_flag
 from pagemill.entrypoints.openai.tool_parsers import tool_parser_names
 from pagemill.loader.default_model import DEFAULT_MODEL_NAME
 
@@ -35,6 +36,8 @@ _ENGINE_HELP = {
                           "win (same tokens, faster batched decode).",
     "structured_outputs_backend": "Structured output (guided decoding) library: auto (xgrammar, or llguidance for "
                                   "what xgrammar lacks), xgrammar, guidance.",
+    "speculative_config": "Speculative decoding as JSON (vLLM's fields), e.g. '{\"method\": \"ngram\", "
+                          "\"num_speculative_tokens\": 4}'; method ngram, suffix or draft_model (None: off).",
 }
 _CUSTOM = {"served_model_name"}  # declared by hand (several names allowed)
 
@@ -49,6 +52,13 @@ def _scalar_type(tp: object) -> type:
     return args[0] if args[0] in (int, float, str) else str
 
 
+def _is_dict_field(tp: object) -> bool:
+    """Whether an annotation such as `dict[str, Any] | str | None` admits a dict (a JSON-object flag)."""
+    args = typing.get_args(tp) if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union \
+        else (tp,)
+    return any(a is dict or typing.get_origin(a) is dict for a in args)
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """One flag per EngineArgs field (`--max-num-seqs`, `--enable-prefix-caching/--no-...`)."""
     hints = typing.get_type_hints(EngineArgs)
@@ -61,6 +71,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help_text = _ENGINE_HELP.get(f.name, f"EngineArgs.{f.name}")
         if hints[f.name] is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        elif _is_dict_field(hints[f.name]):
+            group.add_argument(flag, type=config_flag(f.name), default=default, metavar="JSON", help=help_text)
         else:
             group.add_argument(flag, type=_scalar_type(hints[f.name]), default=default, help=help_text)
 

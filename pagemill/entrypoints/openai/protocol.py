@@ -139,6 +139,7 @@ class SamplingRequest(OpenAIBaseModel):
     stop_token_ids: list[int] | None = None
     priority: int = 0
     cache_salt: str | None = None
+    speculative_decoding: bool = True  # False: no draft tokens for this request when the server speculates
     # structured output: OpenAI's response_format, vLLM's structured_outputs, and the older guided_* fields
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None

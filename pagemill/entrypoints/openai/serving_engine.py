@@ -73,6 +73,25 @@ async def merge_async_iterators(iterators: list[AsyncIterator[T]]) -> AsyncItera
             await it.aclose()  # type: ignore[attr-defined]
 
 
+def request_sampling_params(request: SamplingRequest, max_tokens: int | None, logprobs: int | None, stream: bool,
+                            constraint: OutputConstraint | None = None) -> SamplingParams:
+    """SamplingParams of a completions or chat request (OpenAI's fields, vLLM's extras, speculative_decoding);
+    raises SamplingParams' ValueError for bad values."""
+    return SamplingParams(
+        n=request.n, temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p, top_k=request.top_k or 0,
+        min_p=request.min_p or 0.0, presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+        seed=request.seed, stop=request.stop, stop_token_ids=request.stop_token_ids,
+        ignore_eos=request.ignore_eos, max_tokens=max_tokens, min_tokens=request.min_tokens,
+        logprobs=logprobs, skip_special_tokens=request.skip_special_tokens,
+        include_stop_str_in_output=request.include_stop_str_in_output,
+        output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        structured_outputs=constraint.params if constraint is not None else None,
+        speculative_decoding=request.speculative_decoding)
+
+
 class OpenAIServing:
     """Base of the endpoint handlers that generate text."""
 
@@ -117,18 +136,7 @@ class OpenAIServing:
         """SamplingParams from the request (with its output constraint); a ValueError becomes a 400 naming the
         field."""
         try:
-            return SamplingParams(
-                n=request.n, temperature=1.0 if request.temperature is None else request.temperature,
-                top_p=1.0 if request.top_p is None else request.top_p, top_k=request.top_k or 0,
-                min_p=request.min_p or 0.0, presence_penalty=request.presence_penalty,
-                frequency_penalty=request.frequency_penalty,
-                repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
-                seed=request.seed, stop=request.stop, stop_token_ids=request.stop_token_ids,
-                ignore_eos=request.ignore_eos, max_tokens=max_tokens, min_tokens=request.min_tokens,
-                logprobs=logprobs, skip_special_tokens=request.skip_special_tokens,
-                include_stop_str_in_output=request.include_stop_str_in_output,
-                output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
-                structured_outputs=constraint.params if constraint is not None else None)
+            return request_sampling_params(request, max_tokens, logprobs, stream, constraint)
         except (ValueError, TypeError) as e:
             err = from_value_error(ValueError(str(e)), type(request).model_fields)
             if err.param and field_aliases and err.param in field_aliases:
