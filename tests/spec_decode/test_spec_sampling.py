@@ -29,7 +29,7 @@ def _drafts(llm: LLM) -> int:
 
 
 @pytest.mark.parametrize("params", [
-    dict(repetition_penalty=1.3),
+    dict(repetition_penalty=1.05),
     dict(frequency_penalty=0.8, presence_penalty=0.5),
     dict(min_tokens=30, max_tokens=40),
 ], ids=["repetition", "frequency_presence", "min_tokens"])
