@@ -1,0 +1,54 @@
+"""What verifying k draft tokens costs: the target's step (forward + LM head + sampling) over 1 + k tokens of one
+request, against a one-token decode step (issue 13: at most 1.3x for 1 + 7 tokens at batch 1).
+
+The target drafts for itself as a separate draft model, so every draft is accepted and every step verifies exactly
+1 + k tokens; the draft's own forwards are timed apart (the profiler's `propose` section) and left out.
+
+    python benchmarks/verify_cost.py [--model PATH] [--ks 1,3,7] [--context 512] [--steps 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+
+from pagemill import LLM, SamplingParams
+from pagemill.loader.default_model import default_model_path
+
+SECTIONS = ("forward_ms", "logits_ms", "sample_ms")
+
+
+def step_cost(model: str, k: int, context: int, steps: int) -> tuple[float, dict[str, float]]:
+    """(ms per verifying step, the sections) for one request with `context` prompt tokens, k drafts per step."""
+    spec = {"method": "draft_model", "model": model, "num_speculative_tokens": k,
+            "max_batch_size": 1000, "min_acceptance_rate": 0.0} if k else None
+    llm = LLM(model, max_model_len=context + 4 * steps * (k + 1), speculative_config=spec, profile=True)
+    prompt = {"prompt_token_ids": [(i * 7919) % 20000 + 100 for i in range(context)]}
+    sp = SamplingParams(temperature=0, max_tokens=steps * (k + 1), ignore_eos=True)
+    llm.generate(prompt, SamplingParams(temperature=0, max_tokens=2 * (k + 1), ignore_eos=True), use_tqdm=False)
+    prof = llm.llm_engine.engine_core.profiler
+    prof.reset()
+    llm.generate(prompt, sp, use_tqdm=False)
+    report = prof.report()
+    return sum(report[s] for s in SECTIONS), {s: report[s] for s in SECTIONS}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--ks", default="1,3,7")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=64)
+    args = ap.parse_args()
+    model = args.model or default_model_path()
+    print(f"CPU: {platform.processor() or platform.machine()}; model {model}; context {args.context}")
+    base, sections = step_cost(model, 0, args.context, args.steps)
+    print(f"k=0 (1 token):  {base:7.2f} ms/step  " + "  ".join(f"{s} {v:.2f}" for s, v in sections.items()))
+    for k in (int(x) for x in args.ks.split(",")):
+        cost, sections = step_cost(model, k, args.context, args.steps)
+        print(f"k={k} ({k + 1} tokens): {cost:7.2f} ms/step = {cost / base:.2f}x  "
+              + "  ".join(f"{s} {v:.2f}" for s, v in sections.items()))
+
+
+if __name__ == "__main__":
+    main()
