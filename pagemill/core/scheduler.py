@@ -265,9 +265,9 @@ class Scheduler:
         return out
 
     def _num_drafts_wanted(self, req: Request) -> int:
-        """Draft tokens to propose for the request's next step: none when it opted out, is constrained by a grammar
-        (its drafts would need the grammar's per-position masks) or is backing off after poor acceptance."""
-        if not req.sampling_params.speculative_decoding or req.structured_output is not None:
+        """Draft tokens to propose for the request's next step: none when it opted out or is backing off after poor
+        acceptance."""
+        if not req.sampling_params.speculative_decoding:
             return 0
         if req.num_output_tokens < req.spec_backoff_until:
             return 0
@@ -385,7 +385,10 @@ class Scheduler:
             eco = EngineCoreOutput(rid, tokens, new_logprobs=logprobs, new_prompt_logprobs=prompt_lp,
                                    num_cached_tokens=max(req.num_cached_tokens, 0), events=req.take_events())
             if status is None:
-                req.spec_token_ids = out.draft_token_ids.get(rid, [])
+                drafts = out.draft_token_ids.get(rid, [])
+                if drafts and req.structured_output is not None:  # drafts the grammar forbids would be wasted
+                    del drafts[req.structured_output.grammar.validate_tokens(drafts):]
+                req.spec_token_ids = drafts
             else:
                 req.status = status
                 eco.finish_reason = status.finish_reason

@@ -86,6 +86,14 @@ class GuidanceGrammar:
         """True once the grammar can take no more tokens (it ended, or only its stop token is left)."""
         return self.matcher.is_stopped()
 
+    def validate_tokens(self, tokens: list[int]) -> int:
+        """How many of `tokens` (draft tokens) the grammar accepts in a row from here; the state is unchanged."""
+        return self.matcher.validate_tokens(tokens)
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepted tokens."""
+        self.matcher.rollback(num_tokens)
+
 
 class GuidanceBackend:
     """Builds llguidance matchers for one tokenizer and fills bitmasks with its parallel executor."""

@@ -69,6 +69,21 @@ class XgrammarGrammar:
         """True once the grammar has ended (its stop token accepted)."""
         return self.matcher.is_terminated()
 
+    def validate_tokens(self, tokens: list[int]) -> int:
+        """How many of `tokens` (draft tokens) the grammar accepts in a row from here; the state is unchanged."""
+        n = 0
+        for t in tokens:
+            if not self.matcher.accept_token(t):
+                break
+            n += 1
+        if n:
+            self.matcher.rollback(n)
+        return n
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepted tokens."""
+        self.matcher.rollback(num_tokens)
+
 
 class XgrammarBackend:
     """Compiles specs against one tokenizer (xgrammar's own compiler, threads and cache) and fills bitmasks."""

@@ -8,10 +8,11 @@ libraries and torch release the GIL); the model runner joins it just before samp
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -27,10 +28,12 @@ _CACHE_SIZE = 256  # compiled grammars kept (least recently used dropped)
 
 
 class GrammarStep:
-    """One step's token bitmask: row i (of `req_ids`) filled in the background; `bitmask()` waits for it."""
+    """One step's token bitmask: row i, for request req_ids[i] after its first offsets[i] draft tokens (speculative
+    decoding; 0 without), filled in the background; `bitmask()` waits for it."""
 
-    def __init__(self, req_ids: list[str], future: Future) -> None:
+    def __init__(self, req_ids: list[str], offsets: list[int], future: Future) -> None:
         self.req_ids = req_ids
+        self.offsets = offsets
         self._future = future
         self.fill_seconds = 0.0
 
@@ -56,7 +59,9 @@ class StructuredOutputManager:
         self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagemill-bitmask")
         self._pending: set[Future] = set()
         self._bitmask: torch.Tensor | None = None  # [max_num_seqs, words], allocated on first use
-        self._max_rows = config.scheduler_config.max_num_seqs
+        spec = config.speculative_config
+        # one row per constrained request, or one per position it verifies (its drafts and the token after them)
+        self._max_rows = config.scheduler_config.max_num_seqs * (1 + (spec.num_speculative_tokens if spec else 0))
         self.num_live = 0  # requests holding a matcher (no per-step work while 0)
 
     # ---- admission ----
@@ -130,28 +135,47 @@ class StructuredOutputManager:
         """Start filling the bitmask rows of this step's constrained requests that sample; None if there are none."""
         if not self.num_live:
             return None
-        req_ids, grammars = [], []
+        req_ids, grammars, drafts = [], [], []
         for rid in so.num_scheduled_tokens:
             req = requests[rid]
             if req.structured_output is not None and req.num_computed_tokens >= req.num_tokens:
                 req_ids.append(rid)
                 grammars.append(req.structured_output.grammar)
+                drafts.append(so.scheduled_spec_decode_tokens.get(rid, ()))
         if not req_ids:
             return None
-        return GrammarStep(req_ids, self._fill_pool.submit(self._fill, grammars))
+        rows = [(rid, j) for rid, d in zip(req_ids, drafts) for j in range(len(d) + 1)]
+        return GrammarStep([r for r, _ in rows], [j for _, j in rows],
+                           self._fill_pool.submit(self._fill, grammars, drafts))
 
-    def _fill(self, grammars: list[Any]) -> tuple[torch.Tensor, float]:
+    def _fill(self, grammars: list[Any], drafts: list[Sequence[int]]) -> tuple[torch.Tensor, float]:
+        """Rows in GrammarStep order: each request's current state, then (with drafts, which the scheduler checked
+        against the grammar) its state after each draft token; the matchers end where they started."""
         start = time.perf_counter()
         if self._bitmask is None:
             self._bitmask = torch.full((self._max_rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
-        bitmask = self._bitmask[:len(grammars)]
+        first_rows = list(itertools.accumulate((len(d) + 1 for d in drafts), initial=0))
+        bitmask = self._bitmask[:first_rows[-1]]
         groups: dict[str, tuple[list[Any], list[int]]] = {}
-        for row, g in enumerate(grammars):
+        for row, g in zip(first_rows, grammars):
             gs, rows = groups.setdefault(g.backend, ([], []))
             gs.append(g)
             rows.append(row)
-        for name, (gs, rows) in groups.items():
+        for name, (gs, rows) in groups.items():  # one batched call for the current states
             self._backends[name].fill_bitmask(gs, bitmask, rows)
+        for row, g, d in zip(first_rows, grammars, drafts):  # then the states after drafts, request by request
+            accepted = 0
+            for j, token in enumerate(d, 1):
+                if not g.accept_token(token):  # (the scheduler checked the drafts: not expected)
+                    bitmask[row + j:row + len(d) + 1] = -1
+                    break
+                accepted += 1
+                if g.is_terminated():  # a draft ended the grammar: the rows after it go unused
+                    bitmask[row + j:row + len(d) + 1] = -1
+                    break
+                self._backends[g.backend].fill_bitmask([g], bitmask, [row + j])
+            if accepted:
+                g.rollback(accepted)
         return bitmask, time.perf_counter() - start
 
     def shutdown(self) -> None:

@@ -284,7 +284,7 @@ class ModelRunner:
 
         A request with k drafts has k + 1 logits rows (after its last token and after each draft); row j sees the
         first j drafts as outputs (penalties, min_tokens), so the full sampling pipeline applies at every position.
-        Requests with structured output get no drafts (Scheduler._num_drafts_wanted): their one row takes the mask.
+        A constrained request's rows take its grammar's masks after each draft (StructuredOutputManager._fill).
         """
         ib = self.input_batch
         prof = self.profiler
@@ -302,7 +302,8 @@ class ModelRunner:
             with prof.section("grammar"):
                 bitmask = grammar.bitmask()
                 index = {req_ids[i]: int(row_start[j]) for j, i in enumerate(sample_idx)}
-                bitmask_rows = torch.tensor([index[r] for r in grammar.req_ids], dtype=torch.int64)
+                bitmask_rows = torch.tensor([index[r] + j for r, j in zip(grammar.req_ids, grammar.offsets)],
+                                            dtype=torch.int64)
         with prof.section("sample"):
             probs = raw_lp = None
             if argmax is None:

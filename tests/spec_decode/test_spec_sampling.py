@@ -83,6 +83,24 @@ def test_structured_output_next_to_speculating_requests(smol_llm, spec_llm):
     assert set(data) == {"fruit", "count"}
 
 
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_constrained_requests_speculate_too(smol_path, backend):
+    """Drafts of a constrained request are checked by its grammar and verified under its per-position masks: the
+    output equals the constrained output without speculation, and drafts were accepted."""
+    regex = r" plums(, (apples|pears|plums)){4,12}\."
+    sp = SamplingParams(temperature=0, max_tokens=60, structured_outputs=StructuredOutputsParams(regex=regex))
+    llm = LLM(smol_path, kv_cache_memory="128MiB", max_model_len=1024, structured_outputs_backend=backend,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 5, **ALWAYS})
+    plain = LLM(smol_path, kv_cache_memory="128MiB", max_model_len=1024, structured_outputs_backend=backend)
+    ref = plain.generate(PROMPT, sp, use_tqdm=False)[0].outputs[0]
+    outs = llm.generate([PROMPT, PROMPT + " plums"], [sp, SamplingParams(temperature=0, max_tokens=30)],
+                        use_tqdm=False)
+    assert outs[0].outputs[0].token_ids == ref.token_ids
+    assert outs[0].outputs[0].finish_reason == "stop" and outs[0].outputs[0].text.endswith(".")
+    spec = llm.llm_engine.engine_core.scheduler.make_stats().spec_decoding
+    assert spec.num_accepted_tokens > 10
+
+
 def test_per_request_opt_out(spec_llm):
     sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, speculative_decoding=False)
     before = spec_llm.llm_engine.engine_core.scheduler.make_stats().spec_decoding.num_drafts
