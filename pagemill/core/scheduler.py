@@ -273,6 +273,23 @@ class Scheduler:
             return 0
         return self.spec_config.num_speculative_tokens
 
+    def _constrained_drafts(self, req: Request, drafts: list[int]) -> list[int]:
+        """A constrained request's drafts: the proposer's, cut where its grammar would reject them, or the tokens
+        the grammar forces next if those are more (jump-forward: a forced token is always accepted, its masked
+        probability being 1)."""
+        grammar = req.structured_output.grammar
+        if drafts:
+            del drafts[grammar.validate_tokens(drafts):]
+        if not req.sampling_params.speculative_decoding:
+            return drafts
+        room = min(self.spec_config.num_speculative_tokens, self.config.max_model_len - req.num_tokens - 1)
+        if req.max_tokens is not None:
+            room = min(room, req.max_tokens - req.num_output_tokens - 1)
+        if room <= len(drafts):
+            return drafts
+        forced = grammar.forced_tokens(room)
+        return forced if len(forced) > len(drafts) else drafts
+
     def _verified(self, req: Request, num_drafts: int, num_accepted: int) -> None:
         """Account one verification: counters, the rollback of rejected slots and the request's back-off."""
         stats = self.spec_stats
@@ -386,8 +403,8 @@ class Scheduler:
                                    num_cached_tokens=max(req.num_cached_tokens, 0), events=req.take_events())
             if status is None:
                 drafts = out.draft_token_ids.get(rid, [])
-                if drafts and req.structured_output is not None:  # drafts the grammar forbids would be wasted
-                    del drafts[req.structured_output.grammar.validate_tokens(drafts):]
+                if req.structured_output is not None and self.spec_config is not None:
+                    drafts = self._constrained_drafts(req, drafts)
                 req.spec_token_ids = drafts
             else:
                 req.status = status

@@ -94,6 +94,10 @@ class GuidanceGrammar:
         """Undo the last `num_tokens` accepted tokens."""
         self.matcher.rollback(num_tokens)
 
+    def forced_tokens(self, max_tokens: int) -> list[int]:
+        """The tokens the grammar forces next (jump-forward; llguidance's fast-forward tokens), at most max_tokens."""
+        return self.matcher.compute_ff_tokens()[:max_tokens]
+
 
 class GuidanceBackend:
     """Builds llguidance matchers for one tokenizer and fills bitmasks with its parallel executor."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,8 +60,9 @@ class XgrammarGrammar:
 
     backend = "xgrammar"
 
-    def __init__(self, matcher: xgr.GrammarMatcher) -> None:
+    def __init__(self, matcher: xgr.GrammarMatcher, encode: Callable[[str], list[int]]) -> None:
         self.matcher = matcher
+        self._encode = encode
 
     def accept_token(self, token: int) -> bool:
         """Advance by one sampled token; False if the grammar rejects it (the state is then unchanged)."""
@@ -84,6 +87,15 @@ class XgrammarGrammar:
         """Undo the last `num_tokens` accepted tokens."""
         self.matcher.rollback(num_tokens)
 
+    def forced_tokens(self, max_tokens: int) -> list[int]:
+        """Tokens of the text the grammar forces next (jump-forward), as the tokenizer splits it, cut where the
+        grammar would not take them; [] when the next token is not forced."""
+        text = self.matcher.find_jump_forward_string()
+        if not text:
+            return []
+        tokens = self._encode(text)[:max_tokens]
+        return tokens[:self.validate_tokens(tokens)]
+
 
 class XgrammarBackend:
     """Compiles specs against one tokenizer (xgrammar's own compiler, threads and cache) and fills bitmasks."""
@@ -96,6 +108,7 @@ class XgrammarBackend:
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=2, cache_enabled=False)
         self.batch = xgr.BatchGrammarMatcher(max_threads=2)
+        self._encode = functools.partial(tokenizer.encode, add_special_tokens=False)
 
     def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         """The compiled grammar (tokenizer-specific token masks precomputed)."""
@@ -103,7 +116,7 @@ class XgrammarBackend:
 
     def new_grammar(self, compiled: xgr.CompiledGrammar) -> XgrammarGrammar:
         """A fresh matcher at the start of the grammar."""
-        return XgrammarGrammar(xgr.GrammarMatcher(compiled))
+        return XgrammarGrammar(xgr.GrammarMatcher(compiled), self._encode)
 
     def fill_bitmask(self, grammars: list[XgrammarGrammar], bitmask: torch.Tensor, rows: list[int]) -> None:
         """Fill bitmask[rows[i]] with grammars[i]'s allowed next tokens (one batched, multi-threaded call)."""

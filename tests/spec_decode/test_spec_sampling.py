@@ -101,6 +101,28 @@ def test_constrained_requests_speculate_too(smol_path, backend):
     assert spec.num_accepted_tokens > 10
 
 
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_jump_forward_drafts_the_tokens_a_grammar_forces(smol_path, backend):
+    """JSON keys and punctuation the schema forces are drafted (and always accepted) even with nothing for the
+    n-gram proposer to match: the same output as without speculation, in fewer steps."""
+    schema = {"type": "object", "properties": {"first_name": {"type": "string", "maxLength": 12},
+                                               "year_of_birth": {"type": "integer"},
+                                               "favourite_colour": {"enum": ["red", "green", "blue"]}},
+              "required": ["first_name", "year_of_birth", "favourite_colour"], "additionalProperties": False}
+    sp = SamplingParams(temperature=0, max_tokens=80, structured_outputs=StructuredOutputsParams(json=schema))
+    prompt = "Describe a person as JSON:"
+    plain = LLM(smol_path, kv_cache_memory="128MiB", max_model_len=1024, structured_outputs_backend=backend)
+    ref = plain.generate(prompt, sp, use_tqdm=False)[0].outputs[0]
+    llm = LLM(smol_path, kv_cache_memory="128MiB", max_model_len=1024, structured_outputs_backend=backend,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 8,
+                                                  "prompt_lookup_max": 8})
+    out = llm.generate(prompt, sp, use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == ref.token_ids
+    assert set(json.loads(out.text)) == set(schema["properties"])
+    spec = llm.llm_engine.engine_core.scheduler.make_stats().spec_decoding
+    assert spec.num_accepted_tokens >= 8  # the forced keys at least
+
+
 def test_per_request_opt_out(spec_llm):
     sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, speculative_decoding=False)
     before = spec_llm.llm_engine.engine_core.scheduler.make_stats().spec_decoding.num_drafts
