@@ -245,22 +245,31 @@ class ModelRunner:
         spec = so.scheduled_spec_decode_tokens
         with prof.section("logits"):  # model compute (LM head), not engine overhead
             self._prompt_logprobs(out, req_ids, rows, computed, counts, starts, hidden)
-            sample_idx = np.nonzero(seq_lens >= ib.num_tokens[rows])[0]
-            if len(sample_idx) == 0:
-                return out
-            sample_rows = rows[sample_idx]
-            if spec:
-                return self._verify(out, hidden, step, sample_idx, spec, grammar)
+        sample_idx = np.nonzero(seq_lens >= ib.num_tokens[rows])[0]
+        if len(sample_idx) == 0:
+            return out
+        self.sampler.bitmask_seconds = 0.0
+        if spec:
+            self._verify(out, hidden, step, sample_idx, spec, grammar)
+        else:
+            self._sample_one(out, hidden, step, sample_idx, grammar)
+        if prof.enabled and self.sampler.bitmask_seconds:  # the mask's application counts as grammar, not sample
+            prof.timings["sample"] -= self.sampler.bitmask_seconds
+            prof.timings["grammar"] = prof.timings.get("grammar", 0.0) + self.sampler.bitmask_seconds
+        return out
+
+    def _sample_one(self, out: ModelRunnerOutput, hidden: torch.Tensor, step: StepInputs, sample_idx: np.ndarray,
+                    grammar: Any = None) -> None:
+        """A step without draft tokens: one token for each request that reached the end of its tokens."""
+        ib = self.input_batch
+        prof = self.profiler
+        req_ids, rows, cu = step.req_ids, step.rows, step.cu
+        sample_rows = rows[sample_idx]
+        with prof.section("logits"):
             logits, tokens = self._sample_logits(hidden[torch.from_numpy(cu[sample_idx] - 1)], sample_rows)
         if grammar is not None:
-            with prof.section("grammar"):  # wait for the bitmask filled during the forward
-                bitmask = grammar.bitmask()
-                index = {req_ids[i]: j for j, i in enumerate(sample_idx)}
-                bitmask_rows = torch.tensor([index[r] for r in grammar.req_ids], dtype=torch.int64)
-            if prof.enabled:
-                prof.timings["grammar_fill"] = prof.timings.get("grammar_fill", 0.0) + grammar.fill_seconds
+            bitmask, bitmask_rows = self._grammar_bitmask(grammar, {req_ids[i]: j for j, i in enumerate(sample_idx)})
         with prof.section("sample"):
-            self.sampler.bitmask_seconds = 0.0
             raw_lp = None
             if tokens is None:  # else every row needed only the argmax (so none is constrained): the screen gave it
                 smd = self._sampling_metadata(sample_rows)
@@ -273,13 +282,20 @@ class ModelRunner:
                 ib.append_token(int(rows[i]), token_list[j])
             if raw_lp is not None:
                 self._sample_logprobs(out, raw_lp, tokens, sample_idx, sample_rows, req_ids)
-        if prof.enabled and self.sampler.bitmask_seconds:  # the mask's application counts as grammar, not sample
-            prof.timings["sample"] -= self.sampler.bitmask_seconds
-            prof.timings["grammar"] = prof.timings.get("grammar", 0.0) + self.sampler.bitmask_seconds
-        return out
+
+    def _grammar_bitmask(self, grammar: Any, first_row: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Wait for the step's bitmask (filled during the forward): (bitmask, the logits row of each of its rows),
+        given each constrained request's first logits row."""
+        prof = self.profiler
+        with prof.section("grammar"):
+            bitmask = grammar.bitmask()
+            rows = torch.tensor([first_row[r] + j for r, j in zip(grammar.req_ids, grammar.offsets)], dtype=torch.int64)
+        if prof.enabled:
+            prof.timings["grammar_fill"] = prof.timings.get("grammar_fill", 0.0) + grammar.fill_seconds
+        return bitmask, rows
 
     def _verify(self, out: ModelRunnerOutput, hidden: torch.Tensor, step: StepInputs, sample_idx: np.ndarray,
-                spec: dict[str, list[int]], grammar: Any = None) -> ModelRunnerOutput:
+                spec: dict[str, list[int]], grammar: Any = None) -> None:
         """A step with draft tokens: target logits at every draft position, the rejection sampler, logprobs.
 
         A request with k drafts has k + 1 logits rows (after its last token and after each draft); row j sees the
@@ -297,13 +313,11 @@ class ModelRunner:
         offsets = np.arange(int(num_rows.sum())) - row_start[logit_req]  # drafts before each logits row
         hidden_idx = cu[sample_idx][logit_req] - num_rows[logit_req] + offsets
         logit_rows = sample_rows[logit_req]
-        logits, argmax = self._sample_logits(hidden[torch.from_numpy(hidden_idx)], logit_rows, offsets)
+        with prof.section("logits"):
+            logits, argmax = self._sample_logits(hidden[torch.from_numpy(hidden_idx)], logit_rows, offsets)
         if grammar is not None:
-            with prof.section("grammar"):
-                bitmask = grammar.bitmask()
-                index = {req_ids[i]: int(row_start[j]) for j, i in enumerate(sample_idx)}
-                bitmask_rows = torch.tensor([index[r] + j for r, j in zip(grammar.req_ids, grammar.offsets)],
-                                            dtype=torch.int64)
+            bitmask, bitmask_rows = self._grammar_bitmask(
+                grammar, {req_ids[i]: int(row_start[j]) for j, i in enumerate(sample_idx)})
         with prof.section("sample"):
             probs = raw_lp = None
             if argmax is None:
@@ -323,7 +337,6 @@ class ModelRunner:
                 ib.num_tokens[row] = n + len(toks)
             if raw_lp is not None:
                 self._verify_logprobs(out, raw_lp, outputs, row_start, sample_idx, sample_rows, req_ids)
-        return out
 
     def _verify_logprobs(self, out: ModelRunnerOutput, raw_lp: torch.Tensor, outputs: list[list[int]],
                          row_start: np.ndarray, sample_idx: np.ndarray, sample_rows: np.ndarray,
