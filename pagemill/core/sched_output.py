@@ -64,3 +64,5 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per runner section (with --profile)
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)  # proposals for the next step
+    # Seconds of proposing per draft position, over the seconds of this step's target forward and sampling.
+    draft_cost: float | None = None

@@ -73,6 +73,11 @@ class Scheduler:
         self.num_lookahead_tokens = (speculative_config.num_speculative_tokens
                                      if speculative_config is not None and speculative_config.method == "draft_model"
                                      else 0)
+        # Engine-wide moving averages: draft acceptance (a new request starts from it) and what proposing one draft
+        # token costs relative to a target step (a draft model's forwards; ~0 for n-gram / suffix).
+        self.spec_acceptance = 1.0
+        self.draft_cost = 0.0
+        self.spec_backoff_len = 0  # the last back-off's length: a new request starts with it while acceptance is poor
         self.spec_stats = SpecDecodingStats(speculative_config.num_speculative_tokens, 0, 0, 0,
                                             [0] * speculative_config.num_speculative_tokens) \
             if speculative_config is not None else None
@@ -100,6 +105,10 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queue a new request (WAITING_FOR_FSM while its structured-output grammar compiles)."""
         self.requests[request.request_id] = request
+        if self.spec_config is not None and self.spec_acceptance < self._acceptance_threshold():
+            # drafts have been paying poorly: the request starts backed off (it probes again after that)
+            request.spec_backoff_len = request.spec_backoff_until = self.spec_backoff_len
+            request.spec_acceptance = self._acceptance_threshold()
         if request.structured_output is not None and not request.structured_output.is_ready():
             request.status = RequestStatus.WAITING_FOR_FSM
         parent = self.requests.get(request.fork_of) if request.fork_of else None
@@ -273,6 +282,11 @@ class Scheduler:
             return 0
         return self.spec_config.num_speculative_tokens
 
+    def _acceptance_threshold(self) -> float:
+        """The draft acceptance rate below which speculation costs more than it gives: the configured minimum plus
+        the measured cost of proposing a draft token (in target steps)."""
+        return self.spec_config.min_acceptance_rate + self.draft_cost
+
     def _constrained_drafts(self, req: Request, drafts: list[int]) -> list[int]:
         """A constrained request's drafts: the proposer's, cut where its grammar would reject them, or the tokens
         the grammar forces next if those are more (jump-forward: a forced token is always accepted, its masked
@@ -305,14 +319,16 @@ class Scheduler:
             kept = self.kv_cache_manager.free_tail(req, req.num_computed_tokens)
             if kept is not None:  # the runner's copy of the tables must be cut too
                 self._cut_tables[req.request_id] = kept
-        cfg = self.spec_config
-        req.spec_acceptance = 0.6 * req.spec_acceptance + 0.4 * (num_accepted / num_drafts)
-        if req.spec_acceptance < cfg.min_acceptance_rate:
-            # Poor acceptance: no drafts for a while (doubling while it stays poor), then one more try.
-            req.spec_backoff_len = min(max(8, 2 * req.spec_backoff_len), 256)
+        rate, threshold = num_accepted / num_drafts, self._acceptance_threshold()
+        self.spec_acceptance = 0.9 * self.spec_acceptance + 0.1 * rate
+        req.spec_acceptance = 0.6 * req.spec_acceptance + 0.4 * rate
+        if req.spec_acceptance < threshold:
+            # Poor acceptance: no drafts for a while (doubling while it stays poor), then one more try, which
+            # starts the next back-off at once if it is poor too.
+            req.spec_backoff_len = self.spec_backoff_len = min(max(8, 2 * req.spec_backoff_len), 256)
             req.spec_backoff_until = req.num_output_tokens + req.spec_backoff_len
-            req.spec_acceptance = 2 * cfg.min_acceptance_rate
-        elif req.spec_acceptance >= 2 * cfg.min_acceptance_rate:
+            req.spec_acceptance = threshold
+        elif req.spec_acceptance >= 2 * threshold:
             req.spec_backoff_len = 0
 
     def _fail_grammar(self, req: Request) -> None:
@@ -370,6 +386,8 @@ class Scheduler:
     def update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Append sampled tokens, check stop conditions, free finished requests; one output per request."""
         outputs, self._failed_outputs = self._failed_outputs, []
+        if out.draft_cost is not None:
+            self.draft_cost = 0.8 * self.draft_cost + 0.2 * out.draft_cost
         for rid in sched.num_scheduled_tokens:
             req = self.requests.get(rid)
             if req is None:

@@ -6,6 +6,7 @@ import logging
 import math
 import mmap
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,12 +184,16 @@ class ModelRunner:
         with prof.section("prepare"):
             step = self._prepare(so)
         metadata = [self.backend.build_metadata(md) for md in step.attn_metadata]
+        start = time.perf_counter()
         with prof.section("forward"), set_forward_context(metadata):
             hidden = self.model(step.input_ids, step.positions)
         out = self._sample(hidden, step, so)
         if so.num_spec_tokens_to_propose and self.proposer is not None:
+            target = time.perf_counter() - start
             with prof.section("propose"):
-                self._propose(out, so.num_spec_tokens_to_propose)
+                positions = self._propose(out, so.num_spec_tokens_to_propose)
+            if positions:
+                out.draft_cost = (time.perf_counter() - start - target) / (positions * target)
         return out
 
     def _prepare(self, so: SchedulerOutput) -> StepInputs:
@@ -358,9 +363,10 @@ class ModelRunner:
                                                                  ranks[pos:pos + n])
             pos += n
 
-    def _propose(self, out: ModelRunnerOutput, wanted: dict[str, int]) -> None:
+    def _propose(self, out: ModelRunnerOutput, wanted: dict[str, int]) -> int:
         """Draft tokens for the next step of each request the scheduler asked for, within its max_tokens and the
-        context length (a request's last verification may end it at max_tokens exactly)."""
+        context length (a request's last verification may end it at max_tokens exactly); returns the most draft
+        positions asked of one request (a draft model's forwards run one per position)."""
         ib = self.input_batch
         max_len = self.config.model_config.max_model_len
         req_ids, rows, rooms = [], [], []
@@ -378,7 +384,7 @@ class ModelRunner:
                 rows.append(row)
                 rooms.append(room)
         if not req_ids:
-            return
+            return 0
         if hasattr(self.proposer, "propose_batch"):  # a draft model: one batched forward per draft position
             drafts = self.proposer.propose_batch(req_ids, np.array(rows, dtype=np.int64), np.array(rooms))
         else:
@@ -387,6 +393,7 @@ class ModelRunner:
         for rid, d in zip(req_ids, drafts):
             if d:
                 out.draft_token_ids[rid] = d
+        return max(rooms)
 
     def _sample_logits(self, hidden: torch.Tensor, rows: np.ndarray,
                        offsets: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

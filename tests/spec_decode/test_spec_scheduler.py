@@ -146,3 +146,27 @@ def test_no_drafts_for_a_large_batch_or_an_opted_out_request():
     s2.add_request(Request("in", [5, 6, 7], SamplingParams(max_tokens=50), None, 0.0))
     s2.add_request(Request("out", [5, 6, 7], SamplingParams(max_tokens=50, speculative_decoding=False), None, 1.0))
     assert set(s2.schedule().num_spec_tokens_to_propose) == {"in"}
+
+
+def test_costly_drafts_back_off_and_new_requests_start_backed_off():
+    """A draft model whose proposals cost ~0.8 of a target step needs more than 80% acceptance to pay: 50% backs
+    off, and once acceptance is poor engine-wide a new request starts backed off instead of re-learning it."""
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_model_len=2048), CacheConfig(block_size=4),
+                  KVCacheConfig(2000, 4), SpeculativeConfig(method="ngram", num_speculative_tokens=4))
+    drafted: dict[str, int] = {}
+
+    def run(rid: str, steps: int) -> None:
+        s.add_request(Request(rid, [5, 6, 7], SamplingParams(max_tokens=1000, ignore_eos=True), None, 0.0))
+        for _ in range(steps):
+            so = s.schedule()
+            drafts = so.scheduled_spec_decode_tokens.get(rid, [])
+            drafted[rid] = drafted.get(rid, 0) + bool(drafts)
+            proposals = {rid: [9, 9, 9, 9]} if rid in so.num_spec_tokens_to_propose else {}
+            s.update_from_output(so, ModelRunnerOutput({rid: drafts[:len(drafts) // 2] + [8]},
+                                                       draft_token_ids=proposals, draft_cost=0.8))
+        s.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+
+    run("first", 200)
+    assert 3 <= drafted["first"] <= 12  # half of the drafts accepted: not worth 0.8 of a step each
+    run("second", 40)
+    assert drafted["second"] <= 1  # starts backed off
