@@ -10,6 +10,7 @@ import os as _os
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
+from pagemill.lora.request import LoRARequest
 from pagemill.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from pagemill.outputs import CompletionOutput, Logprob, RequestOutput
 from pagemill.sampling_params import (GuidedDecodingParams, RequestOutputKind, SamplingParams,
@@ -18,7 +19,7 @@ from pagemill.sampling_params import (GuidedDecodingParams, RequestOutputKind, S
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "RequestOutputKind",
            "EngineArgs", "LLMEngine", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence", "StructuredOutputsParams",
-           "GuidedDecodingParams", "__version__"]
+           "GuidedDecodingParams", "LoRARequest", "__version__"]
 
 
 def __getattr__(name: str):

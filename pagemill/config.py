@@ -244,6 +244,28 @@ class SpeculativeConfig:
         return cls(**value)
 
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass
+class LoRAConfig:
+    """Multi-LoRA serving: adapter slots applied in one batch, and adapters kept on the host beyond them."""
+
+    max_loras: int = 1  # adapters one step can mix (each holds a slot in the stacked LoRA weights)
+    max_lora_rank: int = 16  # the largest adapter rank accepted (slots are this wide)
+    max_cpu_loras: int | None = None  # adapters kept loaded on the host (LRU); None: max_loras
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}.")
+        if self.max_lora_rank not in LORA_RANKS:
+            raise ValueError(f"max_lora_rank must be one of {LORA_RANKS}, got {self.max_lora_rank}.")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras}).")
+
+
 @dataclass
 class EngineConfig:
     """All the configuration of one engine."""
@@ -258,6 +280,7 @@ class EngineConfig:
     greedy_head_screen: bool = True
     structured_outputs_config: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     speculative_config: SpeculativeConfig | None = None
+    lora_config: LoRAConfig | None = None  # None: LoRA disabled
 
 
 @dataclass
@@ -293,6 +316,10 @@ class EngineArgs:
     disable_log_stats: bool = True
     structured_outputs_backend: str = "auto"  # auto | xgrammar | guidance (structured output / guided decoding)
     speculative_config: dict[str, Any] | str | None = None  # SpeculativeConfig's fields, as a dict or JSON text
+    enable_lora: bool = False  # serve LoRA adapters (LoRARequest per request)
+    max_loras: int = 1  # adapters one batch can mix
+    max_lora_rank: int = 16  # the largest adapter rank accepted
+    max_cpu_loras: int | None = None  # adapters kept loaded on the host (default: max_loras)
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -314,6 +341,8 @@ class EngineArgs:
         check_linear_options(self.linear_dtype, self.quantization)
         so_config = StructuredOutputsConfig(backend=self.structured_outputs_backend)
         spec_config = SpeculativeConfig.from_user(self.speculative_config)
+        lora_config = (LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras) if self.enable_lora
+                       else None)
         max_batched = self.max_num_batched_tokens or max(2048, 0)
         kv_bytes = parse_size(self.kv_cache_memory) if self.kv_cache_memory is not None else _default_kv_bytes()
         model_config = ModelConfig(
@@ -348,7 +377,7 @@ class EngineArgs:
                             num_threads=self.num_threads, log_stats=not self.disable_log_stats,
                             attention_backend=self.attention_backend, profile=self.profile,
                             greedy_head_screen=self.greedy_head_screen, structured_outputs_config=so_config,
-                            speculative_config=spec_config)
+                            speculative_config=spec_config, lora_config=lora_config)
 
 
 def _default_kv_bytes() -> int:

@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 from pagemill.config import EngineArgs
 from pagemill.engine.llm_engine import LLMEngine
 from pagemill.engine.processor import PromptType
+from pagemill.lora.request import LoRARequest
 from pagemill.entrypoints.chat_utils import ChatRenderer, load_chat_template
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.outputs import RequestOutput
@@ -61,14 +62,20 @@ class LLM:
         """Run func(model) on the model of every worker and return the results (vLLM's `LLM.apply_model`)."""
         return self.llm_engine.apply_model(func)
 
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter ahead of its requests (vLLM's `llm.llm_engine.add_lora`); True if newly loaded."""
+        return self.llm_engine.add_lora(lora_request)
+
     def reset_prefix_cache(self) -> bool:
         """Drop cached prefixes (only possible while idle)."""
         return self.llm_engine.reset_prefix_cache()
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in prompt order."""
+                 use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest] | None = None,
+                 priority: list[int] | None = None) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in prompt order. `lora_request`: one adapter for every
+        prompt or one per prompt (None entries: the base model)."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                 and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -81,9 +88,19 @@ class LLM:
             raise ValueError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts.")
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts.")
-        return self._run(prompts, params, use_tqdm, priority)
+        return self._run(prompts, params, use_tqdm, priority, self._lora_requests(lora_request, len(prompts)))
 
-    def beam_search(self, prompts: list[PromptType], params: "BeamSearchParams") -> list["BeamSearchOutput"]:
+    @staticmethod
+    def _lora_requests(lora_request: LoRARequest | Sequence[LoRARequest] | None, n: int) -> list[LoRARequest | None]:
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            return [lora_request] * n
+        loras = list(lora_request)
+        if len(loras) != n:
+            raise ValueError(f"lora_request has {len(loras)} entries for {n} prompts.")
+        return loras
+
+    def beam_search(self, prompts: list[PromptType], params: "BeamSearchParams",
+                    lora_request: LoRARequest | Sequence[LoRARequest] | None = None) -> list["BeamSearchOutput"]:
         """Beam search for each prompt; returns the beam_width best sequences of each, best first."""
         from pagemill.beam_search import BeamSearchInstance, BeamSearchOutput, BeamSearchSequence, beam_score
 
@@ -93,6 +110,7 @@ class LLM:
         step_params = SamplingParams(logprobs=2 * width, max_tokens=1, temperature=params.temperature)
         instances = [BeamSearchInstance([BeamSearchSequence(self.llm_engine.processor.tokenize_prompt(p)[1], [])])
                      for p in prompts]
+        loras = dict(zip(map(id, instances), self._lora_requests(lora_request, len(prompts))))
 
         def key(b: BeamSearchSequence) -> float:
             return beam_score(b.tokens, b.cum_logprob, eos, params.length_penalty)
@@ -101,7 +119,8 @@ class LLM:
             live = [(inst, beam) for inst in instances for beam in inst.beams]
             if not live:
                 break
-            outs = self.generate([{"prompt_token_ids": b.tokens} for _, b in live], step_params, use_tqdm=False)
+            outs = self.generate([{"prompt_token_ids": b.tokens} for _, b in live], step_params, use_tqdm=False,
+                                 lora_request=[loras[id(inst)] for inst, _ in live])
             candidates: dict[int, list[BeamSearchSequence]] = {id(inst): [] for inst in instances}
             for (inst, beam), out in zip(live, outs):
                 lps = out.outputs[0].logprobs[0]
@@ -129,7 +148,8 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
              chat_template: str | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict[str, Any] | None = None,
+             lora_request: LoRARequest | Sequence[LoRARequest] | None = None) -> list[RequestOutput]:
         """Apply the chat template to one conversation or a list of them and generate replies.
 
         `tools` (OpenAI function definitions) reach the template as its `tools` variable; `chat_template` is a
@@ -139,7 +159,7 @@ class LLM:
         prompts = [{"prompt_token_ids": self.render_chat(c, chat_template, add_generation_prompt,
                                                           continue_final_message, tools, chat_template_kwargs)}
                    for c in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
 
     def render_chat(self, conversation: ChatMessages, chat_template: str | None = None,
                     add_generation_prompt: bool = True, continue_final_message: bool = False,
@@ -150,11 +170,14 @@ class LLM:
                                           continue_final_message, chat_template_kwargs, tools)
 
     def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool,
-             priority: list[int] | None) -> list[RequestOutput]:
+             priority: list[int] | None, loras: list[LoRARequest | None]) -> list[RequestOutput]:
         engine = self.llm_engine
-        # Validate (and tokenize) everything before anything is scheduled.
-        processed = [engine.processor.process(engine.next_request_id(), p, sp, priority=priority[i] if priority else 0)
+        # Validate (and tokenize) everything before anything is scheduled; adapters load (and are checked) first.
+        processed = [engine.processor.process(engine.next_request_id(), p, sp, priority=priority[i] if priority else 0,
+                                              lora_request=loras[i])
                      for i, (p, sp) in enumerate(zip(prompts, params))]
+        for lora in {lo.lora_int_id: lo for lo in loras if lo is not None}.values():
+            engine.add_lora(lora)
         for text, req in processed:
             engine.add_processed_request(text, req)
         order = {req.request_id: i for i, (_, req) in enumerate(processed)}

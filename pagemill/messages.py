@@ -7,6 +7,7 @@ import time
 
 import msgspec
 
+from pagemill.lora.request import LoRARequest
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.sampling_params import SamplingParams
 
@@ -22,6 +23,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     priority: int = 0
     cache_salt: str | None = None
     fork_of: str | None = None  # a sibling (n > 1) whose prompt blocks this sequence shares after its prefill
+    lora_request: LoRARequest | None = None  # the adapter this request runs with (None: the base model)
 
 
 class LogprobsLists(msgspec.Struct, array_like=True):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
+from pagemill.lora.request import LoRARequest
 from pagemill.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreRequest
 from pagemill.sampling_params import SamplingParams
 
@@ -39,7 +40,8 @@ class Request:
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: int | None, arrival_time: float, priority: int = 0,
-                 cache_salt: str | None = None, fork_of: str | None = None) -> None:
+                 cache_salt: str | None = None, fork_of: str | None = None,
+                 lora_request: LoRARequest | None = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -49,6 +51,8 @@ class Request:
         self.priority = priority
         self.cache_salt = cache_salt
         self.fork_of = fork_of
+        self.lora_request = lora_request
+        self.lora_int_id = lora_request.lora_int_id if lora_request is not None else 0  # 0: the base model
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
@@ -70,7 +74,7 @@ class Request:
     def from_engine_core_request(cls, r: EngineCoreRequest) -> "Request":
         """Build from the wire message."""
         return cls(r.request_id, r.prompt_token_ids, r.sampling_params, r.eos_token_id, r.arrival_time,
-                   r.priority, r.cache_salt, r.fork_of)
+                   r.priority, r.cache_salt, r.fork_of, r.lora_request)
 
     @property
     def num_tokens(self) -> int:

@@ -53,7 +53,8 @@ class KVCacheManager:
         return tuple([] for _ in self.groups)
 
     def _ensure_hashes(self, request: Request, num_full_blocks: int) -> None:
-        extra = (request.cache_salt,) if request.cache_salt else None
+        # Blocks computed under another adapter (or salt) hold other KV: the adapter id and the salt key the hash.
+        extra = (request.lora_int_id, request.cache_salt) if request.lora_int_id or request.cache_salt else None
         extend_block_hashes(self.hash_fn, request.block_hashes, request.all_token_ids, self.block_size,
                             num_full_blocks, extra)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagemill.lora.request import LoRARequest
 from pagemill.messages import LogprobsLists
 from pagemill.sampling_params import SamplingParams
 
@@ -20,6 +21,7 @@ class NewRequestData:
     block_ids: list[list[int]]  # one block table per KV cache group (equal lengths)
     num_computed_tokens: int
     eos_token_id: int | None = None
+    lora_request: LoRARequest | None = None
 
 
 @dataclass

@@ -66,8 +66,10 @@ class Scheduler:
     """Decides each step's batch and applies the model's results to the requests."""
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 kv_cache_config: KVCacheConfig, speculative_config: SpeculativeConfig | None = None) -> None:
+                 kv_cache_config: KVCacheConfig, speculative_config: SpeculativeConfig | None = None,
+                 max_loras: int = 0) -> None:
         self.config = scheduler_config
+        self.max_loras = max_loras  # adapters one step may mix (the runner's LoRA slots; 0: LoRA disabled)
         self.spec_config = speculative_config
         # A draft model writes its own KV for the tokens it proposes: their slots are allocated ahead (lookahead).
         self.num_lookahead_tokens = (speculative_config.num_speculative_tokens
@@ -213,9 +215,13 @@ class Scheduler:
             i += 1
 
         now = time.monotonic()
-        skipped: list[Request] = []  # still waiting for their grammar: they keep their place in the queue
+        skipped: list[Request] = []  # waiting for their grammar or an adapter slot: they keep their place
+        loras = {r.lora_int_id for r in self.running if r.lora_int_id} if self.max_loras else set()
         while not preempted and len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
+            if req.lora_int_id and req.lora_int_id not in loras and len(loras) >= self.max_loras:
+                skipped.append(self.waiting.pop())  # every slot is taken by running requests' adapters
+                continue
             if req.status == RequestStatus.WAITING_FOR_FSM:
                 if not req.structured_output.is_ready():
                     skipped.append(self.waiting.pop())
@@ -247,7 +253,9 @@ class Scheduler:
                                            req.sampling_params,
                                            self.kv_cache_manager.get_block_ids(req.request_id),
                                            req.num_computed_tokens,
-                                           req.eos_token_id))
+                                           req.eos_token_id, req.lora_request))
+            if req.lora_int_id:
+                loras.add(req.lora_int_id)
             budget -= num_new
         for req in reversed(skipped):
             self.waiting.add_front(req)

@@ -13,6 +13,7 @@ from pagemill.engine.core_client import CoreOutputBatch, EngineCoreClient, Engin
 from pagemill.engine.output_processor import OutputProcessor, first_scheduled_time
 from pagemill.engine.processor import Processor, PromptType
 from pagemill.loader.tokenizer import load_tokenizer
+from pagemill.lora.request import LoRARequest
 from pagemill.metrics.logger import LoggingStatLogger
 from pagemill.metrics.stats import FinishedRequestStats, IterationStats, StatLogger
 from pagemill.outputs import CompletionOutput, RequestOutput
@@ -151,14 +152,15 @@ class AsyncLLM:
     # ---- requests ----
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                     arrival_time: float | None = None, priority: int = 0,
-                    cache_salt: str | None = None) -> RequestOutputCollector:
+                    cache_salt: str | None = None, lora_request: LoRARequest | None = None) -> RequestOutputCollector:
         """Validate and send a request to the core; raises ValueError (naming the field) or EngineDeadError."""
         if not self.is_running:
             raise self.dead_error
         self._ensure_output_handler()
         if request_id in self._collectors:
             raise ValueError(f"request_id {request_id!r} is already in use.")
-        text, req = self.processor.process(request_id, prompt, params, arrival_time, priority, cache_salt)
+        text, req = self.processor.process(request_id, prompt, params, arrival_time, priority, cache_salt,
+                                           lora_request)
         collector = RequestOutputCollector(params.output_kind)
         children = self.output_processor.add_request(text, req, collector)
         self._collectors[request_id] = collector
@@ -171,9 +173,10 @@ class AsyncLLM:
         return collector
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str,
-                       priority: int = 0, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, cache_salt: str | None = None,
+                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs; leaving the loop early (or being cancelled) aborts the request."""
-        collector = self.add_request(request_id, prompt, sampling_params, None, priority, cache_salt)
+        collector = self.add_request(request_id, prompt, sampling_params, None, priority, cache_salt, lora_request)
         async for out in self.iterate(request_id, collector):
             yield out
 
@@ -226,6 +229,24 @@ class AsyncLLM:
         """Drop the core's cached prefixes (only possible while idle)."""
         self._ensure_output_handler()
         return await self.client.call_utility("reset_prefix_cache")
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load (and check) an adapter in the core; True if it was not loaded yet; ValueError for a bad one."""
+        self._ensure_output_handler()
+        try:
+            return await self.client.call_utility("add_lora", lora_request)
+        except RuntimeError as e:
+            raise ValueError(str(e).partition(": ")[2] or str(e)) from None
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        """Unload an adapter in the core; True if it was loaded."""
+        self._ensure_output_handler()
+        return await self.client.call_utility("remove_lora", lora_id)
+
+    async def list_loras(self) -> set[int]:
+        """Ids of the adapters the core has loaded."""
+        self._ensure_output_handler()
+        return set(await self.client.call_utility("list_loras"))
 
     async def get_scheduler_stats(self) -> dict[str, Any]:
         """The core's current SchedulerStats as a dict."""

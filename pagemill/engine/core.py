@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from pagemill.config import EngineConfig
 from pagemill.core.scheduler import Scheduler
 from pagemill.engine.step_profiler import StepProfiler
+from pagemill.lora.request import LoRARequest
 from pagemill.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.request import Request, RequestStatus
@@ -33,8 +34,9 @@ class EngineCore:
             raise ValueError(
                 f"kv_cache_memory holds {self.kv_cache_config.usable_blocks} blocks, fewer than one sequence of "
                 f"max_model_len ({sc.max_model_len}) needs ({needed}): raise kv_cache_memory or lower max_model_len.")
+        lora = config.lora_config
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.kv_cache_config,
-                                   config.speculative_config)
+                                   config.speculative_config, lora.max_loras if lora is not None else 0)
         self._last_log = time.monotonic()
         self.profiler = StepProfiler(config.profile)
         # Grammars for structured output (tokenizer: the front end's when in-process, else loaded on first use).
@@ -44,6 +46,8 @@ class EngineCore:
         """Queue a request for scheduling; a bad structured-output constraint raises ValueError before queuing."""
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use.")
+        if request.lora_request is not None:
+            self.add_lora(request.lora_request)
         req = Request.from_engine_core_request(request)
         self.structured_output_manager.add_request(req)
         self.scheduler.add_request(req)
@@ -101,3 +105,26 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         """Drop cached prefixes (only when idle)."""
         return self.scheduler.kv_cache_manager.reset_prefix_cache()
+
+    # ---- LoRA adapters ----
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load (and check) an adapter on the worker; True if it was not loaded yet. ValueError for a bad one."""
+        if self.config.lora_config is None:
+            raise ValueError("lora_request: LoRA is not enabled (start the engine with enable_lora=True).")
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}.")
+        return self.executor.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Unload an adapter (requests still using it reload it from its path)."""
+        return self.config.lora_config is not None and self.executor.remove_lora(lora_id)
+
+    def list_loras(self) -> list[int]:
+        """Ids of the adapters loaded on the worker."""
+        return self.executor.list_loras() if self.config.lora_config is not None else []
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """Keep an adapter loaded whatever the LRU says."""
+        if self.config.lora_config is None:
+            raise ValueError("LoRA is not enabled.")
+        return self.executor.pin_lora(lora_id)

@@ -20,6 +20,7 @@ import msgspec
 import zmq
 
 from pagemill.config import EngineArgs, EngineConfig
+from pagemill.lora.request import LoRARequest
 from pagemill.messages import EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ ADD, ABORT, UTILITY, SHUTDOWN = b"A", b"X", b"U", b"S"
 READY, OUTPUTS, REQUEST_ERROR, DEAD = b"R", b"O", b"E", b"D"
 
 # Methods the front end may call with a UTILITY frame.
-UTILITY_METHODS = ("reset_prefix_cache", "get_stats", "ping")
+UTILITY_METHODS = ("reset_prefix_cache", "get_stats", "ping", "add_lora", "remove_lora", "list_loras")
 
 _IDLE_POLL_MS = 1000  # how often the core checks that its parent (the front end) is still alive
 
@@ -119,6 +120,12 @@ class EngineCoreProc:
                 return call_id, True, self.core.reset_prefix_cache()
             if method == "get_stats":
                 return call_id, True, msgspec.to_builtins(self.core.get_stats())
+            if method == "add_lora":
+                return call_id, True, self.core.add_lora(msgspec.convert(args[0], LoRARequest))
+            if method == "remove_lora":
+                return call_id, True, self.core.remove_lora(int(args[0]))
+            if method == "list_loras":
+                return call_id, True, self.core.list_loras()
             return call_id, True, "pong"
         except Exception as e:  # a failed utility call is the caller's problem, not the engine's
             return call_id, False, f"{type(e).__name__}: {e}"

@@ -11,6 +11,7 @@ from pagemill.engine.core import EngineCore
 from pagemill.engine.output_processor import OutputProcessor
 from pagemill.engine.processor import Processor, PromptType
 from pagemill.loader.tokenizer import load_tokenizer
+from pagemill.lora.request import LoRARequest
 from pagemill.messages import EngineCoreRequest
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.outputs import RequestOutput
@@ -41,9 +42,10 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                     arrival_time: float | None = None, priority: int = 0, cache_salt: str | None = None,
-                    queue: Any = None) -> None:
+                    queue: Any = None, lora_request: LoRARequest | None = None) -> None:
         """Validate and queue a request; n > 1 fans out into child sequences sharing the prompt."""
-        text, req = self.processor.process(request_id, prompt, params, arrival_time, priority, cache_salt)
+        text, req = self.processor.process(request_id, prompt, params, arrival_time, priority, cache_salt,
+                                           lora_request)
         self.add_processed_request(text, req, queue)
 
     def add_processed_request(self, text: str | None, req: EngineCoreRequest, queue: Any = None) -> None:
@@ -81,6 +83,22 @@ class LLMEngine:
     def reset_prefix_cache(self) -> bool:
         """Drop cached prefixes (only possible while idle)."""
         return self.engine_core.reset_prefix_cache()
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter ahead of its requests; True if it was not loaded yet (ValueError for a bad one)."""
+        return self.engine_core.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Unload an adapter; True if it was loaded."""
+        return self.engine_core.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        """Ids of the loaded adapters."""
+        return set(self.engine_core.list_loras())
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """Keep an adapter loaded whatever the LRU says."""
+        return self.engine_core.pin_lora(lora_id)
 
     def next_request_id(self) -> str:
         """A fresh request id."""

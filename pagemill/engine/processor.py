@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from pagemill.config import ModelConfig, StructuredOutputsConfig
+from pagemill.lora.request import LoRARequest
 from pagemill.messages import EngineCoreRequest
 from pagemill.sampling_params import RequestOutputKind, SamplingParams
 
@@ -53,10 +54,13 @@ class Processor:
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams,
                 arrival_time: float | None = None, priority: int = 0,
-                cache_salt: str | None = None) -> tuple[str | None, EngineCoreRequest]:
+                cache_salt: str | None = None,
+                lora_request: LoRARequest | None = None) -> tuple[str | None, EngineCoreRequest]:
         """Validate and build the request; raises ValueError naming the bad field."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}.")
+        if lora_request is not None and not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}.")
         text, ids = self.tokenize_prompt(prompt)
         if not ids:
             raise ValueError("prompt must not be empty (it has no tokens).")
@@ -80,5 +84,5 @@ class Processor:
             params = params.clone(max_tokens=max_len - len(ids))
         req = EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,
                                 eos_token_id=self.eos_token_id, arrival_time=arrival_time or time.monotonic(),
-                                priority=priority, cache_salt=cache_salt)
+                                priority=priority, cache_salt=cache_salt, lora_request=lora_request)
         return text, req

@@ -109,7 +109,7 @@ class DraftModelProposer:
         order = batch_permutation(counts, start, runner.backend.batch_order)
         md, input_ids, positions, cu = runner.attn_inputs(rows[order], start[order], counts[order])
         metadata = [runner.backend.build_metadata(m) for m in md]
-        with set_forward_context(metadata):
+        with set_forward_context(metadata, runner.lora_mapping(rows[order], counts[order])):
             hidden = self.model.model(input_ids, positions, self.num_layers)
         logits = self.model.compute_logits(hidden[torch.from_numpy(cu - 1)])
         tokens = np.empty(len(rows), dtype=np.int64)

@@ -10,6 +10,7 @@ from torch import nn
 from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagemill.lora.request import LoRARequest
 from pagemill.worker.model_runner import ModelRunner
 
 
@@ -27,6 +28,22 @@ class UniProcExecutor:
     def apply_model(self, func: Callable[[nn.Module], Any]) -> list[Any]:
         """func(model) on each worker's model, results in worker order."""
         return [func(self.model_runner.model)]
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter on every worker; True if it was not loaded yet."""
+        return self.model_runner.lora_manager.add_adapter(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Unload an adapter from every worker."""
+        return self.model_runner.lora_manager.remove_adapter(lora_id)
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """Pin an adapter on every worker."""
+        return self.model_runner.lora_manager.pin_adapter(lora_id)
+
+    def list_loras(self) -> list[int]:
+        """Ids of the adapters loaded (on the first worker)."""
+        return self.model_runner.lora_manager.list_adapters()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step on the worker; the runner's section timings come back in the output."""

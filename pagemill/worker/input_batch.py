@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from pagemill.core.sched_output import NewRequestData
+from pagemill.lora.request import LoRARequest
 from pagemill.sampling_params import SamplingParams
 
 
@@ -31,6 +32,8 @@ class InputBatch:
         self.generators: dict[int, torch.Generator] = {}  # row -> generator of a seeded request
         self._req_generators: dict[str, torch.Generator] = {}  # kept across preemption
         self.req_id_to_row: dict[str, int] = {}
+        self.lora_ids = np.zeros(max_num_reqs, dtype=np.int64)  # each row's adapter id (0: the base model)
+        self.lora_requests: dict[int, LoRARequest] = {}  # adapter id -> its request (to reload an evicted adapter)
         self._free_rows = list(range(max_num_reqs - 1, -1, -1))
 
     def add_request(self, new: NewRequestData) -> int:
@@ -50,6 +53,10 @@ class InputBatch:
         sp = new.sampling_params
         self.params[row] = sp
         self.eos_token_id[row] = new.eos_token_id
+        lora = new.lora_request
+        self.lora_ids[row] = lora.lora_int_id if lora is not None else 0
+        if lora is not None:
+            self.lora_requests[lora.lora_int_id] = lora
         if sp.seed is not None and not sp.greedy:
             gen = self._req_generators.get(new.req_id)
             if gen is None:  # a resumed request continues its random stream
@@ -65,6 +72,7 @@ class InputBatch:
         if row is None:
             return
         self.params[row] = None
+        self.lora_ids[row] = 0
         self.generators.pop(row, None)
         self._free_rows.append(row)
 

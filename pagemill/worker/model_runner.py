@@ -23,6 +23,8 @@ from pagemill.forward_context import set_forward_context
 from pagemill.kernels.ops import select_layer_ops
 from pagemill.layers.head_screen import HEAD_SCREEN_MIN_ROWS, GreedyHeadScreen
 from pagemill.loader.model_loader import load_model
+from pagemill.lora.layers import LoRAMapping
+from pagemill.lora.model_manager import LoRAModelManager
 from pagemill.messages import LogprobsLists
 from pagemill.sample.metadata import SamplingMetadata
 from pagemill.sample.rejection_sampler import rejection_sample
@@ -74,6 +76,8 @@ class ModelRunner:
         # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.
         self.ops = ops = select_layer_ops(use_kernels=self.backend.name != "torch")
         self.model = load_model(mc, ops, self.backend)
+        # LoRA: the model's linears wrapped with stacked adapter slots (before a draft model shares the layers).
+        self.lora_manager = LoRAModelManager(self.model, config.lora_config) if config.lora_config else None
         self.vocab_size = mc.hf_config.vocab_size
         self.block_size = cc.block_size
         self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)
@@ -185,7 +189,7 @@ class ModelRunner:
             step = self._prepare(so)
         metadata = [self.backend.build_metadata(md) for md in step.attn_metadata]
         start = time.perf_counter()
-        with prof.section("forward"), set_forward_context(metadata):
+        with prof.section("forward"), set_forward_context(metadata, self.lora_mapping(step.rows, step.counts)):
             hidden = self.model(step.input_ids, step.positions)
         out = self._sample(hidden, step, so)
         if so.num_spec_tokens_to_propose and self.proposer is not None:
@@ -237,6 +241,17 @@ class ModelRunner:
             seq_lens=seq_lens, num_computed_tokens=computed, block_table=tables[g], block_size=bs,
             slot_mapping=torch.from_numpy(slot_mapping[g])) for g in range(len(tables))]
         return md, torch.from_numpy(input_ids), torch.from_numpy(positions), cu
+
+    def lora_mapping(self, rows: np.ndarray, counts: np.ndarray) -> LoRAMapping | None:
+        """The LoRA mapping of a forward over `counts[i]` tokens of input-batch row `rows[i]` (None: LoRA is off or
+        no row uses an adapter)."""
+        if self.lora_manager is None:
+            return None
+        ib = self.input_batch
+        ids = ib.lora_ids[rows]
+        if not ids.any():
+            return None
+        return self.lora_manager.mapping(np.repeat(ids, counts), ib.lora_requests)
 
     def _sample(self, hidden: torch.Tensor, step: StepInputs, so: SchedulerOutput) -> ModelRunnerOutput:
         """Logits for the requests that reached the end of their tokens, structured-output masks, sampling (or

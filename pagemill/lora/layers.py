@@ -1,0 +1,108 @@
+"""LinearWithLoRA: a linear layer plus the LoRA deltas of every adapter slot, computed for a whole step at once.
+
+Each slot holds one adapter; a fused projection (q/k/v, gate/up) gives each of its shards its own rank-wide part
+of the slot. For a step's tokens x [T, in] the delta is
+
+    ((x @ A_all) * onehot(slot of each token)) @ B_all
+
+A_all [in, S * W] stacks every slot's A, B_all [S * W, out] every slot's scaled B (zero outside its shard's output
+columns), and the one-hot mask zeroes the columns of the slots a token does not use: three ops per layer however
+the batch mixes adapters and the base model, instead of a forward (or a weight copy) per adapter or per token.
+A step that uses one slot only reads that slot's columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from pagemill.forward_context import get_lora_mapping
+from pagemill.lora.peft_adapter import LoRAModuleWeights
+
+
+@dataclass
+class LoRAMapping:
+    """Which slot each token of a step uses: `slot` when every adapted token uses one slot, else None; `mask`
+    [T, S, 1] (or [T, 1, 1] with `slot`) is 1 where a token uses a slot, None when every token uses `slot`."""
+
+    slot: int | None
+    mask: torch.Tensor | None
+
+
+class LinearWithLoRA(nn.Module):
+    """A LinearBase plus stacked LoRA slots; `forward` adds the delta of each token's adapter (none: base only)."""
+
+    def __init__(self, base: nn.Module, num_slots: int, rank: int) -> None:
+        super().__init__()
+        self.base = base
+        self.num_subs = len(base.shard_ids)  # one rank-wide part per shard of a fused projection
+        self.rank = rank
+        self.width = self.num_subs * rank  # columns of A (rows of B) per slot
+        dtype = base.input_dtype
+        full_in = base.input_size * (base.tp_size if base.split == "row" else 1)
+        self.full_input_size = full_in
+        self.lora_a = torch.zeros(base.input_size, num_slots * self.width, dtype=dtype)
+        self.lora_b = torch.zeros(num_slots * self.width, base.output_size, dtype=dtype)
+        self._reduce = base.split == "row" and base.tp_size > 1
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The base layer's input dtype."""
+        return self.base.input_dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in] -> [T, out]: the base projection plus each token's adapter delta (before a row-parallel sum,
+        which is linear, so each rank adds the delta of its own input slice)."""
+        base = self.base
+        y = base.quant_method.apply(base, x)
+        m = get_lora_mapping()
+        if m is not None:
+            x = x.to(self.lora_a.dtype)
+            if m.slot is not None:
+                cols = slice(m.slot * self.width, (m.slot + 1) * self.width)
+                xa = torch.mm(x, self.lora_a[:, cols])
+                if m.mask is not None:
+                    xa.mul_(m.mask.view(-1, 1))
+                y.addmm_(xa, self.lora_b[cols])
+            else:
+                xa = torch.mm(x, self.lora_a)
+                xa.view(xa.shape[0], m.mask.shape[1], self.width).mul_(m.mask)
+                y.addmm_(xa, self.lora_b)
+        if self._reduce:
+            torch.distributed.all_reduce(y)
+        return y
+
+    def check(self, module: str, shards: list[int], w: LoRAModuleWeights) -> None:
+        """Raise a ValueError unless adapter module `module` (covering `shards`) fits this layer's shapes."""
+        base = self.base
+        out_full = sum(base.output_sizes[j] * (base.tp_size if base.split == "column" else 1) for j in shards)
+        if w.a.shape[1] != self.full_input_size or w.b.shape[0] != out_full:
+            raise ValueError(f"lora_path: module {module!r} has A {list(w.a.shape)} and B {list(w.b.shape)}; the "
+                             f"model's layer needs A [r, {self.full_input_size}] and B [{out_full}, r].")
+
+    def set_slot(self, slot: int, parts: list[tuple[int, list[int], LoRAModuleWeights]]) -> None:
+        """Write an adapter's modules into `slot`; `parts`: (which rank-wide part of the slot, the shards the module
+        covers, its weights) per module (a module of one shard uses that shard's part, of the whole fused layer
+        part 0). An empty list clears the slot."""
+        base = self.base
+        cols = slice(slot * self.width, (slot + 1) * self.width)
+        self.lora_a[:, cols] = 0
+        self.lora_b[cols] = 0
+        for sub, shards, w in parts:
+            a, b = w.a, w.b * w.scaling  # [r, in], [out, r]
+            if base.split == "row" and base.tp_size > 1:
+                a = a.narrow(1, base.tp_rank * base.input_size, base.input_size)
+            r = a.shape[0]
+            start = slot * self.width + sub * self.rank
+            self.lora_a[:, start:start + r] = a.t().to(self.lora_a.dtype)
+            row = 0
+            for j in shards:  # B's rows, shard after shard (each cut to this rank's part when column-parallel)
+                full = base.output_sizes[j] * (base.tp_size if base.split == "column" else 1)
+                part = b.narrow(0, row, full)
+                if base.split == "column" and base.tp_size > 1:
+                    part = part.narrow(0, base.tp_rank * base.output_sizes[j], base.output_sizes[j])
+                out = slice(base.shard_offsets[j], base.shard_offsets[j] + base.output_sizes[j])
+                self.lora_b[start:start + r, out] = part.t().to(self.lora_b.dtype)
+                row += full
