@@ -51,8 +51,10 @@ def _spec_now(llm: Any) -> SpecDecodingStats | None:
     return spec_delta(stats, None) if stats is not None else None  # a copy
 
 
-def timed_run(llm: Any, prompts: Sequence[Sequence[int]], output_len: int, batch_size: int) -> Run:
-    """Greedy, ignore_eos generation of `prompts` in waves of `batch_size` concurrent requests."""
+def timed_run(llm: Any, prompts: Sequence[Sequence[int]], output_len: int, batch_size: int,
+              lora_requests: Sequence[Any] | None = None) -> Run:
+    """Greedy, ignore_eos generation of `prompts` in waves of `batch_size` concurrent requests (each with its
+    adapter in `lora_requests`, if given)."""
     from pagemill import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
@@ -62,7 +64,8 @@ def timed_run(llm: Any, prompts: Sequence[Sequence[int]], output_len: int, batch
     start = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
         wave = llm.generate([{"prompt_token_ids": list(p)} for p in prompts[i:i + batch_size]], params,
-                            use_tqdm=False)
+                            use_tqdm=False,
+                            lora_request=lora_requests[i:i + batch_size] if lora_requests is not None else None)
         outputs += [list(o.outputs[0].token_ids) for o in wave]
         firsts = [o.metrics.first_token_time for o in wave if o.metrics and o.metrics.first_token_time]
         lasts = [o.metrics.last_token_time for o in wave if o.metrics and o.metrics.last_token_time]
