@@ -166,3 +166,25 @@ def test_smollm2_adapter_equals_hf_peft(smol_path, tmp_path) -> None:
     got = run_mixed(llm, prompts, loras)
     assert got == want
     assert got[:3] != got[3:]
+
+
+def test_parallel_sampling_beam_search_and_chat_carry_the_adapter(tiny_models, llama_adapters, smol_hf) -> None:
+    """n > 1 children, beam search steps and chat requests all run with the request's adapter."""
+    from pagemill import BeamSearchParams
+
+    base = tiny_models["llama"]
+    tok = smol_hf[1]
+    prompt = tok.encode(PROMPTS[2])
+    lora = lora_requests(llama_adapters[:1])[0]
+    llm = LLM(base, enable_lora=True, max_loras=1, max_lora_rank=16, kv_cache_memory="64MiB")
+    want = hf_peft_greedy(base, lora.lora_path, prompt, MAX_TOKENS)
+    two = llm.generate({"prompt_token_ids": prompt}, SamplingParams(n=2, temperature=0, max_tokens=MAX_TOKENS,
+                                                                   ignore_eos=True), use_tqdm=False, lora_request=lora)
+    assert [list(c.token_ids) for c in two[0].outputs] == [want, want]
+    beams = llm.beam_search([{"prompt_token_ids": prompt}], BeamSearchParams(beam_width=1, max_tokens=MAX_TOKENS,
+                                                                             ignore_eos=True), lora_request=lora)
+    assert beams[0].sequences[0].tokens[len(prompt):] == want
+    messages = [{"role": "user", "content": "Hello"}]
+    chat_ids = llm.render_chat(messages)
+    chat = llm.chat(messages, greedy(), use_tqdm=False, lora_request=lora)
+    assert list(chat[0].outputs[0].token_ids) == hf_peft_greedy(base, lora.lora_path, chat_ids, MAX_TOKENS)
