@@ -138,21 +138,32 @@ class CacheConfig:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}.")
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority", "srtf", "two-level")
+
+
 @dataclass
 class SchedulerConfig:
-    """Per-step limits and the scheduling policy."""
+    """Per-step limits and the scheduling policy (core/sched_policy.py: srtf and two-level)."""
 
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     max_model_len: int = 8192
     policy: str = "fcfs"
     preemption_mode: str = "recompute"
+    # srtf aging: a waiting request that has seen this many admissions since it was first queued goes first (FIFO).
+    max_passed_over: int = 64
+    staging_size: int = 8  # two-level: requests moved from the FIFO waiting queue to the SRTF staging queue at once
 
     def __post_init__(self) -> None:
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}.")
-        if self.policy not in ("fcfs", "priority"):
-            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.policy!r}.")
+        if self.policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                             f"got {self.policy!r}.")
+        if self.max_passed_over < 0:
+            raise ValueError(f"scheduling_max_passed_over must be >= 0, got {self.max_passed_over}.")
+        if self.staging_size < 1:
+            raise ValueError(f"scheduling_staging_size must be >= 1, got {self.staging_size}.")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1.")
         if self.max_num_batched_tokens < 1:
@@ -297,7 +308,9 @@ class EngineArgs:
     kv_cache_memory: int | str | None = None
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "builtin"
-    scheduling_policy: str = "fcfs"
+    scheduling_policy: str = "fcfs"  # fcfs | priority | srtf | two-level
+    scheduling_max_passed_over: int = 64  # srtf: admissions a waiting request may see before it goes first
+    scheduling_staging_size: int = 8  # two-level: size of the SRTF staging queue
     preemption_mode: str = "recompute"
     swap_space: float = 4.0  # GiB
     seed: int = 0
@@ -372,6 +385,8 @@ class EngineArgs:
             max_model_len=max_model_len,
             policy=self.scheduling_policy,
             preemption_mode=self.preemption_mode,
+            max_passed_over=self.scheduling_max_passed_over,
+            staging_size=self.scheduling_staging_size,
         )
         return EngineConfig(model_config, cache_config, scheduler_config,
                             num_threads=self.num_threads, log_stats=not self.disable_log_stats,

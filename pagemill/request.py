@@ -69,6 +69,8 @@ class Request:
         self.spec_acceptance = 1.0  # moving average of the fraction of its draft tokens accepted
         self.spec_backoff_until = 0  # no drafts before this many outputs (poor acceptance)
         self.spec_backoff_len = 0  # the current back-off's length (doubles while acceptance stays poor)
+        # srtf aging (core/sched_policy.py): (admissions counted, queue order) when the request was first queued.
+        self.first_queued: tuple[int, int] | None = None
 
     @classmethod
     def from_engine_core_request(cls, r: EngineCoreRequest) -> "Request":

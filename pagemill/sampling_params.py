@@ -82,6 +82,8 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     guided_decoding: StructuredOutputsParams | None = None  # vLLM's older spelling of structured_outputs
     speculative_decoding: bool = True  # False: this request never gets draft tokens (when the engine speculates)
+    # srtf / two-level scheduling: the output length to expect (a hint, capped by max_tokens; None: max_tokens).
+    expected_output_tokens: int | None = None
     # Filled in by the engine from the model's generation config; not user input.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -130,6 +132,10 @@ class SamplingParams:
             raise bad("min_tokens", "must be >= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise bad("min_tokens", f"must be <= max_tokens ({self.max_tokens})")
+        if self.expected_output_tokens is not None and (
+                isinstance(self.expected_output_tokens, bool) or not isinstance(self.expected_output_tokens, int)
+                or self.expected_output_tokens < 0):
+            raise bad("expected_output_tokens", "must be an integer >= 0")
         if self.logprobs is not None and self.logprobs < 0:
             raise bad("logprobs", "must be non-negative")
         if self.prompt_logprobs is not None and self.prompt_logprobs < 0:

@@ -81,6 +81,9 @@ class BlockPool:
         self.null_block = self.blocks[0]
         self.null_block.ref_cnt = 1
         self.cached_block_hash_to_block: dict[tuple[int, int], KVCacheBlock] = {}
+        # Kept as blocks are taken and freed, so that the memory accounting needs no scan of the blocks:
+        self.num_block_refs = 0  # references from block tables (the sum of ref_cnt over usable blocks)
+        self.num_shared_blocks = 0  # blocks with more than one reference
 
     def get_cached_block(self, block_hash: int, group_id: int = 0) -> KVCacheBlock | None:
         """The block holding group `group_id`'s KV of `block_hash`, if still cached."""
@@ -108,6 +111,7 @@ class BlockPool:
             self._evict(block)
             block.ref_cnt = 1
             out.append(block)
+        self.num_block_refs += n
         return out
 
     def _evict(self, block: KVCacheBlock) -> None:
@@ -126,6 +130,9 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_block_queue.remove(block)
             block.ref_cnt += 1
+            self.num_block_refs += 1
+            if block.ref_cnt == 2:
+                self.num_shared_blocks += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block; blocks reaching zero join the free queue in this order."""
@@ -134,8 +141,11 @@ class BlockPool:
             if block is null:
                 continue
             block.ref_cnt -= 1
+            self.num_block_refs -= 1
             if block.ref_cnt == 0:
                 self.free_block_queue.append(block)
+            elif block.ref_cnt == 1:
+                self.num_shared_blocks -= 1
 
     def get_num_free_blocks(self) -> int:
         """Blocks that can be allocated (including evictable cached ones)."""

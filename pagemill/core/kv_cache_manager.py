@@ -58,11 +58,12 @@ class KVCacheManager:
         extend_block_hashes(self.hash_fn, request.block_hashes, request.all_token_ids, self.block_size,
                             num_full_blocks, extra)
 
-    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+    def get_computed_blocks(self, request: Request, count: bool = True) -> tuple[KVCacheBlocks, int]:
         """The longest cached prefix every group can serve (its blocks per group), and how many tokens that is.
 
         The last token is never a hit: its logits must be computed. A sliding group serves a prefix of length L
         when it holds the blocks of the window before L; a shorter L is tried until all groups agree.
+        `count=False`: a look that the hit-rate counters do not see (a scheduling policy ranking requests).
         """
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return self.empty_blocks(), 0
@@ -75,8 +76,9 @@ class KVCacheManager:
             if all(len(h) == n for h in hits):
                 break
             max_blocks = n  # a full group's hit shortens exactly; a sliding group's must be found again
-        self.prefix_cache_queries += request.num_tokens
-        self.prefix_cache_hits += n * self.block_size
+        if count:
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += n * self.block_size
         return hits, n * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
@@ -167,20 +169,34 @@ class KVCacheManager:
         return out
 
     def memory_stats(self) -> dict[str, float]:
-        """Blocks used and shared, tokens stored, reserved-but-unused slots, and the saving from sharing."""
-        null = self.block_pool.null_block
-        tables = [blocks for g in self.groups for blocks in g.req_to_blocks.values()]
-        logical = sum(1 for blocks in tables for b in blocks if b is not null)
-        used = {b.block_id for blocks in tables for b in blocks if b is not null}
-        shared = sum(1 for bid in used if self.block_pool.blocks[bid].ref_cnt > 1)
-        rids = self.groups[0].req_to_blocks
-        stored = sum(self._num_stored.get(rid, 0) for rid in rids)
-        # Unused slots sit in the last block of each table.
-        unused = sum(len(self.groups) * (len(rids[rid]) * self.block_size - self._num_stored.get(rid, 0))
-                     for rid in rids)
-        return {"blocks_used": len(used), "blocks_shared": shared, "logical_blocks": logical,
-                "tokens_stored": stored, "slots_reserved_unused": unused,
-                "sharing_saving": (1 - len(used) / logical) if logical else 0.0}
+        """The KV slots in use broken down as in the PagedAttention paper's Fig. 2, and what sharing saves.
+
+        Slots of blocks in use are token states, internal fragmentation (the empty slots of partly-filled blocks)
+        or reservation (blocks allocated ahead that hold no token yet, e.g. draft-model lookahead); a block shared
+        by k tables counts 1/k in each. O(requests x groups): the pool keeps the reference counts' totals.
+        """
+        pool, bs, null = self.block_pool, self.block_size, self.block_pool.null_block
+        used = pool.num_usable_blocks - pool.get_num_free_blocks()
+        refs = pool.num_block_refs
+        partial = fragmented = reserved = 0.0
+        for g in self.groups:
+            for rid, blocks in g.req_to_blocks.items():
+                i, filled = divmod(self._num_stored.get(rid, 0), bs)
+                if filled and i < len(blocks):
+                    b = blocks[i]
+                    partial += 1 / b.ref_cnt
+                    fragmented += (bs - filled) / b.ref_cnt
+                    i += 1
+                for j in range(i, len(blocks)):
+                    if blocks[j] is not null:
+                        reserved += bs / blocks[j].ref_cnt
+        fragmented, reserved = round(fragmented), round(reserved)
+        return {"blocks_used": used, "blocks_shared": pool.num_shared_blocks, "logical_blocks": refs,
+                "tokens_stored": sum(self._num_stored.get(rid, 0) for rid in self.groups[0].req_to_blocks),
+                "token_slots": used * bs - fragmented - reserved, "slots_fragmented": fragmented,
+                "slots_reserved": reserved, "slots_reserved_unused": fragmented + reserved,
+                "blocks_partial": round(partial), "blocks_saved_by_sharing": refs - used,
+                "sharing_saving": (1 - used / refs) if refs else 0.0}
 
     def num_blocks_held(self, request_id: str) -> int:
         """Blocks (not null) in the request's tables, all groups together."""

@@ -16,6 +16,7 @@ import msgspec
 from pagemill.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from pagemill.core.kv_cache_manager import KVCacheManager, SwapLayout, cdiv
 from pagemill.core.kv_cache_utils import KVCacheConfig
+from pagemill.core.sched_policy import SRTF_POLICIES, make_policy_queue
 from pagemill.core.swap_space import SwapSpace
 from pagemill.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                         SchedulerOutput)
@@ -55,6 +56,9 @@ class _WaitingQueue:
         if self.priority:
             heapq.heapify(self._items)
 
+    def admitted(self, req: Request) -> None:
+        """FCFS and priority keep no count of admissions."""
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -89,7 +93,8 @@ class Scheduler:
                                                cache_config.enable_prefix_caching,
                                                cache_config.prefix_caching_hash_algo, kv_cache_config.group_windows)
         self.requests: dict[str, Request] = {}
-        self.waiting = _WaitingQueue(scheduler_config.policy)
+        self.waiting = (make_policy_queue(scheduler_config, self.kv_cache_manager)
+                        if scheduler_config.policy in SRTF_POLICIES else _WaitingQueue(scheduler_config.policy))
         self.running: list[Request] = []
         self.pending_forks: dict[str, list[Request]] = {}  # parent id -> siblings waiting for its prefill
         self.finished_req_ids: set[str] = set()
@@ -159,6 +164,10 @@ class Scheduler:
             victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
             self.running.remove(victim)
             return victim
+        if self.config.policy in SRTF_POLICIES:  # the running request the policy would serve last
+            victim = self.waiting.victim(self.running)
+            self.running.remove(victim)
+            return victim
         return self.running.pop()
 
     def schedule(self) -> SchedulerOutput:
@@ -171,6 +180,8 @@ class Scheduler:
         preempted: set[str] = set()
         swap_in: list[tuple[int, int]] = []
         spec_tokens: dict[str, list[int]] = {}
+        if self.config.policy in SRTF_POLICIES:
+            self.waiting.order_running(self.running, budget)
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -190,7 +201,8 @@ class Scheduler:
                     budget += num_scheduled.pop(victim.request_id)
                     spec_tokens.pop(victim.request_id, None)
                     cached_reqs = [c for c in cached_reqs if c.req_id != victim.request_id]
-                    i -= 1
+                if victim is not req and i > 0 and self.running[i - 1] is req:
+                    i -= 1  # the victim stood before req (a policy may pick any running request)
                 self._preempt(victim)
                 preempted.add(victim.request_id)
                 if victim is req:
@@ -242,6 +254,7 @@ class Scheduler:
             if new_blocks is None:
                 break
             self.waiting.pop()
+            self.waiting.admitted(req)
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_hit
             req.record_event(EngineCoreEventType.SCHEDULED, now)

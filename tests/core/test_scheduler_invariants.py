@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from pagemill.config import CacheConfig, SchedulerConfig
+from pagemill.config import SCHEDULING_POLICIES, CacheConfig, SchedulerConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput
 from pagemill.core.scheduler import Scheduler
@@ -55,6 +55,31 @@ def check_invariants_of_manager(mgr) -> None:
         assert b.block_hash == key
         if b.ref_cnt:
             assert owners[b.block_id] == key[1]  # cached under the group that holds it
+    assert pool.num_block_refs == sum(refs.values())
+    assert pool.num_shared_blocks == sum(1 for n in refs.values() if n > 1)
+    check_memory_accounting(mgr)
+
+
+def check_memory_accounting(mgr) -> None:
+    """memory_stats' breakdown equals a block-by-block count: a block's fill is the tokens a table holding it
+    has stored there (every table agrees), so used slots = token states + fragmentation + reservation."""
+    bs, null = mgr.block_size, mgr.block_pool.null_block
+    fill: dict[int, set[int]] = {}
+    for g in mgr.groups:
+        for rid, blocks in g.req_to_blocks.items():
+            stored = mgr._num_stored.get(rid, 0)
+            for j, b in enumerate(blocks):
+                if b is not null:
+                    fill.setdefault(b.block_id, set()).add(min(max(stored - j * bs, 0), bs))
+    assert all(len(f) == 1 for f in fill.values()), "sharers disagree on a block's fill"
+    fills = [f.pop() for f in fill.values()]
+    mem = mgr.memory_stats()
+    assert mem["blocks_used"] == len(fills)
+    assert mem["token_slots"] == sum(fills)
+    assert mem["slots_fragmented"] == sum(bs - f for f in fills if 0 < f < bs)
+    assert mem["blocks_partial"] == sum(1 for f in fills if 0 < f < bs)
+    assert mem["slots_reserved"] == bs * fills.count(0)
+    assert mem["blocks_saved_by_sharing"] == mem["logical_blocks"] - len(fills) >= 0
 
 
 def run_to_completion(s: Scheduler, rng: random.Random, max_steps: int = 5000) -> dict[str, list[int]]:
@@ -101,7 +126,7 @@ def run_random_workload(s: Scheduler, rng: random.Random, steps: int, shared_len
 
 
 @pytest.mark.parametrize("seed", range(12))
-@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("policy", SCHEDULING_POLICIES)
 def test_random_workload_keeps_invariants_and_frees_everything(seed, policy):
     rng = random.Random(seed)
     num_blocks, block_size = rng.choice([12, 20, 40]), rng.choice([2, 4, 8])
