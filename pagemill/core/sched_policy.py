@@ -16,22 +16,25 @@ by recompute) plus the outputs still expected (`SamplingParams.expected_output_t
   pick (Algorithm 2's inner loop, bounded by the staging size). A staged request is served before any request
   that arrives after it is staged, which bounds its wait without aging.
 
-Running requests are scheduled before waiting ones under every policy (as vLLM v1 does); when the budget cannot
-cover all of them, srtf and two-level give it first to those with the fewest tokens to compute this step
-(decodes, then the shortest rest of a chunked prefill: Algorithm 2's Δ). The preemption victim is the running
-request the policy would serve last.
+The running set (Algorithm 2 picks from W ∪ R): the scheduler serves running requests before waiting ones, but
+under srtf and two-level a running prefill chunk leaves the budget that the first waiting request needs when that
+request goes before it in the policy's order (a long prompt being prefilled in chunks does not block short ones:
+no head-of-line blocking), and when the budget cannot cover the running set, the requests with the fewest tokens
+to compute this step go first (decodes, then the shortest rest of a prefill: Algorithm 2's Δ). The preemption
+victim is the running request the policy would serve last.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from pagemill.config import SchedulerConfig
-from pagemill.request import Request
+from pagemill.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from pagemill.core.kv_cache_manager import KVCacheManager
@@ -65,12 +68,59 @@ def order_running(running: list[Request], budget: int, max_model_len: int) -> No
                                     remaining_tokens(r, max_model_len)))
 
 
-class SRTFQueue:
+class _PolicyQueue(ABC):
+    """What srtf and two-level share: the policy's order (`rank`, smaller first) applied to the running set."""
+
+    def __init__(self, max_model_len: int, kv_cache_manager: KVCacheManager) -> None:
+        self.max_model_len = max_model_len
+        self.kv_cache_manager = kv_cache_manager
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Requests waiting."""
+
+    @abstractmethod
+    def peek(self) -> Request:
+        """The waiting request the policy serves next."""
+
+    @abstractmethod
+    def rank(self, req: Request) -> tuple:
+        """The policy's order of a request (smaller first)."""
+
+    def victim(self, running: list[Request]) -> Request:
+        """The running request to preempt: the one the policy would serve last."""
+        return max(running, key=self.rank)
+
+    def order_running(self, running: list[Request], budget: int) -> None:
+        """Give the budget first to the running requests with the fewest tokens to compute this step."""
+        order_running(running, budget, self.max_model_len)
+
+    def _hit_tokens(self, req: Request) -> int:
+        if req.num_computed_tokens or req.swapped_blocks is not None:  # the scheduler looks up hits only then
+            return 0
+        return self.kv_cache_manager.get_computed_blocks(req, count=False)[1]
+
+    def budget_to_yield(self, req: Request, budget: int) -> int:
+        """Budget the running prefill `req` leaves to the next waiting request, if that one goes first: the tokens
+        it has to compute when its blocks are free (else nothing), at most budget - 1 so that `req` progresses."""
+        if not len(self):
+            return 0
+        head = self.peek()
+        if head.status == RequestStatus.WAITING_FOR_FSM or self.rank(head) >= self.rank(req):
+            return 0
+        need = head.num_tokens - head.num_computed_tokens - self._hit_tokens(head)
+        mgr = self.kv_cache_manager
+        if -(-need // mgr.block_size) * len(mgr.groups) > mgr.block_pool.get_num_free_blocks():
+            return 0
+        return max(min(need, budget - 1), 0)
+
+
+class SRTFQueue(_PolicyQueue):
     """Waiting requests by remaining tokens, with aging: a request passed over by `max_passed_over` admissions
     goes first, in FIFO order (of first queuing, which a preemption does not reset)."""
 
-    def __init__(self, max_model_len: int, max_passed_over: int) -> None:
-        self.max_model_len = max_model_len
+    def __init__(self, max_model_len: int, max_passed_over: int, kv_cache_manager: KVCacheManager) -> None:
+        super().__init__(max_model_len, kv_cache_manager)
         self.max_passed_over = max_passed_over
         self.num_admitted = 0
         self._num_queued = 0
@@ -126,14 +176,6 @@ class SRTFQueue:
             return 0, order, 0
         return 1, remaining_tokens(req, self.max_model_len), order
 
-    def victim(self, running: list[Request]) -> Request:
-        """The running request to preempt: the one the policy would serve last."""
-        return max(running, key=self.rank)
-
-    def order_running(self, running: list[Request], budget: int) -> None:
-        """Give the budget first to the running requests with the fewest tokens to compute this step."""
-        order_running(running, budget, self.max_model_len)
-
     def _top(self, heap: list) -> Request:
         live = self._live
         while True:
@@ -156,14 +198,13 @@ class SRTFQueue:
         return (req for _, req in list(self._live.values()))
 
 
-class TwoLevelQueue:
+class TwoLevelQueue(_PolicyQueue):
     """FIFO waiting queue feeding a staging queue of at most `staging_size` requests (refilled only when empty);
     SRTF, with fresh prefix-cache hits, picks among the staged requests."""
 
     def __init__(self, max_model_len: int, staging_size: int, kv_cache_manager: KVCacheManager) -> None:
-        self.max_model_len = max_model_len
+        super().__init__(max_model_len, kv_cache_manager)
         self.staging_size = staging_size
-        self.kv_cache_manager = kv_cache_manager
         self.waiting: deque[Request] = deque()
         self.staging: list[Request] = []
         self._head: Request | None = None  # what peek returned: pop takes exactly that request
@@ -177,18 +218,16 @@ class TwoLevelQueue:
         self.staging.append(req)
         self._head = None
 
-    def _key(self, req: Request) -> tuple[int, float]:
-        remaining = remaining_tokens(req, self.max_model_len)
-        if req.num_computed_tokens == 0 and req.swapped_blocks is None:  # as the scheduler looks up hits
-            remaining -= self.kv_cache_manager.get_computed_blocks(req, count=False)[1]
-        return remaining, req.arrival_time
+    def rank(self, req: Request) -> tuple[int, float]:
+        """The policy's order (smaller first): remaining tokens less prefix-cache hits, then arrival."""
+        return remaining_tokens(req, self.max_model_len) - self._hit_tokens(req), req.arrival_time
 
     def peek(self) -> Request:
         """The staged request with the least remaining work (staging the next FIFO batch if it is empty)."""
         if not self.staging:
             for _ in range(min(self.staging_size, len(self.waiting))):
                 self.staging.append(self.waiting.popleft())
-        self._head = min(self.staging, key=self._key)
+        self._head = min(self.staging, key=self.rank)
         return self._head
 
     def pop(self) -> Request:
@@ -210,14 +249,6 @@ class TwoLevelQueue:
         else:
             self.waiting.remove(req)
 
-    def victim(self, running: list[Request]) -> Request:
-        """The running request to preempt: the one with the most remaining work (the latest arrival on a tie)."""
-        return max(running, key=lambda r: (remaining_tokens(r, self.max_model_len), r.arrival_time))
-
-    def order_running(self, running: list[Request], budget: int) -> None:
-        """Give the budget first to the running requests with the fewest tokens to compute this step."""
-        order_running(running, budget, self.max_model_len)
-
     def __len__(self) -> int:
         return len(self.staging) + len(self.waiting)
 
@@ -228,7 +259,7 @@ class TwoLevelQueue:
 def make_policy_queue(config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> SRTFQueue | TwoLevelQueue:
     """The waiting queue of an srtf or two-level scheduler."""
     if config.policy == "srtf":
-        return SRTFQueue(config.max_model_len, config.max_passed_over)
+        return SRTFQueue(config.max_model_len, config.max_passed_over, kv_cache_manager)
     if config.policy == "two-level":
         return TwoLevelQueue(config.max_model_len, config.staging_size, kv_cache_manager)
     raise ValueError(f"no policy queue for scheduling_policy {config.policy!r}")

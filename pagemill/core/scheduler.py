@@ -188,6 +188,9 @@ class Scheduler:
             req = self.running[i]
             num_new = min(req.num_tokens_with_spec - req.num_computed_tokens, budget,
                           max_len - req.num_computed_tokens)
+            if (self.config.policy in SRTF_POLICIES and req.num_tokens - req.num_computed_tokens > 1 and not preempted
+                    and len(self.running) < self.config.max_num_seqs):  # a prefill chunk: srtf may put waiting first
+                num_new = min(num_new, budget - self.waiting.budget_to_yield(req, budget))
             if num_new <= 0:
                 i += 1
                 continue

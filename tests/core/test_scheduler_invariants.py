@@ -16,9 +16,10 @@ from pagemill.sampling_params import SamplingParams
 
 
 def make_scheduler(num_blocks: int, block_size: int = 4, budget: int = 32, max_seqs: int = 8,
-                   policy: str = "fcfs", caching: bool = True, max_len: int = 256) -> Scheduler:
+                   policy: str = "fcfs", caching: bool = True, max_len: int = 256, max_passed_over: int = 64,
+                   staging_size: int = 8) -> Scheduler:
     return Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_len,
-                                     policy=policy),
+                                     policy=policy, max_passed_over=max_passed_over, staging_size=staging_size),
                      CacheConfig(block_size=block_size, enable_prefix_caching=caching),
                      KVCacheConfig(num_blocks, block_size))
 
@@ -131,8 +132,10 @@ def test_random_workload_keeps_invariants_and_frees_everything(seed, policy):
     rng = random.Random(seed)
     num_blocks, block_size = rng.choice([12, 20, 40]), rng.choice([2, 4, 8])
     # As in the engine, max_model_len never exceeds what the KV cache can hold.
+    policy_rng = random.Random(seed + 1000)  # srtf aging and two-level staging, small enough to matter
     s = make_scheduler(num_blocks=num_blocks, block_size=block_size, budget=rng.choice([8, 16, 64]),
-                       max_seqs=rng.choice([2, 4, 16]), policy=policy, max_len=(num_blocks - 1) * block_size)
+                       max_seqs=rng.choice([2, 4, 16]), policy=policy, max_len=(num_blocks - 1) * block_size,
+                       max_passed_over=policy_rng.choice([0, 2, 8, 64]), staging_size=policy_rng.choice([1, 2, 4]))
     run_random_workload(s, rng, steps=60, shared_len=12, max_suffix=20, max_tokens=16, priorities=3)
     pool = s.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_blocks - 1
