@@ -164,3 +164,22 @@ def tiny_moe_models(tmp_path_factory, smol_hf) -> dict[str, str]:
     """Tiny random Mixtral, Qwen2-MoE and Qwen3-MoE models saved with save_pretrained (SmolLM2's tokenizer)."""
     root = str(tmp_path_factory.mktemp("tiny_moe"))
     return {k: _save_tiny(k, root, smol_hf[1]) for k in ("mixtral", "qwen2_moe", "qwen3_moe")}
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> str:
+    """A tiny random Llama (2 layers, 2 KV heads of 8 dims) with SmolLM2's tokenizer, without loading SmolLM2's
+    weights: for engine and server tests that need a model but not its numerics."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pagemill.benchmarks.model_path import load_hf_tokenizer
+
+    tokenizer = load_hf_tokenizer(default_model_path())
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    path = tmp_path_factory.mktemp("tiny_llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

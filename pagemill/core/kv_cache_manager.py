@@ -196,6 +196,7 @@ class KVCacheManager:
                 "token_slots": used * bs - fragmented - reserved, "slots_fragmented": fragmented,
                 "slots_reserved": reserved, "slots_reserved_unused": fragmented + reserved,
                 "blocks_partial": round(partial), "blocks_saved_by_sharing": refs - used,
+                "slots_total": pool.num_usable_blocks * bs,
                 "sharing_saving": (1 - used / refs) if refs else 0.0}
 
     def num_blocks_held(self, request_id: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 NONE_HASH = 0x5EED  # parent hash of a request's first block
 
@@ -62,6 +62,7 @@ class KVCacheConfig:
     block_size: int
     num_swap_blocks: int = 0
     group_windows: tuple[int | None, ...] = (None,)
+    block_bytes: int = field(default=0, compare=False)  # KV memory of one block (all the layers of its group)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "group_windows", tuple(self.group_windows))  # (a list after a JSON round trip)

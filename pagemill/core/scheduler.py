@@ -474,10 +474,13 @@ class Scheduler:
         return None
 
     def make_stats(self, include_memory: bool = False) -> SchedulerStats:
-        """Counters and gauges for logging and /metrics (memory accounting walks every block: on request)."""
+        """Counters and gauges for logging and /metrics (the memory accounting, O(requests), on request)."""
         pool = self.kv_cache_manager.block_pool
+        memory = self.kv_cache_manager.memory_stats() if include_memory else None
+        if memory is not None:
+            memory["bytes_saved_by_sharing"] = memory["blocks_saved_by_sharing"] * self.kv_cache_config.block_bytes
         return SchedulerStats(
-            memory=self.kv_cache_manager.memory_stats() if include_memory else None,
+            memory=memory,
             num_swapped_reqs=self.swap_space.num_blocks and sum(1 for r in self.waiting if r.swapped_blocks),
             num_swapped_out=self.num_swapped_out, num_swap_blocks_total=self.swap_space.num_blocks,
             num_swap_blocks_free=self.swap_space.num_free, num_cow_copies=self.kv_cache_manager.num_cow_copies,

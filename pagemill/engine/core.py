@@ -12,6 +12,7 @@ from pagemill.core.scheduler import Scheduler
 from pagemill.engine.step_profiler import StepProfiler
 from pagemill.lora.request import LoRARequest
 from pagemill.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from pagemill.metrics.kv_cache import KV_STATS_INTERVAL_S, hit_rate, kv_log_line
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.request import Request, RequestStatus
 from pagemill.structured_output.manager import StructuredOutputManager
@@ -37,7 +38,7 @@ class EngineCore:
         lora = config.lora_config
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.kv_cache_config,
                                    config.speculative_config, lora.max_loras if lora is not None else 0)
-        self._last_log = time.monotonic()
+        self._last_log = self._last_memory = time.monotonic()
         self.profiler = StepProfiler(config.profile)
         # Grammars for structured output (tokenizer: the front end's when in-process, else loaded on first use).
         self.structured_output_manager = StructuredOutputManager(config, tokenizer)
@@ -77,22 +78,26 @@ class EngineCore:
             outputs = self.scheduler.update_from_output(so, out)
         if so.total_num_scheduled_tokens == 0 and self.structured_output_manager.num_live:
             self.structured_output_manager.wait_for_compiles(0.01)  # only grammar-waiting requests: do not spin
-        log_now = self.config.log_stats and time.monotonic() - self._last_log > 5.0
-        stats = self.scheduler.make_stats(include_memory=log_now)
+        now = time.monotonic()
+        log_now = self.config.log_stats and now - self._last_log > 5.0
+        # The KV accounting (O(requests)) for /metrics and the logs: every KV_STATS_INTERVAL_S, and once drained.
+        with_memory = (log_now or now - self._last_memory >= KV_STATS_INTERVAL_S
+                       or not self.scheduler.has_unfinished_requests())
+        stats = self.scheduler.make_stats(include_memory=with_memory)
+        if with_memory:
+            self._last_memory = now
         if log_now:
-            self._last_log = time.monotonic()
-            mem = stats.memory
+            self._last_log = now
             logger.info("Running: %d reqs, Waiting: %d reqs, Swapped: %d reqs, KV cache usage: %.1f%%, "
-                        "Prefix cache hit rate: %.1f%%, KV blocks shared: %d, saved by sharing: %.1f%%, "
-                        "reserved but unused slots: %d", stats.num_running_reqs, stats.num_waiting_reqs,
+                        "Prefix cache hit rate: %.1f%%", stats.num_running_reqs, stats.num_waiting_reqs,
                         stats.num_swapped_reqs, 100 * stats.kv_cache_usage,
-                        100 * stats.prefix_cache_hits / max(1, stats.prefix_cache_queries), mem["blocks_shared"],
-                        100 * mem["sharing_saving"], mem["slots_reserved_unused"])
+                        100 * hit_rate(stats.prefix_cache_hits, stats.prefix_cache_queries))
+            logger.info(kv_log_line(stats.memory))
         return EngineCoreOutputs(outputs, stats, time.monotonic())
 
     def make_stats(self) -> SchedulerStats:
-        """Scheduler and KV cache counters now (cheap: no memory accounting)."""
-        return self.scheduler.make_stats()
+        """Scheduler and KV cache counters now (cheap: the memory accounting only when nothing is left to run)."""
+        return self.scheduler.make_stats(include_memory=not self.scheduler.has_unfinished_requests())
 
     def get_stats(self) -> SchedulerStats:
         """Scheduler and KV memory statistics now, including the memory accounting."""

@@ -1,10 +1,12 @@
-"""A periodic log line while the engine is busy: throughput, queue sizes, KV usage, prefix-cache hits (and, with
-speculative decoding, vLLM's `SpecDecoding metrics` line for the same interval)."""
+"""A periodic log line while the engine is busy: throughput, queue sizes, KV usage, prefix-cache hits, followed by
+the KV accounting line (metrics/kv_cache.py) and, with speculative decoding, vLLM's `SpecDecoding metrics` line for
+the same interval."""
 
 from __future__ import annotations
 
 import logging
 
+from pagemill.metrics.kv_cache import kv_log_line
 from pagemill.metrics.spec_decode import spec_delta, spec_log_line
 from pagemill.metrics.stats import IterationStats, SchedulerStats, SpecDecodingStats
 
@@ -20,6 +22,7 @@ class LoggingStatLogger:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.last_stats: SchedulerStats | None = None
+        self.last_memory: dict[str, float] | None = None  # the latest KV accounting (not every snapshot has one)
         self._hits_at_log = 0
         self._queries_at_log = 0
         self._spec_at_log: SpecDecodingStats | None = None
@@ -30,6 +33,8 @@ class LoggingStatLogger:
         self.generation_tokens += iteration.num_generation_tokens
         if scheduler_stats is not None:
             self.last_stats = scheduler_stats
+            if scheduler_stats.memory is not None:
+                self.last_memory = scheduler_stats.memory
         if now - self.last_log >= self.interval_s:
             self.log(now)
 
@@ -49,6 +54,8 @@ class LoggingStatLogger:
                 s.num_swapped_reqs, s.num_waiting_reqs, 100 * s.kv_cache_usage,
                 100 * hits / queries if queries > 0 else 0.0)
             self._queries_at_log, self._hits_at_log = s.prefix_cache_queries, s.prefix_cache_hits
+            if self.last_memory is not None:
+                logger.info(kv_log_line(self.last_memory))
         if s is not None and s.spec_decoding is not None:
             spec = spec_delta(s.spec_decoding, self._spec_at_log)
             if spec.num_drafts > 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from pagemill.metrics.kv_cache import KVCacheGauges
 from pagemill.metrics.spec_decode import spec_delta
 from pagemill.metrics.stats import IterationStats, SchedulerStats, SpecDecodingStats
 
@@ -75,6 +76,7 @@ class PrometheusStatLogger:
         self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent usage.")
         self.kv_free_blocks = gauge("kv_cache_free_blocks", "KV-cache blocks that can be allocated.")
         self.kv_total_blocks = gauge("kv_cache_total_blocks", "Usable KV-cache blocks.")
+        self.kv_accounting = KVCacheGauges(registry, model_name)
         self.counters = {
             "prefix_cache_queries": counter("prefix_cache_queries", "Prefix-cache queries, in tokens."),
             "prefix_cache_hits": counter("prefix_cache_hits", "Prefix-cache hits, in tokens."),
@@ -107,6 +109,7 @@ class PrometheusStatLogger:
             self.kv_usage.set(s.kv_cache_usage)
             self.kv_free_blocks.set(s.num_blocks_free)
             self.kv_total_blocks.set(s.num_blocks_total)
+            self.kv_accounting.record(s)
             for name in _CUMULATIVE:
                 total = getattr(s, name)
                 delta = total - self._last_totals.get(name, 0)

@@ -101,7 +101,7 @@ class ModelRunner:
         self.swap_cache = torch.empty(swap_shape, dtype=self.kv_dtype) if num_swap_blocks else None
         # What the engine core builds the scheduler from (the config stays read-only).
         self.kv_cache_config = KVCacheConfig(self.num_blocks, cc.block_size, num_swap_blocks,
-                                             tuple(w for w, _ in groups))
+                                             tuple(w for w, _ in groups), block_bytes=per_block)
         logger.info("KV cache: %d blocks of %d tokens x %d layers in %d groups (windows %s) = %d tokens (%.2f GiB), "
                     "%d swap blocks", self.kv_cache_config.usable_blocks, cc.block_size, self.group_size,
                     len(groups), self.kv_cache_config.group_windows, self.kv_cache_config.usable_tokens,

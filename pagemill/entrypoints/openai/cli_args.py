@@ -25,7 +25,13 @@ _ENGINE_HELP = {
     "kv_cache_memory": "KV-cache memory, e.g. 2GiB or 512MiB (None: 2 GiB or a quarter of free memory).",
     "enable_prefix_caching": "Reuse the KV blocks of shared prompt prefixes.",
     "prefix_caching_hash_algo": "Block hash: builtin or sha256.",
-    "scheduling_policy": "fcfs or priority (lower `priority` values first).",
+    "scheduling_policy": "fcfs, priority (lower `priority` values first), srtf (shortest remaining tokens first: "
+                         "prompt left plus expected outputs, with aging) or two-level (FIFO into a staging queue, "
+                         "SRTF within it).",
+    "scheduling_max_passed_over": "srtf aging: a waiting request that has seen this many admissions since it was "
+                                  "first queued is served before the others, in FIFO order.",
+    "scheduling_staging_size": "two-level: requests moved from the FIFO queue into the SRTF staging queue at once "
+                               "(only when it is empty).",
     "seed": "Random seed.",
     "num_gpu_blocks_override": "Exact number of KV blocks (testing).",
     "num_threads": "Torch threads of the engine core (None: all cores).",

@@ -140,6 +140,7 @@ class SamplingRequest(OpenAIBaseModel):
     priority: int = 0
     cache_salt: str | None = None
     speculative_decoding: bool = True  # False: no draft tokens for this request when the server speculates
+    expected_output_tokens: int | None = Field(default=None, ge=0)  # srtf / two-level: expected output length
     # structured output: OpenAI's response_format, vLLM's structured_outputs, and the older guided_* fields
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None

@@ -89,7 +89,7 @@ def request_sampling_params(request: SamplingRequest, max_tokens: int | None, lo
         include_stop_str_in_output=request.include_stop_str_in_output,
         output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         structured_outputs=constraint.params if constraint is not None else None,
-        speculative_decoding=request.speculative_decoding)
+        speculative_decoding=request.speculative_decoding, expected_output_tokens=request.expected_output_tokens)
 
 
 class OpenAIServing:
