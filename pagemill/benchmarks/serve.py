@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -17,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pagemill.benchmarks.datasets import SampleRequest, add_dataset_args, get_samples
+from pagemill.benchmarks.kv_metrics import KVSampler, kv_summary
 from pagemill.benchmarks.metrics import (LATENCY_METRICS, RequestResult, compute_metrics,
                                          parse_goodput)
 from pagemill.benchmarks.model_path import default_model_path, load_hf_tokenizer
@@ -140,7 +142,24 @@ def serve_table(metrics: dict[str, Any], percentiles: Sequence[str], title: str)
         rows.append((f"Std {metric.upper()} (ms)", stats["std"]))
         for p in percentiles:
             rows.append((f"P{p} {metric.upper()} (ms)", stats[f"p{p}"]))
+    if "normalized_latency_ms" in metrics:  # E2EL / output tokens, per request
+        stats = metrics["normalized_latency_ms"]
+        rows.append(("--Normalized Latency (E2EL / output tokens)", ""))
+        rows.append(("Mean normalized latency (ms/token)", stats["mean"]))
+        rows.append(("Median normalized latency (ms/token)", stats["median"]))
+        for p in percentiles:
+            rows.append((f"P{p} normalized latency (ms/token)", stats[f"p{p}"]))
     rows += spec_rows(metrics)  # a pagemill server that speculated: its /metrics counters over the run
+    kv = metrics.get("kv_metrics", {}).get("summary", {})
+    if "mean_token_states_pct_of_used" in kv:  # --kv-metrics-plot: the KV accounting sampled over the run
+        rows.append(("--KV Cache (mean over the run)", ""))
+        rows.append(("Slots in use (% of cache)", kv["mean_used_slots_pct"]))
+        rows.append(("Token states (% of used)", kv["mean_token_states_pct_of_used"]))
+        rows.append(("Internal fragmentation (% of used)", kv["mean_fragmentation_pct_of_used"]))
+        rows.append(("Reservation (% of used)", kv["mean_reservation_pct_of_used"]))
+        rows.append(("Blocks shared", kv["mean_shared_blocks"]))
+    if "prefix_cache_hit_rate" in kv:
+        rows.append(("Prefix cache hit rate (%)", 100 * kv["prefix_cache_hit_rate"]))
     return format_table(title, rows)
 
 
@@ -188,10 +207,14 @@ async def _bench_target(args: argparse.Namespace, base_url: str, label: str,
     runs = []
     for rate, samples in zip(rates, sample_sets):
         spec_before = await fetch_spec_counters(base_url)
-        results, duration = await run_load(
-            samples, url, model, chat, rate, args.burstiness, args.max_concurrency,
-            args.ignore_eos, args.temperature, args.seed, extra_body, args.disable_tqdm)
+        sampler = KVSampler(base_url, args.kv_metrics_interval) if args.kv_metrics_plot else None
+        async with sampler if sampler is not None else contextlib.nullcontext():
+            results, duration = await run_load(
+                samples, url, model, chat, rate, args.burstiness, args.max_concurrency,
+                args.ignore_eos, args.temperature, args.seed, extra_body, args.disable_tqdm)
         metrics = compute_metrics(results, duration, percentiles, parse_goodput(args.goodput))
+        if sampler is not None:
+            metrics["kv_metrics"] = {"summary": kv_summary(sampler.samples), "samples": sampler.samples}
         metrics.update(target=label, base_url=base_url, served_model=model, request_rate=rate,
                        burstiness=args.burstiness, max_concurrency=args.max_concurrency)
         spec_after = await fetch_spec_counters(base_url)
@@ -227,6 +250,12 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
         series = run_compare(args, rates, sample_sets, lambda url, label, name: asyncio.run(
             _bench_target(args, url, label, rates, sample_sets, name)))
         targets = [(label, "") for label in series]
+    elif args.compare_policies:
+        from pagemill.benchmarks.serve_policies import policy_rows, policy_table, run_policies
+
+        series = run_policies(args, lambda url, label, name: asyncio.run(
+            _bench_target(args, url, label, rates, sample_sets, name)))
+        targets = [(label, "") for label in series]
     else:
         if args.baseline_base_url:
             targets.append((args.baseline_label, args.baseline_base_url))
@@ -235,6 +264,9 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     payload = {"benchmark": "serve", "config": config_dict(args),
                "environment": {**environment_info(), "load_avg_1m_at_start": load_at_start},
                "runs": [r for v in series.values() for r in v]}
+    if args.compare_policies:
+        payload["policies"] = policy_rows(series)
+        print(policy_table(payload["policies"]))
     if len(targets) == 2:
         payload["ratios"] = _ratios(series[targets[0][0]], series[targets[1][0]])
         for row in payload["ratios"]:
@@ -249,6 +281,16 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
 
         plot_sweep(series, args.plot, f"{args.dataset_name} dataset, {args.num_prompts} requests per rate")
         print(f"saved {args.plot}")
+    if args.kv_metrics_plot:
+        from pagemill.benchmarks.plots import plot_kv_metrics
+
+        runs = [(f"{r['target']} @ {r['request_rate']:g} req/s", r["kv_metrics"]["samples"])
+                for r in payload["runs"] if r.get("kv_metrics", {}).get("samples")]
+        if runs:
+            plot_kv_metrics(runs, args.kv_metrics_plot, f"KV cache accounting, {args.dataset_name} dataset")
+            print(f"saved {args.kv_metrics_plot}")
+        else:
+            print(f"not saved {args.kv_metrics_plot}: no server reported KV accounting in /metrics")
     return payload
 
 
@@ -283,6 +325,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep-rates", default=None,
                         help="comma-separated request rates to run one after another")
     parser.add_argument("--plot", default=None, help="PNG: normalized latency vs request rate")
+    parser.add_argument("--kv-metrics-plot", default=None,
+                        help="PNG: a pagemill server's KV accounting (/metrics) over each run: token states, "
+                             "fragmentation, reservation, sharing, prefix-cache hits (samples go in the JSON)")
+    parser.add_argument("--kv-metrics-interval", type=float, default=0.5,
+                        help="seconds between /metrics samples for --kv-metrics-plot")
     parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--extra-body", default=None, help="JSON merged into every request")
@@ -299,5 +346,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="include per-request timings in the JSON")
     parser.add_argument("--disable-tqdm", action="store_true")
     from pagemill.benchmarks.serve_peer import add_compare_args
+    from pagemill.benchmarks.serve_policies import add_policy_args
 
     add_compare_args(parser)
+    add_policy_args(parser)

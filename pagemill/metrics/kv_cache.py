@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from pagemill.metrics.stats import SchedulerStats
 
-KV_STATS_INTERVAL_S = 1.0
+KV_STATS_INTERVAL_S = 0.25
 
 # SchedulerStats.memory key -> (metric name after "pagemill:", help)
 KV_GAUGES = {
