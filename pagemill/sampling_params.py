@@ -151,3 +151,12 @@ class SamplingParams:
         out = SamplingParams(**data)
         out.all_stop_token_ids = set(self.all_stop_token_ids)
         return out
+
+
+def __getattr__(name: str):
+    # vLLM defines BeamSearchParams here; ours lives with beam search (imported lazily: no import cycle).
+    if name == "BeamSearchParams":
+        from pagemill.beam_search import BeamSearchParams
+
+        return BeamSearchParams
+    raise AttributeError(name)
