@@ -333,11 +333,26 @@ class EngineArgs:
     max_loras: int = 1  # adapters one batch can mix
     max_lora_rank: int = 16  # the largest adapter rank accepted
     max_cpu_loras: int | None = None  # adapters kept loaded on the host (default: max_loras)
+    # Accepted for vLLM scripts; it has no meaning on a CPU (the KV cache is sized by kv_cache_memory).
+    gpu_memory_utilization: float | None = None
 
     @classmethod
     def field_names(cls) -> list[str]:
         """The argument names (used to build CLI flags and to filter kwargs)."""
         return [f.name for f in fields(cls)]
+
+    @staticmethod
+    def add_cli_args(parser: Any) -> Any:
+        """Add one flag per field to an argparse parser (vLLM's `EngineArgs.add_cli_args`); returns the parser."""
+        from pagemill.entrypoints.openai.cli_args import add_engine_args
+
+        add_engine_args(parser)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: Any) -> EngineArgs:
+        """EngineArgs from a namespace parsed with `add_cli_args`' flags (vLLM's `EngineArgs.from_cli_args`)."""
+        return cls(**{name: getattr(args, name) for name in cls.field_names() if hasattr(args, name)})
 
     def create_engine_config(self) -> EngineConfig:
         """Load the model's config and resolve every default."""
@@ -352,6 +367,8 @@ class EngineArgs:
                 f"max_model_len ({max_model_len}) is larger than the model's context length ({model_max})."
             )
         check_linear_options(self.linear_dtype, self.quantization)
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         so_config = StructuredOutputsConfig(backend=self.structured_outputs_backend)
         spec_config = SpeculativeConfig.from_user(self.speculative_config)
         lora_config = (LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras) if self.enable_lora

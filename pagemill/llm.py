@@ -54,6 +54,12 @@ class LLM:
         """The model's tokenizer."""
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's own defaults (its generation_config.json), else vLLM's defaults."""
+        from pagemill.loader.generation_config import sampling_defaults
+
+        return SamplingParams(**sampling_defaults(self.llm_engine.config.model_config.model))
+
     def get_stats(self) -> SchedulerStats:
         """Scheduler and KV cache statistics now: blocks free, prefix-cache hits, preemptions, swaps, ..."""
         return self.llm_engine.get_stats()
@@ -66,9 +72,10 @@ class LLM:
         """Load an adapter ahead of its requests (vLLM's `llm.llm_engine.add_lora`); True if newly loaded."""
         return self.llm_engine.add_lora(lora_request)
 
-    def reset_prefix_cache(self) -> bool:
-        """Drop cached prefixes (only possible while idle)."""
-        return self.llm_engine.reset_prefix_cache()
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Drop cached prefixes; only possible while idle, unless `reset_running_requests` preempts the running
+        requests first (they recompute their KV)."""
+        return self.llm_engine.reset_prefix_cache(reset_running_requests)
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -100,7 +107,8 @@ class LLM:
         return loras
 
     def beam_search(self, prompts: list[PromptType], params: "BeamSearchParams",
-                    lora_request: LoRARequest | Sequence[LoRARequest] | None = None) -> list["BeamSearchOutput"]:
+                    lora_request: LoRARequest | Sequence[LoRARequest] | None = None,
+                    use_tqdm: bool = False) -> list["BeamSearchOutput"]:
         """Beam search for each prompt; returns the beam_width best sequences of each, best first."""
         from pagemill.beam_search import BeamSearchInstance, BeamSearchOutput, BeamSearchSequence, beam_score
 
@@ -115,7 +123,9 @@ class LLM:
         def key(b: BeamSearchSequence) -> float:
             return beam_score(b.tokens, b.cum_logprob, eos, params.length_penalty)
 
+        bar = tqdm(total=params.max_tokens, desc="Beam search", disable=not use_tqdm, dynamic_ncols=True)
         for _ in range(params.max_tokens):
+            bar.update(1)
             live = [(inst, beam) for inst in instances for beam in inst.beams]
             if not live:
                 break
@@ -134,6 +144,7 @@ class LLM:
                         candidates[id(inst)].append(new)
             for inst in instances:
                 inst.beams = sorted(candidates[id(inst)], key=key, reverse=True)[:width]
+        bar.close()
         results = []
         for inst in instances:
             for b in inst.beams:

@@ -33,6 +33,10 @@ class LogprobsLists(msgspec.Struct, array_like=True):
     logprobs: list[list[float]]
     ranks: list[int]  # rank of the chosen token at each position
 
+    def slice(self, start: int, stop: int | None = None) -> "LogprobsLists":
+        """The positions [start, stop)."""
+        return LogprobsLists(self.token_ids[start:stop], self.logprobs[start:stop], self.ranks[start:stop])
+
 
 class EngineCoreEventType(enum.IntEnum):
     """What happened to a request inside the engine core."""

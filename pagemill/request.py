@@ -60,6 +60,7 @@ class Request:
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
         self.num_cached_tokens = -1  # prefix-cache hit length at first scheduling
+        self.num_prompt_logprobs_sent = 0  # prompt positions whose logprobs went out (a recompute repeats them)
         self.block_hashes: list[int] = []
         self.max_tokens = sampling_params.max_tokens
         self.events: list[EngineCoreEvent] = []  # not yet sent to the front end

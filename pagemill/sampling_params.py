@@ -10,6 +10,17 @@ _SAMPLING_EPS = 1e-5
 STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
+def _token_id(key: object) -> int:
+    """A logit_bias key as a token id (JSON object keys arrive as strings)."""
+    try:
+        token = int(key)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"logit_bias keys must be token ids, got {key!r}.") from None
+    if token < 0:
+        raise ValueError(f"logit_bias keys must be non-negative token ids, got {key!r}.")
+    return token
+
+
 class RequestOutputKind(IntEnum):
     """How outputs are reported while a request runs (vLLM's names)."""
 
@@ -82,6 +93,9 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     guided_decoding: StructuredOutputsParams | None = None  # vLLM's older spelling of structured_outputs
     speculative_decoding: bool = True  # False: this request never gets draft tokens (when the engine speculates)
+    allowed_token_ids: list[int] | None = None  # sample only among these tokens
+    logit_bias: dict[int, float] | None = None  # token id -> value added to its logit (OpenAI: [-100, 100])
+    truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens (-1: max_model_len - 1)
     # srtf / two-level scheduling: the output length to expect (a hint, capped by max_tokens; None: max_tokens).
     expected_output_tokens: int | None = None
     # Filled in by the engine from the model's generation config; not user input.
@@ -144,6 +158,19 @@ class SamplingParams:
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}.")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}.")
+        if self.allowed_token_ids is not None and (
+                not self.allowed_token_ids or any(not isinstance(t, int) or t < 0 for t in self.allowed_token_ids)):
+            raise bad("allowed_token_ids", "must be a non-empty list of non-negative token ids")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise bad("logit_bias", "must map token ids to biases")
+            self.logit_bias = {_token_id(k): float(v) for k, v in self.logit_bias.items()}
+            if any(not -100.0 <= v <= 100.0 for v in self.logit_bias.values()):
+                raise bad("logit_bias", "values must be in [-100, 100]")
+        if self.truncate_prompt_tokens is not None and (not isinstance(self.truncate_prompt_tokens, int)
+                                                        or self.truncate_prompt_tokens < -1
+                                                        or self.truncate_prompt_tokens == 0):
+            raise bad("truncate_prompt_tokens", "must be -1 or an integer >= 1")
 
     @property
     def greedy(self) -> bool:
@@ -157,3 +184,12 @@ class SamplingParams:
         out = SamplingParams(**data)
         out.all_stop_token_ids = set(self.all_stop_token_ids)
         return out
+
+
+def __getattr__(name: str):
+    # vLLM defines BeamSearchParams here; ours lives with beam search (imported lazily: no import cycle).
+    if name == "BeamSearchParams":
+        from pagemill.beam_search import BeamSearchParams
+
+        return BeamSearchParams
+    raise AttributeError(name)

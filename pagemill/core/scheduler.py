@@ -74,6 +74,7 @@ class Scheduler:
                  max_loras: int = 0) -> None:
         self.config = scheduler_config
         self.max_loras = max_loras  # adapters one step may mix (the runner's LoRA slots; 0: LoRA disabled)
+        self._reset_preempted: set[str] = set()  # preempted outside schedule() (reset_prefix_cache): for the runner
         self.spec_config = speculative_config
         # A draft model writes its own KV for the tokens it proposes: their slots are allocated ahead (lookahead).
         self.num_lookahead_tokens = (speculative_config.num_speculative_tokens
@@ -159,6 +160,16 @@ class Scheduler:
         return bool(self.running) or len(self.waiting) > 0
 
     # ---- one step ----
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached block hash. Blocks in use keep it from happening, unless `reset_running_requests`
+        preempts the running requests first (the runner learns of it in the next step's output)."""
+        if reset_running_requests:
+            while self.running:
+                req = self.running.pop()
+                self._preempt(req)
+                self._reset_preempted.add(req.request_id)
+        return self.kv_cache_manager.reset_prefix_cache()
+
     def _preempt_victim(self) -> Request:
         if self.config.policy == "priority":
             victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
@@ -290,7 +301,8 @@ class Scheduler:
                     to_propose[rid] = k
         copies, _ = self.kv_cache_manager.take_step_changes()
         out = SchedulerOutput(new_reqs, cached_reqs, num_scheduled, total,
-                              finished_req_ids=self.finished_req_ids, preempted_req_ids=preempted,
+                              finished_req_ids=self.finished_req_ids,
+                              preempted_req_ids=preempted | self._take_reset_preempted(),
                               blocks_to_copy=copies, blocks_to_swap_out=self._swap_out, blocks_to_swap_in=swap_in,
                               scheduled_spec_decode_tokens=spec_tokens, num_spec_tokens_to_propose=to_propose)
         self.finished_req_ids = set()
@@ -371,6 +383,10 @@ class Scheduler:
             child.num_cached_tokens = 0
             self.waiting.add_front(child)
 
+    def _take_reset_preempted(self) -> set[str]:
+        taken, self._reset_preempted = self._reset_preempted, set()
+        return taken
+
     def _preempt(self, req: Request) -> None:
         """Preempt by swapping the request's blocks out (if configured and there is room) or by recompute."""
         req.status = RequestStatus.PREEMPTED
@@ -407,6 +423,18 @@ class Scheduler:
         req.swapped_blocks = None
         return True
 
+    @staticmethod
+    def _new_prompt_logprobs(req: Request, lp: LogprobsLists, num_scheduled: int) -> LogprobsLists | None:
+        """The part of a step's prompt logprobs not sent before (a request preempted by recompute computes its
+        prompt, and so its prompt logprobs, again)."""
+        start = req.num_computed_tokens - num_scheduled  # the position of the step's first logprob
+        n = len(lp.ranks)
+        skip = max(0, req.num_prompt_logprobs_sent - start)
+        req.num_prompt_logprobs_sent = max(req.num_prompt_logprobs_sent, start + n)
+        if skip >= n:
+            return None
+        return lp.slice(skip) if skip else lp
+
     def update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Append sampled tokens, check stop conditions, free finished requests; one output per request."""
         outputs, self._failed_outputs = self._failed_outputs, []
@@ -417,6 +445,8 @@ class Scheduler:
             if req is None:
                 continue
             prompt_lp = out.prompt_logprobs.get(rid)
+            if prompt_lp is not None:
+                prompt_lp = self._new_prompt_logprobs(req, prompt_lp, sched.num_scheduled_tokens[rid])
             tokens = out.sampled.get(rid)
             if not tokens:
                 if prompt_lp is not None:
@@ -438,7 +468,7 @@ class Scheduler:
             if n < len(tokens):  # stopped inside the accepted drafts: the rest are not outputs
                 tokens = tokens[:n]
                 if logprobs is not None:
-                    logprobs = LogprobsLists(*(x[:n] for x in logprobs))
+                    logprobs = logprobs.slice(0, n)
             if rid in self.pending_forks:
                 self._fork(req, self.pending_forks.pop(rid))
             eco = EngineCoreOutput(rid, tokens, new_logprobs=logprobs, new_prompt_logprobs=prompt_lp,

@@ -225,10 +225,11 @@ class AsyncLLM:
         return [s.request_id for s in self.output_processor.abort_requests([request_id])]
 
     # ---- utility calls ----
-    async def reset_prefix_cache(self) -> bool:
-        """Drop the core's cached prefixes (only possible while idle)."""
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Drop the core's cached prefixes (only possible while idle, unless `reset_running_requests` preempts
+        the running requests first)."""
         self._ensure_output_handler()
-        return await self.client.call_utility("reset_prefix_cache")
+        return await self.client.call_utility("reset_prefix_cache", bool(reset_running_requests))
 
     async def add_lora(self, lora_request: LoRARequest) -> bool:
         """Load (and check) an adapter in the core; True if it was not loaded yet; ValueError for a bad one."""

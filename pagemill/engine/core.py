@@ -107,9 +107,9 @@ class EngineCore:
         """func(model) on every worker's model (one here), as vLLM's `LLM.apply_model`."""
         return self.executor.apply_model(func)
 
-    def reset_prefix_cache(self) -> bool:
-        """Drop cached prefixes (only when idle)."""
-        return self.scheduler.kv_cache_manager.reset_prefix_cache()
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Drop cached prefixes: when idle, or after preempting the running requests if `reset_running_requests`."""
+        return self.scheduler.reset_prefix_cache(reset_running_requests)
 
     # ---- LoRA adapters ----
     def add_lora(self, lora_request: LoRARequest) -> bool:

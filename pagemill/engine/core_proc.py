@@ -117,7 +117,7 @@ class EngineCoreProc:
             return call_id, False, f"unknown utility method {method!r}"
         try:
             if method == "reset_prefix_cache":
-                return call_id, True, self.core.reset_prefix_cache()
+                return call_id, True, self.core.reset_prefix_cache(*args[:1])
             if method == "get_stats":
                 return call_id, True, msgspec.to_builtins(self.core.get_stats())
             if method == "add_lora":

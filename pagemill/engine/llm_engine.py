@@ -80,9 +80,10 @@ class LLMEngine:
         """func(model) on every worker's model (in-process engine core)."""
         return self.engine_core.apply_model(func)
 
-    def reset_prefix_cache(self) -> bool:
-        """Drop cached prefixes (only possible while idle)."""
-        return self.engine_core.reset_prefix_cache()
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Drop cached prefixes; only possible while idle, unless `reset_running_requests` preempts the running
+        requests first (they recompute their KV)."""
+        return self.engine_core.reset_prefix_cache(reset_running_requests)
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """Load an adapter ahead of its requests; True if it was not loaded yet (ValueError for a bad one)."""

@@ -55,10 +55,13 @@ class Processor:
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams,
                 arrival_time: float | None = None, priority: int = 0,
                 cache_salt: str | None = None,
-                lora_request: LoRARequest | None = None) -> tuple[str | None, EngineCoreRequest]:
+                lora_request: LoRARequest | None = None,
+                truncation_side: str = "left") -> tuple[str | None, EngineCoreRequest]:
         """Validate and build the request; raises ValueError naming the bad field."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}.")
+        if truncation_side not in ("left", "right"):
+            raise ValueError(f"truncation_side must be 'left' or 'right', got {truncation_side!r}.")
         if lora_request is not None and not isinstance(lora_request, LoRARequest):
             raise ValueError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}.")
         text, ids = self.tokenize_prompt(prompt)
@@ -67,6 +70,15 @@ class Processor:
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             raise ValueError(f"prompt_token_ids must be in [0, {self.vocab_size}), got a token id out of range.")
         max_len = self.model_config.max_model_len
+        if params.truncate_prompt_tokens is not None:
+            keep = max_len - 1 if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
+            if len(ids) > keep:
+                ids = ids[-keep:] if truncation_side == "left" else ids[:keep]
+                text = None
+        for name, tokens in (("allowed_token_ids", params.allowed_token_ids or []),
+                             ("logit_bias", params.logit_bias or {})):
+            if any(t >= self.vocab_size for t in tokens):
+                raise ValueError(f"{name} must be token ids in [0, {self.vocab_size}).")
         if len(ids) >= max_len:
             raise ValueError(
                 f"The prompt (length {len(ids)}) is longer than the maximum model length of {max_len} "

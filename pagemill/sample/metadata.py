@@ -27,6 +27,9 @@ class SamplingMetadata:
     # (row, token ids to forbid) for requests below min_tokens
     min_tokens_blocks: list[tuple[int, list[int]]] | None = None
     max_num_logprobs: int | None = None
+    # (row, token ids) sampling may only choose from; (row, token ids, biases) added to logits
+    allowed_token_ids: list[tuple[int, list[int]]] | None = None
+    logit_bias: list[tuple[int, list[int], list[float]]] | None = None
     # structured output: int32 [R, ceil(V / 32)] allowed-token bits for logits rows `bitmask_rows` [R] (int64)
     token_bitmask: torch.Tensor | None = None
     bitmask_rows: torch.Tensor | None = None

@@ -85,9 +85,17 @@ class Sampler:
 
     def _process(self, logits: torch.Tensor, md: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor,
                                                                             torch.Tensor | None]:
-        """Penalties, min_tokens and grammar masks: (logits, their argmax, raw logprobs before any of it or None)."""
+        """Allowed tokens, logit bias, penalties, min_tokens and grammar masks: (logits, their argmax, raw logprobs before any of it or None)."""
         logits = logits.to(torch.float32)
         raw_logprobs = logits.log_softmax(dim=-1) if md.max_num_logprobs is not None else None
+        if md.allowed_token_ids:  # vLLM's order: allowed tokens, logit bias, then penalties
+            for row, ids in md.allowed_token_ids:
+                keep = logits[row, ids]
+                logits[row] = float("-inf")
+                logits[row, ids] = keep
+        if md.logit_bias:
+            for row, ids, bias in md.logit_bias:
+                logits[row, ids] += torch.tensor(bias, dtype=logits.dtype)
         if md.output_token_ids is not None:
             logits = apply_penalties(logits, md)
         if md.min_tokens_blocks:

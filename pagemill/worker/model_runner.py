@@ -439,6 +439,7 @@ class ModelRunner:
             p = ib.params[r]
             out[j] = (p.greedy and p.logprobs is None and not p.presence_penalty and not p.frequency_penalty
                       and p.repetition_penalty == 1.0 and p.structured_outputs is None
+                      and p.allowed_token_ids is None and not p.logit_bias
                       and not (p.min_tokens and num_out[j] < p.min_tokens))
         return out
 
@@ -472,6 +473,10 @@ class ModelRunner:
                     ids.add(ib.eos_token_id[r])
                 blocks.append((j, sorted(ids)))
         md.min_tokens_blocks = blocks or None
+        md.allowed_token_ids = [(j, p.allowed_token_ids) for j, p in enumerate(params)
+                                if p.allowed_token_ids is not None] or None
+        md.logit_bias = [(j, list(p.logit_bias), list(p.logit_bias.values())) for j, p in enumerate(params)
+                         if p.logit_bias] or None
         return md
 
     def _penalty_metadata(self, md: SamplingMetadata, rows: np.ndarray, params: list, num_out: np.ndarray) -> None:

@@ -57,6 +57,18 @@ def test_logprobs_are_the_target_models(smol_llm, spec_llm):
     assert out.cumulative_logprob == pytest.approx(ref.cumulative_logprob, abs=1e-2)
 
 
+def test_a_stop_token_inside_accepted_drafts_cuts_tokens_and_logprobs(smol_llm, spec_llm):
+    """The outputs after a stop token that was accepted as a draft are dropped, with their logprobs."""
+    free = smol_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), use_tqdm=False)
+    tokens = free[0].outputs[0].token_ids
+    stop = tokens[12]  # deep in the repeated list: drafted and accepted
+    sp = SamplingParams(temperature=0, max_tokens=30, logprobs=2, stop_token_ids=[stop])
+    out = spec_llm.generate(PROMPT, sp, use_tqdm=False)[0].outputs[0]
+    want = list(tokens[:tokens.index(stop) + 1])
+    assert list(out.token_ids) == want and len(out.logprobs) == len(want)
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+
+
 def test_sampled_requests_every_parameter_and_seeds(spec_llm):
     """Temperature, top-k, top-p, min-p and penalties are all accepted with speculation; a seed reproduces."""
     sp = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.1, seed=7,

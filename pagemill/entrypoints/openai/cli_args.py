@@ -42,6 +42,7 @@ _ENGINE_HELP = {
                           "win (same tokens, faster batched decode).",
     "structured_outputs_backend": "Structured output (guided decoding) library: auto (xgrammar, or llguidance for "
                                   "what xgrammar lacks), xgrammar, guidance.",
+    "gpu_memory_utilization": "Accepted for vLLM scripts; no meaning on a CPU (use --kv-cache-memory).",
     "speculative_config": "Speculative decoding as JSON (vLLM's fields), e.g. '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 4}'; method ngram, suffix or draft_model (None: off).",
 }

@@ -1,0 +1,1 @@
+"""Small helpers with vLLM's import paths (pagemill.utils.argparse_utils, ...)."""
