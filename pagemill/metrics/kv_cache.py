@@ -7,9 +7,12 @@ most every KV_STATS_INTERVAL_S while busy, and whenever it drains.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Gauge
+from typing import TYPE_CHECKING
 
 from pagemill.metrics.stats import SchedulerStats
+
+if TYPE_CHECKING:  # the engine core imports this module for its log line; only the front end needs prometheus
+    from prometheus_client import CollectorRegistry, Gauge
 
 KV_STATS_INTERVAL_S = 0.25
 
@@ -39,6 +42,8 @@ class KVCacheGauges:
     """The pagemill:kv_cache_* accounting gauges of one registry."""
 
     def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+        from prometheus_client import Gauge
+
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(f"pagemill:{name}", doc, ["model_name"], registry=registry).labels(model_name)
 
