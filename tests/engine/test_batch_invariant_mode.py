@@ -84,13 +84,11 @@ def test_float32_model_depends_on_batch_without_the_mode(tiny_llama):
     _assert_batch_dependent(LLM(tiny_llama, max_model_len=512, kv_cache_memory="256MiB"))
 
 
-@pytest.mark.slow
 def test_embedded_gguf_model():
     """SmolLM2-135M Q4_1 (GGUF records linears, the tied Q8_0 head)."""
     _check_invariant(None)
 
 
-@pytest.mark.slow
 def test_embedded_gguf_model_depends_on_batch_without_the_mode(smol_llm):
     _assert_batch_dependent(smol_llm)
 
