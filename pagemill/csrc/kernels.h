@@ -61,6 +61,9 @@ struct GemvArgs {
   const float* bias;  // nullptr: none
   int64_t M, K, N, tiles;
   int num_threads;
+  // Every row on the direct path (streamed weights, 16 rows at a time), never the fp32 panels of many-row calls: one
+  // summation order per row whatever M (gemv_int8 / gemv_records; the batch-invariant mode)
+  bool direct_only = false;
 };
 
 // The LM head's greedy screen (variant/head_screen.cpp): logits [M, N] fp32, exact (float32, from `table` [N, K])

@@ -3,12 +3,13 @@ the other rows, so a request's hidden states and logits do not depend on the bat
 
 The default paths choose a kernel by the number of rows M, and the kernels round differently: the records GEMV's
 direct path up to 16 rows, its fp32 panels up to 64, oneDNN above; MKL's sgemm (F.linear) for float weights
-computes a row one way at M = 1, another at M = 2-3, and the last M mod 4 rows of a small M another. Here:
+computes a row one way at M = 1, another at M = 2-3, and the last M mod 4 rows of a small M another. Here every
+layer takes the weight-streaming kernels' direct path for any M (csrc/variant/gemv.cpp, `direct_only`): rows in
+chunks of 16, each row summed per k block into its own accumulators, so its result depends on neither M nor its
+place among the rows:
 
-- records (GGUF blocks, int8 / int4 weight-only): the records GEMV's direct path only, 16 rows per call. It sums
-  each row per group in k order into per-row accumulators, so a row's result depends on neither M nor its place.
-- float32 weights: `gemv_f32` (csrc/variant/gemv.cpp) on a copy packed in tiles of 64 output channels, direct
-  path 16 rows at a time with k blocks at fixed offsets.
+- records (GGUF blocks, int8 / int4 weight-only): gemv_records / gemv_int8 on the layer's own records;
+- float32 weights: gemv_f32 on a copy packed in tiles of 64 output channels (k blocks at fixed offsets).
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ from torch import nn
 from pagemill.layers.quantization.base import LinearMethodBase
 from pagemill.layers.quantization.dense import UnquantizedLinearMethod
 from pagemill.layers.quantization.gguf import RecordsLinearMethod
+from pagemill.layers.quantization.gguf_records import PLANE_LAYOUTS
 
-# Rows per records-GEMV call: csrc/variant/gemv.cpp's kDirectMaxRows (more rows switch to its fp32 panels).
-DIRECT_ROWS = 16
 GEMV_TILE = 64  # output channels per packed tile (gemv.cpp's NT)
 
 Apply = Callable[[nn.Module, torch.Tensor], torch.Tensor]
@@ -66,13 +66,18 @@ def fixed_order_apply(method: LinearMethodBase, layer: nn.Module, kernels: Any, 
 
 
 def _records_apply(method: RecordsLinearMethod) -> Apply:
-    rows = min(DIRECT_ROWS, method.max_rows)
-    base = type(method).apply
+    kernels = method.kernels
 
     def apply(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= rows:
-            return base(method, layer, x)
-        return torch.cat([base(method, layer, part) for part in x.split(rows)])
+        x = x.to(method.input_dtype).contiguous()
+        out = torch.empty(x.shape[0], layer.out_features, dtype=method.input_dtype)
+        rec = layer.gemv_records
+        if method.records == "int8":
+            kernels.gemv_int8(out, x, rec[0], rec[1], layer.gemv_bias, rec[2] if len(rec) > 2 else None,
+                              direct_only=True)
+        else:
+            kernels.gemv_records(out, x, rec, PLANE_LAYOUTS[method.records][3], layer.gemv_bias, direct_only=True)
+        return out
 
     return apply
 

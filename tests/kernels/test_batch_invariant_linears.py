@@ -11,8 +11,11 @@ import torch.nn.functional as F
 from pagemill.kernels.build import load_kernels
 from pagemill.layers.batch_invariant import make_batch_invariant, pack_f32_tiles
 from pagemill.layers.linear import ColumnParallelLinear
+from pagemill.layers.quantization.gguf import pack_records
+from pagemill.layers.quantization.gguf_records import PLANE_LAYOUTS, RECORD_TYPES
 from tests.conftest import requires_kernels
 from tests.kernels.conftest import assert_gemv_close
+from tests.kernels.gguf_blocks import dequantized, make_blocks
 from tests.layers.helpers import layer_context
 
 kernels = load_kernels()
@@ -69,6 +72,28 @@ def test_gemv_f32_rows_do_not_depend_on_the_batch(n: int, k: int) -> None:
         return out
 
     _assert_invariant(fn, k, seed=n)
+
+
+@pytest.mark.parametrize("fmt", [name for name, _, _ in RECORD_TYPES.values()])
+def test_records_direct_only_rows_do_not_depend_on_the_batch(fmt: str) -> None:
+    """Every GGUF record format (bit-plane records and int8 tiles) with direct_only: batch-independent rows, still
+    F.linear of the file's dequantized weight."""
+    n, k = (130, 512) if fmt.endswith("_k") else (130, 320)
+    blocks = make_blocks(fmt, n, k, seed=5)
+    kind, records = pack_records([(fmt, blocks)])
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape[0], n)
+        if kind == "int8":
+            kernels.gemv_int8(out, x, records[0], records[1], None, records[2] if len(records) > 2 else None,
+                              direct_only=True)
+        else:
+            kernels.gemv_records(out, x, records, PLANE_LAYOUTS[kind][3], None, direct_only=True)
+        return out
+
+    _assert_invariant(fn, k, seed=n)
+    x = torch.randn(40, k)
+    assert_gemv_close(fn(x), F.linear(x, dequantized(fmt, blocks).view(n, k)))
 
 
 @pytest.mark.parametrize("quantization", ["none", "int8", "int4"])

@@ -1,6 +1,7 @@
 // Linear layers over packed weights (y = x W^T + b). Up to 16 rows (decode) the weights are streamed once from
 // memory, so the kernels are "vertical" GEMVs over a packed layout that needs no horizontal reductions; more rows
-// run an fp32 micro-kernel over panels dequantized once per k block (run_panel).
+// run an fp32 micro-kernel over panels dequantized once per k block (run_panel), unless the call asks for the
+// direct path (direct_only: 16-row chunks of it, so a row's sums run in one order whatever M).
 //
 // Packed layout (the same for every ISA variant; packing.cpp writes it): W [N, K] -> tiles of NT = 64 output
 // channels, [N/NT (rounded up), K, NT], so a tile is one contiguous stream and each k step is one row of NT weights,
@@ -115,28 +116,42 @@ void store_tile(const GemvArgs& a, const float* acc, int64_t t) {
   }
 }
 
-// Runs every tile of y = x W^T + b. `make(t)` gives tile t's weight stream; `scales(t, k)` the scales of the group
-// holding k (nullptr for unscaled weights), constant over [k, next_group(k)); `mins(t, k)` that group's MinTerm for
-// row 0 (mins == nullptr: none; else every [k, next_group(k)) range must be a whole group).
+// Rows [r0, r0 + n) of a call: x, out and M narrowed to them.
+GemvArgs row_chunk(const GemvArgs& a, int64_t r0, int64_t n) {
+  GemvArgs c = a;
+  c.M = n;
+  c.x = a.x + r0 * a.K;
+  c.out = static_cast<char*>(a.out) + r0 * a.N * (a.out_dtype == DType::F16 ? 2 : 4);
+  return c;
+}
+
+// Runs every tile of y = x W^T + b, kDirectMaxRows rows at a time (one chunk up to that many rows; more only when
+// the caller asks for the direct path with a.direct_only). `make(t)` gives tile t's weight stream; `scales(t, k)`
+// the scales of the group holding k (nullptr for unscaled weights), constant over [k, next_group(k)); `mins(t, k)`
+// that group's MinTerm for row 0 (mins == nullptr: none; else every [k, next_group(k)) range must be a whole group).
 template <class MakeW, class Scales, class NextGroup, class Mins>
 void run(const GemvArgs& a, MakeW make, Scales scales, NextGroup next_group, Mins mins) {
-  const int64_t M = a.M, K = a.K;
-  const int64_t nblk = (M + MR_MAX - 1) / MR_MAX;
-  const int64_t mr = (M + nblk - 1) / nblk;  // balanced row blocks: 8 rows = 4 + 4, not 6 + 2
-  const int64_t kb = nblk == 1 ? K : KB;     // one row block reads each weight once anyway
+  const int64_t K = a.K;
   parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
-    alignas(64) float acc[16 * NT];
+    alignas(64) float acc[kDirectMaxRows * NT];
     for (int64_t t = t0; t < t1; ++t) {
       const auto w = make(t);
-      for (int64_t k0 = 0; k0 < K;) {
-        const int64_t k1 = imin(imin(k0 + kb, K), next_group(k0));
-        const MinTerm mt = mins(t, k0);
-        for (int64_t m0 = 0; m0 < M; m0 += mr)
-          block_rows(int(imin(mr, M - m0)), w, a.x + m0 * K, K, k0, k1, acc + m0 * NT, scales(t, k0),
-                     MinTerm{mt.mins, mt.sx ? mt.sx + m0 * mt.ldsx : nullptr, mt.ldsx}, k0 == 0);
-        k0 = k1;
+      for (int64_t r0 = 0; r0 < a.M; r0 += kDirectMaxRows) {
+        const GemvArgs c = row_chunk(a, r0, imin(kDirectMaxRows, a.M - r0));
+        const int64_t M = c.M;
+        const int64_t nblk = (M + MR_MAX - 1) / MR_MAX;
+        const int64_t mr = (M + nblk - 1) / nblk;  // balanced row blocks: 8 rows = 4 + 4, not 6 + 2
+        const int64_t kb = nblk == 1 ? K : KB;     // one row block reads each weight once anyway
+        for (int64_t k0 = 0; k0 < K;) {
+          const int64_t k1 = imin(imin(k0 + kb, K), next_group(k0));
+          const MinTerm mt = mins(t, k0);
+          for (int64_t m0 = 0; m0 < M; m0 += mr)
+            block_rows(int(imin(mr, M - m0)), w, c.x + m0 * K, K, k0, k1, acc + m0 * NT, scales(t, k0),
+                       MinTerm{mt.mins, mt.sx ? mt.sx + (r0 + m0) * mt.ldsx : nullptr, mt.ldsx}, k0 == 0);
+          k0 = k1;
+        }
+        store_tile(c, acc, t);
       }
-      store_tile(a, acc, t);
     }
   });
 }
@@ -470,7 +485,7 @@ void group_sums(const GemvArgs& a, int64_t G, int64_t ng, float* sx) {
 template <class S>
 void gemv_nibbles(const GemvArgs& a, const uint8_t* packed, int64_t G) {
   const int64_t M = a.M, K = a.K, ng = K / G, tile_bytes = ng / S::GR * record_bytes<S>(G);
-  if (M > kDirectMaxRows) {
+  if (M > kDirectMaxRows && !a.direct_only) {
     const QUnpack<S::B> u;
     run_panel(a, G, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
       dequant_q4<S>(u, packed + t * tile_bytes, G, k0, k1, panel);
@@ -480,21 +495,24 @@ void gemv_nibbles(const GemvArgs& a, const uint8_t* packed, int64_t G) {
   Scratch sx_buf;
   float* sx = sx_buf.get(M * ng);
   group_sums(a, G, ng, sx);
-  const int64_t nblk = (M + MRQ_MAX - 1) / MRQ_MAX;
-  const int64_t mr = (M + nblk - 1) / nblk;
-  const int64_t gb = nblk == 1 ? ng : imax(1, KB / G);  // k blocks of ~KB: the tile block stays in L1
   parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
     const QUnpack<S::B> u;
-    alignas(64) float acc[16 * NT];
+    alignas(64) float acc[kDirectMaxRows * NT];
     for (int64_t t = t0; t < t1; ++t) {
       const uint8_t* rec = packed + t * tile_bytes;
-      for (int64_t g0 = 0; g0 < ng; g0 += gb) {
-        const int64_t g1 = imin(ng, g0 + gb);
-        for (int64_t m0 = 0; m0 < M; m0 += mr)
-          block_q4_rows<S>(int(imin(mr, M - m0)), u, rec, G, g0, g1, a.x + m0 * K, K, sx + m0 * ng, ng,
-                           acc + m0 * NT, g0 == 0);
+      for (int64_t r0 = 0; r0 < M; r0 += kDirectMaxRows) {  // (one chunk unless a.direct_only)
+        const GemvArgs c = row_chunk(a, r0, imin(kDirectMaxRows, M - r0));
+        const int64_t nblk = (c.M + MRQ_MAX - 1) / MRQ_MAX;
+        const int64_t mr = (c.M + nblk - 1) / nblk;
+        const int64_t gb = nblk == 1 ? ng : imax(1, KB / G);  // k blocks of ~KB: the tile block stays in L1
+        for (int64_t g0 = 0; g0 < ng; g0 += gb) {
+          const int64_t g1 = imin(ng, g0 + gb);
+          for (int64_t m0 = 0; m0 < c.M; m0 += mr)
+            block_q4_rows<S>(int(imin(mr, c.M - m0)), u, rec, G, g0, g1, c.x + m0 * K, K, sx + (r0 + m0) * ng, ng,
+                             acc + m0 * NT, g0 == 0);
+        }
+        store_tile(c, acc, t);
       }
-      store_tile(a, acc, t);
     }
   });
 }
@@ -512,19 +530,12 @@ struct F32Stream {
 }  // namespace
 
 void gemv_f32(const GemvArgs& a, const float* packed) {
-  // Every row takes the direct kernel, kDirectMaxRows at a time, with k blocks at fixed offsets (multiples of KB):
-  // each output is the same sequence of FMAs and block additions whatever M and the row's place among the rows, so
-  // a row's result does not depend on the batch (the batch-invariant mode's dense matmul).
-  const int64_t K = a.K, out_bytes = a.out_dtype == DType::F16 ? 2 : 4;
-  for (int64_t m0 = 0; m0 < a.M; m0 += kDirectMaxRows) {
-    GemvArgs b = a;
-    b.M = imin(kDirectMaxRows, a.M - m0);
-    b.x = a.x + m0 * K;
-    b.out = static_cast<char*>(a.out) + m0 * a.N * out_bytes;
-    run(b, [&](int64_t t) { return F32Stream{packed + t * K * NT}; },
-        [](int64_t, int64_t) -> const float* { return nullptr; }, [](int64_t k) { return (k / KB + 1) * KB; },
-        [](int64_t, int64_t) { return MinTerm{}; });
-  }
+  // The direct path for every M with k blocks at fixed offsets (multiples of KB): each output is the same sequence
+  // of FMAs and block additions whatever M and the row's place among the rows (the batch-invariant dense matmul).
+  const int64_t K = a.K;
+  run(a, [&](int64_t t) { return F32Stream{packed + t * K * NT}; },
+      [](int64_t, int64_t) -> const float* { return nullptr; }, [](int64_t k) { return (k / KB + 1) * KB; },
+      [](int64_t, int64_t) { return MinTerm{}; });
 }
 
 void gemv_f16(const GemvArgs& a, const uint16_t* packed) {
@@ -544,7 +555,7 @@ void gemv_f16(const GemvArgs& a, const uint16_t* packed) {
 
 void gemv_int8(const GemvArgs& a, const int8_t* q, const float* scales, const float* mins, int64_t Kp, int64_t G) {
   const int64_t ng = Kp / G;
-  if (a.M > kDirectMaxRows) {
+  if (a.M > kDirectMaxRows && !a.direct_only) {
     run_panel(a, G, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
       const I8W w{q + t * Kp * NT};
       for (int64_t k = k0; k < k1; ++k) {
