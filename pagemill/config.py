@@ -84,6 +84,8 @@ class ModelConfig:
     seed: int = 0
     linear_dtype: str = "auto"  # matmul precision; auto = the model dtype (exact float32)
     quantization: str = "none"  # none | gguf | int8 | int4 (resolved from auto)
+    runner_type: str = "generate"  # generate | pooling (embeddings, scores: pagemill/pooling/)
+    pooler_config: Any = None  # pooling.config.PoolerConfig of a pooling model, else None
 
     @property
     def architecture(self) -> str:
@@ -293,6 +295,9 @@ class EngineArgs:
     disable_log_stats: bool = True
     structured_outputs_backend: str = "auto"  # auto | xgrammar | guidance (structured output / guided decoding)
     speculative_config: dict[str, Any] | str | None = None  # SpeculativeConfig's fields, as a dict or JSON text
+    runner: str = "auto"  # generate | pooling (auto: pooling for embedding / cross-encoder architectures such as BERT)
+    task: str | None = None  # vLLM's older spelling of runner: embed / classify / score -> pooling, generate
+    pooler_config: dict[str, Any] | str | None = None  # pooling: {"pooling_type": CLS|MEAN|LAST, "normalize": bool}
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -306,6 +311,9 @@ class EngineArgs:
         resolved = resolve_model(self.model, self.tokenizer)
         hf_config = resolved.hf_config
         model_max = getattr(hf_config, "max_position_embeddings", None) or 8192
+        pooler = _resolve_pooling(self, resolved.path, hf_config)
+        if pooler is not None and pooler.max_seq_length:
+            model_max = min(model_max, pooler.max_seq_length)
         max_model_len = self.max_model_len or model_max
         if max_model_len > model_max:
             raise ValueError(
@@ -315,6 +323,11 @@ class EngineArgs:
         so_config = StructuredOutputsConfig(backend=self.structured_outputs_backend)
         spec_config = SpeculativeConfig.from_user(self.speculative_config)
         max_batched = self.max_num_batched_tokens or max(2048, 0)
+        if pooler is not None and pooler.encoder_only and max_batched < max_model_len:  # one step per prompt
+            if self.max_num_batched_tokens is not None:
+                raise ValueError(f"max_num_batched_tokens ({max_batched}) must be >= max_model_len ({max_model_len}) "
+                                 "for an encoder-only model: it computes a whole prompt in one step.")
+            max_batched = max_model_len
         kv_bytes = parse_size(self.kv_cache_memory) if self.kv_cache_memory is not None else _default_kv_bytes()
         model_config = ModelConfig(
             model=resolved.path,
@@ -327,11 +340,13 @@ class EngineArgs:
             seed=self.seed,
             linear_dtype=self.linear_dtype,
             quantization=resolve_quantization(self.quantization, resolved.gguf_file is not None),
+            runner_type="generate" if pooler is None else "pooling", pooler_config=pooler,
         )
         cache_config = CacheConfig(
             block_size=self.block_size,
             kv_cache_memory=kv_bytes,
-            enable_prefix_caching=self.enable_prefix_caching,
+            # pooling: mean pooling needs every token's hidden state, and nothing outlives a request
+            enable_prefix_caching=self.enable_prefix_caching and pooler is None,
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             swap_space=int(self.swap_space * 2**30),
@@ -347,8 +362,22 @@ class EngineArgs:
         return EngineConfig(model_config, cache_config, scheduler_config,
                             num_threads=self.num_threads, log_stats=not self.disable_log_stats,
                             attention_backend=self.attention_backend, profile=self.profile,
-                            greedy_head_screen=self.greedy_head_screen, structured_outputs_config=so_config,
+                            greedy_head_screen=self.greedy_head_screen and pooler is None,
+                            structured_outputs_config=so_config,
                             speculative_config=spec_config)
+
+
+def _resolve_pooling(args: EngineArgs, model_path: str, hf_config: Any) -> Any:
+    """The PoolerConfig of a model run with the pooling runner, else None; checks what pooling rules out."""
+    from pagemill.pooling.config import resolve_pooler_config, resolve_runner
+
+    if resolve_runner(args.runner, args.task, hf_config) != "pooling":
+        if args.pooler_config is not None:
+            raise ValueError("pooler_config applies to pooling models only (runner='pooling').")
+        return None
+    if args.speculative_config is not None:
+        raise ValueError("speculative_config: a pooling model generates no tokens to speculate on.")
+    return resolve_pooler_config(args.pooler_config, model_path, hf_config)
 
 
 def _default_kv_bytes() -> int:

@@ -8,6 +8,7 @@ import time
 import msgspec
 
 from pagemill.metrics.stats import SchedulerStats
+from pagemill.pooling_params import PoolingParams
 from pagemill.sampling_params import SamplingParams
 
 
@@ -22,6 +23,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     priority: int = 0
     cache_salt: str | None = None
     fork_of: str | None = None  # a sibling (n > 1) whose prompt blocks this sequence shares after its prefill
+    pooling_params: PoolingParams | None = None  # a pooling request (embed / classify / score): no tokens sampled
+    token_type_ids: list[int] | None = None  # segment ids of an encoder's input (a cross-encoder's pair), else zeros
 
 
 class LogprobsLists(msgspec.Struct, array_like=True):
@@ -62,6 +65,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     events: list[EngineCoreEvent] | None = None  # since the request's previous output
+    pooling_output: bytes | None = None  # a finished pooling request's vector (float32, little-endian)
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -6,6 +6,7 @@ import enum
 from typing import TYPE_CHECKING
 
 from pagemill.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreRequest
+from pagemill.pooling_params import PoolingParams
 from pagemill.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -65,6 +66,9 @@ class Request:
         self.spec_acceptance = 1.0  # moving average of the fraction of its draft tokens accepted
         self.spec_backoff_until = 0  # no drafts before this many outputs (poor acceptance)
         self.spec_backoff_len = 0  # the current back-off's length (doubles while acceptance stays poor)
+        # A pooling request (set from the EngineCoreRequest by the engine core): finishes when its prompt is computed.
+        self.pooling_params: PoolingParams | None = None
+        self.token_type_ids: list[int] | None = None  # an encoder's segment ids (None: all zeros)
 
     @classmethod
     def from_engine_core_request(cls, r: EngineCoreRequest) -> "Request":

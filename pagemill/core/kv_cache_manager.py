@@ -172,7 +172,7 @@ class KVCacheManager:
         logical = sum(1 for blocks in tables for b in blocks if b is not null)
         used = {b.block_id for blocks in tables for b in blocks if b is not null}
         shared = sum(1 for bid in used if self.block_pool.blocks[bid].ref_cnt > 1)
-        rids = self.groups[0].req_to_blocks
+        rids = self.groups[0].req_to_blocks if self.groups else {}
         stored = sum(self._num_stored.get(rid, 0) for rid in rids)
         # Unused slots sit in the last block of each table.
         unused = sum(len(self.groups) * (len(rids[rid]) * self.block_size - self._num_stored.get(rid, 0))

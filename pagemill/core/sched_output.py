@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagemill.messages import LogprobsLists
+from pagemill.pooling_params import PoolingParams
 from pagemill.sampling_params import SamplingParams
 
 
@@ -20,6 +21,8 @@ class NewRequestData:
     block_ids: list[list[int]]  # one block table per KV cache group (equal lengths)
     num_computed_tokens: int
     eos_token_id: int | None = None
+    pooling_params: PoolingParams | None = None  # a pooling request (the runner pools instead of sampling)
+    token_type_ids: list[int] | None = None  # an encoder's segment ids (None: all zeros)
 
 
 @dataclass
@@ -66,3 +69,4 @@ class ModelRunnerOutput:
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)  # proposals for the next step
     # Seconds of proposing per draft position, over the seconds of this step's target forward and sampling.
     draft_cost: float | None = None
+    pooler_output: dict[str, bytes] = field(default_factory=dict)  # pooling requests whose prompt is computed

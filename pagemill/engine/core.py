@@ -45,6 +45,7 @@ class EngineCore:
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use.")
         req = Request.from_engine_core_request(request)
+        req.pooling_params, req.token_type_ids = request.pooling_params, request.token_type_ids
         self.structured_output_manager.add_request(req)
         self.scheduler.add_request(req)
 
