@@ -10,7 +10,8 @@ from pagemill.engine.processor import PromptType
 from pagemill.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingOutput,
                               PoolingRequestOutput, ScoringOutput, ScoringRequestOutput)
 from pagemill.pooling.processor import truncation_length
-from pagemill.pooling.score import classifier_score, cosine_scores, cross_encoder_prompt, score_pairs
+from pagemill.pooling.score import (classifier_score, cosine_scores, cross_encoder_prompt, score_pairs,
+                                   unique_inputs)
 from pagemill.pooling_params import PoolingParams
 
 
@@ -78,14 +79,7 @@ class PoolingLLMMixin:
             outs = self._run(prompts, [params] * len(prompts), use_tqdm, None)
             return [ScoringRequestOutput(o.request_id, ScoringOutput(classifier_score(o.outputs)),
                                          o.prompt_token_ids, True, o.metrics) for o in outs]
-        unique: dict[Any, int] = {}  # each distinct input is embedded once (1 x N: the query once)
-        texts, slots = [], []
-        for x in (x for pair in pairs for x in pair):
-            key = x if isinstance(x, str) else tuple(x) if isinstance(x, list) else id(x)
-            if key not in unique:
-                unique[key] = len(texts)
-                texts.append(x)
-            slots.append(unique[key])
+        texts, slots = unique_inputs(pairs)
         embedded = self._run(texts, [params.clone(task="embed")] * len(texts), use_tqdm, None)
         firsts, seconds = [embedded[i] for i in slots[0::2]], [embedded[i] for i in slots[1::2]]
         scores = cosine_scores([o.outputs.data for o in firsts], [o.outputs.data for o in seconds])

@@ -26,6 +26,19 @@ def score_pairs(data_1: Any, data_2: Any) -> list[tuple[Any, Any]]:
     return list(zip(first, second))
 
 
+def unique_inputs(pairs: list[tuple[Any, Any]]) -> tuple[list[Any], list[int]]:
+    """(each distinct input once, the index in it of every pair member in order): a 1 x N query is embedded once."""
+    index: dict[Any, int] = {}
+    inputs, slots = [], []
+    for x in (x for pair in pairs for x in pair):
+        key = x if isinstance(x, str) else tuple(x) if isinstance(x, list) else id(x)
+        if key not in index:
+            index[key] = len(inputs)
+            inputs.append(x)
+        slots.append(index[key])
+    return inputs, slots
+
+
 def cross_encoder_prompt(tokenizer: Any, text_1: Any, text_2: Any, truncate_to: int | None) -> dict[str, Any]:
     """A cross-encoder's input for one pair: `[CLS] text_1 [SEP] text_2 [SEP]` with segment ids 0 then 1, as the
     model's tokenizer builds it (truncating the longer text first when `truncate_to` is given)."""

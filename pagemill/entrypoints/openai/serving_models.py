@@ -9,12 +9,14 @@ from pagemill.entrypoints.openai.protocol import ModelCard, ModelList
 class OpenAIServingModels:
     """Names a client may use for the one model this server runs."""
 
-    def __init__(self, served_model_names: list[str], model_path: str, max_model_len: int) -> None:
+    def __init__(self, served_model_names: list[str], model_path: str, max_model_len: int,
+                 runner: str = "generate", supported_tasks: tuple[str, ...] = ("generate",)) -> None:
         if not served_model_names:
             raise ValueError("served_model_name must name at least one model.")
         self.names = list(served_model_names)
         self.model_path = model_path
         self.max_model_len = max_model_len
+        self.runner, self.supported_tasks = runner, list(supported_tasks)
 
     @property
     def default_name(self) -> str:
@@ -32,5 +34,6 @@ class OpenAIServingModels:
 
     def list_models(self) -> ModelList:
         """The /v1/models response."""
-        return ModelList(data=[ModelCard(id=n, root=self.model_path, max_model_len=self.max_model_len)
+        return ModelList(data=[ModelCard(id=n, root=self.model_path, max_model_len=self.max_model_len,
+                                         runner=self.runner, supported_tasks=self.supported_tasks)
                                for n in self.names])
