@@ -14,6 +14,7 @@ from pagemill.lora.request import LoRARequest
 from pagemill.entrypoints.chat_utils import ChatRenderer, load_chat_template
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.outputs import RequestOutput
+from pagemill.pooling.llm_api import PoolingLLMMixin
 from pagemill.sampling_params import SamplingParams
 
 ChatMessages = list[dict[str, Any]]
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from pagemill.beam_search import BeamSearchOutput, BeamSearchParams
 
 
-class LLM:
+class LLM(PoolingLLMMixin):
     """Generate text offline for a batch of prompts; `LLM()` runs the embedded SmolLM2-135M-Instruct."""
 
     def __init__(self, model: str | None = None, tokenizer: str | None = None, dtype: str = "auto",

@@ -51,6 +51,7 @@ class EngineCore:
         if request.lora_request is not None:
             self.add_lora(request.lora_request)
         req = Request.from_engine_core_request(request)
+        req.pooling_params, req.token_type_ids = request.pooling_params, request.token_type_ids
         self.structured_output_manager.add_request(req)
         self.scheduler.add_request(req)
 

@@ -25,12 +25,15 @@ from pagemill.entrypoints.chat_utils import ChatRenderer, ChatTemplateError, loa
 from pagemill.entrypoints.openai.errors import OpenAIError, error_body, from_validation_error
 from pagemill.entrypoints.openai.lora_modules import LoRAModulePath, runtime_lora_updating_allowed
 from pagemill.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                                  EmbeddingRequest, PoolingRequest, RerankRequest, ScoreRequest,
                                                   TokenizeRequest)
 from pagemill.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagemill.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagemill.entrypoints.openai.serving_engine import json_response
 from pagemill.entrypoints.openai.serving_lora import LoRAAdapters, add_lora_routes
 from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
+from pagemill.entrypoints.openai.serving_pooling import OpenAIServingEmbedding, check_generate_model
+from pagemill.entrypoints.openai.serving_score import OpenAIServingScore
 from pagemill.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagemill.metrics.prometheus import PrometheusStatLogger
 
@@ -136,7 +139,8 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
     app = FastAPI(title="pagemill", version=pagemill.__version__, lifespan=lifespan)
     mc = engine.model_config
     lora = LoRAAdapters(engine, served_model_names)
-    models = OpenAIServingModels(served_model_names, mc.model, mc.max_model_len, lora)
+    tasks = ("generate",) if mc.pooler_config is None else mc.pooler_config.supported_tasks
+    models = OpenAIServingModels(served_model_names, mc.model, mc.max_model_len, lora, mc.runner_type, tasks)
     renderer = ChatRenderer(engine.get_tokenizer(), chat_template)
     chat = OpenAIServingChat(engine, models, renderer, auto_tool_parser)
     completion = OpenAIServingCompletion(engine, models)
@@ -182,13 +186,17 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
     @with_cancellation
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
         """OpenAI legacy completions."""
+        check_generate_model(engine, "/v1/completions")
         return await completion.create_completion(request)
 
     @app.post("/v1/chat/completions")
     @with_cancellation
     async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
         """OpenAI chat completions."""
+        check_generate_model(engine, "/v1/chat/completions")
         return await chat.create_chat_completion(request)
+
+    add_pooling_routes(app, engine, models)
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> JSONResponse:
@@ -210,6 +218,39 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
                        "load adapters from any path the server can read.")
         add_lora_routes(app, lora)
     return app
+
+
+def add_pooling_routes(app: FastAPI, engine: AsyncLLM, models: OpenAIServingModels) -> None:
+    """/v1/embeddings, /pooling, /score and /rerank (a 400 on a model that generates text)."""
+    embedding = OpenAIServingEmbedding(engine, models)
+    scoring = OpenAIServingScore(engine, models)
+
+    @app.post("/v1/embeddings")
+    @with_cancellation
+    async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> Response:
+        """OpenAI embeddings."""
+        return await embedding.create_embedding(request)
+
+    @app.post("/pooling")
+    @with_cancellation
+    async def create_pooling(request: PoolingRequest, raw_request: Request) -> Response:
+        """The pooler's output of each input (vLLM)."""
+        return await embedding.create_pooling(request)
+
+    @app.post("/score")
+    @app.post("/v1/score")
+    @with_cancellation
+    async def create_score(request: ScoreRequest, raw_request: Request) -> Response:
+        """Scores of text pairs (vLLM)."""
+        return await scoring.create_score(request)
+
+    @app.post("/rerank")
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    @with_cancellation
+    async def rerank(request: RerankRequest, raw_request: Request) -> Response:
+        """Documents ranked by relevance to a query (Jina / Cohere style, as vLLM)."""
+        return await scoring.rerank(request)
 
 
 def run_server(args: argparse.Namespace) -> None:

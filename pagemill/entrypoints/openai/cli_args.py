@@ -44,6 +44,11 @@ _ENGINE_HELP = {
     "structured_outputs_backend": "Structured output (guided decoding) library: auto (xgrammar, or llguidance for "
                                   "what xgrammar lacks), xgrammar, guidance.",
     "gpu_memory_utilization": "Accepted for vLLM scripts; no meaning on a CPU (use --kv-cache-memory).",
+    "runner": "generate or pooling (embeddings, scores: /v1/embeddings, /pooling, /score, /rerank); auto: pooling "
+              "for BERT-like embedding and cross-encoder models, else generate.",
+    "task": "vLLM's older spelling of --runner: embed, classify or score (pooling), generate.",
+    "pooler_config": "Pooling as JSON, e.g. '{\"pooling_type\": \"MEAN\", \"normalize\": true}' (CLS, MEAN or LAST; "
+                     "None: the model's sentence-transformers settings, else CLS for BERT and LAST for decoders).",
     "speculative_config": "Speculative decoding as JSON (vLLM's fields), e.g. '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 4}'; method ngram, suffix or draft_model (None: off).",
     "enable_lora": "Serve LoRA adapters (PEFT directories) next to the base model.",

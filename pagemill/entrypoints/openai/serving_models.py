@@ -16,14 +16,17 @@ class OpenAIServingModels:
     """Names a client may use for the one model this server runs."""
 
     def __init__(self, served_model_names: list[str], model_path: str, max_model_len: int,
-                 lora: LoRAAdapters | None = None) -> None:
-        """`lora`: the served LoRA adapters, selectable by name too (None: the base model only)."""
+                 lora: LoRAAdapters | None = None, runner: str = "generate",
+                 supported_tasks: tuple[str, ...] = ("generate",)) -> None:
+        """`lora`: the served LoRA adapters, selectable by name too (None: the base model only); `runner` and
+        `supported_tasks`: what the model does (reported in /v1/models)."""
         if not served_model_names:
             raise ValueError("served_model_name must name at least one model.")
         self.names = list(served_model_names)
         self.model_path = model_path
         self.max_model_len = max_model_len
         self.lora = lora
+        self.runner, self.supported_tasks = runner, list(supported_tasks)
 
     @property
     def default_name(self) -> str:
@@ -46,7 +49,8 @@ class OpenAIServingModels:
 
     def list_models(self) -> ModelList:
         """The /v1/models response."""
-        cards = [ModelCard(id=n, root=self.model_path, max_model_len=self.max_model_len) for n in self.names]
+        cards = [ModelCard(id=n, root=self.model_path, max_model_len=self.max_model_len, runner=self.runner,
+                           supported_tasks=self.supported_tasks) for n in self.names]
         if self.lora is not None:
             cards += self.lora.cards(self.max_model_len)
         return ModelList(data=cards)
