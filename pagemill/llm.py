@@ -182,8 +182,9 @@ class LLM(PoolingLLMMixin):
                                           continue_final_message, chat_template_kwargs, tools)
 
     def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool,
-             priority: list[int] | None, loras: list[LoRARequest | None]) -> list[RequestOutput]:
+             priority: list[int] | None, loras: list[LoRARequest | None] | None = None) -> list[RequestOutput]:
         engine = self.llm_engine
+        loras = loras or [None] * len(prompts)
         # Validate (and tokenize) everything before anything is scheduled; adapters load (and are checked) first.
         processed = [engine.processor.process(engine.next_request_id(), p, sp, priority=priority[i] if priority else 0,
                                               lora_request=loras[i])
