@@ -294,6 +294,7 @@ class EngineConfig:
     structured_outputs_config: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     speculative_config: SpeculativeConfig | None = None
     lora_config: LoRAConfig | None = None  # None: LoRA disabled
+    batch_invariant: bool = False  # fixed reduction orders: a request's logits do not depend on the batch
 
 
 @dataclass
@@ -335,6 +336,9 @@ class EngineArgs:
     max_loras: int = 1  # adapters one batch can mix
     max_lora_rank: int = 16  # the largest adapter rank accepted
     max_cpu_loras: int | None = None  # adapters kept loaded on the host (default: max_loras)
+    # Fixed-order matmuls and attention (layers/batch_invariant.py): a request's logits, and so its seeded samples,
+    # are the same bits alone, in any batch, chunked or after a prefix hit.
+    batch_invariant: bool = False
     # Accepted for vLLM scripts; it has no meaning on a CPU (the KV cache is sized by kv_cache_memory).
     gpu_memory_utilization: float | None = None
     runner: str = "auto"  # generate | pooling (auto: pooling for embedding / cross-encoder architectures such as BERT)
@@ -383,6 +387,8 @@ class EngineArgs:
                        else None)
         if lora_config is not None and pooler is not None:
             raise ValueError("enable_lora: LoRA adapters apply to generating models, not to the pooling runner.")
+        if self.batch_invariant:
+            check_batch_invariant(self)
         max_batched = self.max_num_batched_tokens or max(2048, 0)
         if pooler is not None and pooler.encoder_only and max_batched < max_model_len:  # one step per prompt
             if self.max_num_batched_tokens is not None:
@@ -425,9 +431,27 @@ class EngineArgs:
         return EngineConfig(model_config, cache_config, scheduler_config,
                             num_threads=self.num_threads, log_stats=not self.disable_log_stats,
                             attention_backend=self.attention_backend, profile=self.profile,
-                            greedy_head_screen=self.greedy_head_screen and pooler is None,
+                            # (batch-invariant: off, its exact recheck sums in another order than the head)
+                            greedy_head_screen=self.greedy_head_screen and not self.batch_invariant and pooler is None,
                             structured_outputs_config=so_config,
-                            speculative_config=spec_config, lora_config=lora_config)
+                            speculative_config=spec_config, lora_config=lora_config,
+                            batch_invariant=self.batch_invariant)
+
+
+def check_batch_invariant(args: EngineArgs) -> None:
+    """Raise a ValueError naming the option that batch_invariant=True cannot be combined with."""
+    import torch
+
+    if resolve_dtype(args.dtype) != torch.float32 or args.linear_dtype not in ("auto", "float32"):
+        raise ValueError("batch_invariant=True runs in float32: dtype and linear_dtype must be auto or float32.")
+    if args.attention_backend == "torch":
+        raise ValueError("batch_invariant=True needs the compiled CPU attention kernel: attention_backend must be "
+                         "auto or cpu, not torch.")
+    if args.speculative_config is not None:
+        raise ValueError("batch_invariant=True cannot be combined with speculative_config: which drafts a request "
+                         "gets (and so its random draws) depends on the batch.")
+    if args.enable_lora:
+        raise ValueError("batch_invariant=True does not cover LoRA adapters yet (enable_lora).")
 
 
 def _resolve_pooling(args: EngineArgs, model_path: str, hf_config: Any) -> Any:

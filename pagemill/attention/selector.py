@@ -9,12 +9,23 @@ logger = logging.getLogger(__name__)
 BACKENDS = ("auto", "cpu", "torch")
 
 
-def get_attn_backend(name: str = "auto"):
-    """An attention backend instance for `name` (auto = cpu kernel if available)."""
+def get_attn_backend(name: str = "auto", batch_invariant: bool = False):
+    """An attention backend instance for `name` (auto = cpu kernel if available); `batch_invariant`: the cpu kernel
+    for every request (an error without it)."""
     from pagemill.attention.backends.torch_paged import TorchPagedAttention
 
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}, got {name!r}.")
+    if batch_invariant:
+        from pagemill.attention.backends.cpu_invariant import BatchInvariantCpuAttention
+
+        if name == "torch":
+            raise ValueError("batch_invariant=True needs attention_backend auto or cpu, not torch.")
+        try:
+            return BatchInvariantCpuAttention()
+        except RuntimeError:
+            raise ValueError("batch_invariant=True needs pagemill's compiled CPU kernels, which are not built here "
+                             "(`pagemill env` says why; build them with `make kernels`).") from None
     if name == "torch":
         return TorchPagedAttention()
     try:

@@ -247,6 +247,15 @@ void gemv_f16(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::opt
   active->gemv_f16(a, reinterpret_cast<const uint16_t*>(packed.data_ptr<at::Half>()));
 }
 
+void gemv_f32(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kGemvTile && packed.scalar_type() == at::kFloat &&
+                  packed.is_contiguous(), "gemv_f32: packed must be float32 [ceil(N/64), K, 64]");
+  const auto xf = as_f32(x);
+  const auto a = gemv_args("gemv_f32", out, x, xf, packed.size(1), packed.size(0), bias);
+  if (a.M == 0 || a.N == 0) return;
+  active->gemv_f32(a, packed.data_ptr<float>());
+}
+
 void gemv_int8(torch::Tensor out, torch::Tensor x, torch::Tensor packed_q, torch::Tensor scales,
                c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> mins) {
   TORCH_CHECK(packed_q.dim() == 3 && packed_q.size(2) == kGemvTile && packed_q.scalar_type() == at::kChar &&
@@ -389,6 +398,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_gemv_weight_f16", &pack_gemv_weight_f16, "Pack a [N, K] weight for gemv_f16: [ceil(N/64), K, 64] fp16");
   m.def("gemv_f16", &gemv_f16, "out = x @ W^T + bias (few rows streamed; more through fp32 panels), W packed by pack_gemv_weight_f16",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
+  m.def("gemv_f32", &gemv_f32, "out = x @ W^T + bias in a fixed reduction order (a row's result does not depend on "
+        "the other rows), W float32 packed [ceil(N/64), K, 64]", py::arg("out"), py::arg("x"), py::arg("packed"),
+        py::arg("bias") = py::none());
   m.def("pack_gemv_weight_int8", &pack_gemv_weight_int8,
         "Quantize + pack a [N, K] weight for gemv_int8: [q int8 [T, Kp, 64], scales fp32 [T, Kp/G, 64]]",
         py::arg("w"), py::arg("group_size"));

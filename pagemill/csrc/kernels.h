@@ -100,6 +100,8 @@ struct KernelTable {
   // structured output: -inf where the int32 bitmask [R, W] disallows a token, in logits rows `rows` of [*, V]
   void (*apply_token_bitmask)(float* logits, int64_t V, const int32_t* bitmask, int64_t W, const int64_t* rows,
                               int64_t R, int num_threads);
+  // fp32 W [tiles, K, 64] in a fixed reduction order: a row's result does not depend on M (batch-invariant mode)
+  void (*gemv_f32)(const GemvArgs&, const float* packed);
 };
 
 // One per compiled variant (see build.py); the bindings pick one at load time.

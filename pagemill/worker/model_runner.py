@@ -21,6 +21,7 @@ from pagemill.core.kv_cache_utils import KVCacheConfig, kv_cache_groups
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.forward_context import set_forward_context
 from pagemill.kernels.ops import select_layer_ops
+from pagemill.layers.batch_invariant import make_batch_invariant
 from pagemill.layers.head_screen import HEAD_SCREEN_MIN_ROWS, GreedyHeadScreen
 from pagemill.loader.model_loader import load_model
 from pagemill.lora.layers import LoRAMapping
@@ -72,10 +73,13 @@ class ModelRunner:
         self.config = config
         mc, cc = config.model_config, config.cache_config
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
-        self.backend = get_attn_backend(config.attention_backend)
+        self.backend = get_attn_backend(config.attention_backend, config.batch_invariant)
         # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.
         self.ops = ops = select_layer_ops(use_kernels=self.backend.name != "torch")
         self.model = load_model(mc, ops, self.backend)
+        if config.batch_invariant:
+            logger.info("Batch-invariant mode: %d linear layers on fixed-order kernels",
+                        make_batch_invariant(self.model, ops.kernels))
         # LoRA: the model's linears wrapped with stacked adapter slots (before a draft model shares the layers).
         self.lora_manager = LoRAModelManager(self.model, config.lora_config) if config.lora_config else None
         self.vocab_size = mc.hf_config.vocab_size

@@ -499,7 +499,33 @@ void gemv_nibbles(const GemvArgs& a, const uint8_t* packed, int64_t G) {
   });
 }
 
+// fp32 weights streamed from memory (gemv_f32): a row is 4 lines.
+struct F32Stream {
+  const float* w;
+  inline vf load(int64_t k, int v) const { return vload(w + k * NT + v * W); }
+  inline void prefetch(int64_t k) const {
+    const char* p = reinterpret_cast<const char*>(w + k * NT) + 16384;
+    for (int l = 0; l < 4; ++l) prefetch_l2(p + 64 * l);
+  }
+};
+
 }  // namespace
+
+void gemv_f32(const GemvArgs& a, const float* packed) {
+  // Every row takes the direct kernel, kDirectMaxRows at a time, with k blocks at fixed offsets (multiples of KB):
+  // each output is the same sequence of FMAs and block additions whatever M and the row's place among the rows, so
+  // a row's result does not depend on the batch (the batch-invariant mode's dense matmul).
+  const int64_t K = a.K, out_bytes = a.out_dtype == DType::F16 ? 2 : 4;
+  for (int64_t m0 = 0; m0 < a.M; m0 += kDirectMaxRows) {
+    GemvArgs b = a;
+    b.M = imin(kDirectMaxRows, a.M - m0);
+    b.x = a.x + m0 * K;
+    b.out = static_cast<char*>(a.out) + m0 * a.N * out_bytes;
+    run(b, [&](int64_t t) { return F32Stream{packed + t * K * NT}; },
+        [](int64_t, int64_t) -> const float* { return nullptr; }, [](int64_t k) { return (k / KB + 1) * KB; },
+        [](int64_t, int64_t) { return MinTerm{}; });
+  }
+}
 
 void gemv_f16(const GemvArgs& a, const uint16_t* packed) {
   const f16* wp = reinterpret_cast<const f16*>(packed);

@@ -41,6 +41,8 @@ _ENGINE_HELP = {
                     "model's linear layers at load (weight-only, per group of 16 / 32).",
     "greedy_head_screen": "Greedy rows: int8 screen of the LM head, exact float32 recheck of the tokens that could "
                           "win (same tokens, faster batched decode).",
+    "batch_invariant": "Fixed reduction orders in matmuls and attention: a request's logits (and seeded samples) "
+                       "are the same bits alone, in any batch and however its prompt is chunked (slower).",
     "structured_outputs_backend": "Structured output (guided decoding) library: auto (xgrammar, or llguidance for "
                                   "what xgrammar lacks), xgrammar, guidance.",
     "gpu_memory_utilization": "Accepted for vLLM scripts; no meaning on a CPU (use --kv-cache-memory).",
