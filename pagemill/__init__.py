@@ -12,14 +12,19 @@ _os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
 from pagemill.lora.request import LoRARequest
 from pagemill.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
-from pagemill.outputs import CompletionOutput, Logprob, RequestOutput
+from pagemill.outputs import (ClassificationOutput, ClassificationRequestOutput, CompletionOutput, EmbeddingOutput,
+                              EmbeddingRequestOutput, Logprob, PoolingOutput, PoolingRequestOutput, RequestOutput,
+                              ScoringOutput, ScoringRequestOutput)
+from pagemill.pooling_params import PoolingParams
 from pagemill.sampling_params import (GuidedDecodingParams, RequestOutputKind, SamplingParams,
                                       StructuredOutputsParams)
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "RequestOutputKind",
            "EngineArgs", "LLMEngine", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence", "StructuredOutputsParams",
-           "GuidedDecodingParams", "LoRARequest", "__version__"]
+           "GuidedDecodingParams", "LoRARequest", "PoolingParams", "PoolingOutput", "PoolingRequestOutput", "EmbeddingOutput",
+           "EmbeddingRequestOutput", "ClassificationOutput", "ClassificationRequestOutput", "ScoringOutput",
+           "ScoringRequestOutput", "__version__"]
 
 
 def __getattr__(name: str):

@@ -84,6 +84,8 @@ class ModelConfig:
     seed: int = 0
     linear_dtype: str = "auto"  # matmul precision; auto = the model dtype (exact float32)
     quantization: str = "none"  # none | gguf | int8 | int4 (resolved from auto)
+    runner_type: str = "generate"  # generate | pooling (embeddings, scores: pagemill/pooling/)
+    pooler_config: Any = None  # pooling.config.PoolerConfig of a pooling model, else None
 
     @property
     def architecture(self) -> str:
@@ -339,6 +341,9 @@ class EngineArgs:
     batch_invariant: bool = False
     # Accepted for vLLM scripts; it has no meaning on a CPU (the KV cache is sized by kv_cache_memory).
     gpu_memory_utilization: float | None = None
+    runner: str = "auto"  # generate | pooling (auto: pooling for embedding / cross-encoder architectures such as BERT)
+    task: str | None = None  # vLLM's older spelling of runner: embed / classify / score -> pooling, generate
+    pooler_config: dict[str, Any] | str | None = None  # pooling: {"pooling_type": CLS|MEAN|LAST, "normalize": bool}
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -365,6 +370,9 @@ class EngineArgs:
         resolved = resolve_model(self.model, self.tokenizer)
         hf_config = resolved.hf_config
         model_max = getattr(hf_config, "max_position_embeddings", None) or 8192
+        pooler = _resolve_pooling(self, resolved.path, hf_config)
+        if pooler is not None and pooler.max_seq_length:
+            model_max = min(model_max, pooler.max_seq_length)
         max_model_len = self.max_model_len or model_max
         if max_model_len > model_max:
             raise ValueError(
@@ -377,9 +385,16 @@ class EngineArgs:
         spec_config = SpeculativeConfig.from_user(self.speculative_config)
         lora_config = (LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras) if self.enable_lora
                        else None)
+        if lora_config is not None and pooler is not None:
+            raise ValueError("enable_lora: LoRA adapters apply to generating models, not to the pooling runner.")
         if self.batch_invariant:
             check_batch_invariant(self)
         max_batched = self.max_num_batched_tokens or max(2048, 0)
+        if pooler is not None and pooler.encoder_only and max_batched < max_model_len:  # one step per prompt
+            if self.max_num_batched_tokens is not None:
+                raise ValueError(f"max_num_batched_tokens ({max_batched}) must be >= max_model_len ({max_model_len}) "
+                                 "for an encoder-only model: it computes a whole prompt in one step.")
+            max_batched = max_model_len
         kv_bytes = parse_size(self.kv_cache_memory) if self.kv_cache_memory is not None else _default_kv_bytes()
         model_config = ModelConfig(
             model=resolved.path,
@@ -392,11 +407,13 @@ class EngineArgs:
             seed=self.seed,
             linear_dtype=self.linear_dtype,
             quantization=resolve_quantization(self.quantization, resolved.gguf_file is not None),
+            runner_type="generate" if pooler is None else "pooling", pooler_config=pooler,
         )
         cache_config = CacheConfig(
             block_size=self.block_size,
             kv_cache_memory=kv_bytes,
-            enable_prefix_caching=self.enable_prefix_caching,
+            # pooling: mean pooling needs every token's hidden state, and nothing outlives a request
+            enable_prefix_caching=self.enable_prefix_caching and pooler is None,
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             swap_space=int(self.swap_space * 2**30),
@@ -415,7 +432,7 @@ class EngineArgs:
                             num_threads=self.num_threads, log_stats=not self.disable_log_stats,
                             attention_backend=self.attention_backend, profile=self.profile,
                             # (batch-invariant: off, its exact recheck sums in another order than the head)
-                            greedy_head_screen=self.greedy_head_screen and not self.batch_invariant,
+                            greedy_head_screen=self.greedy_head_screen and not self.batch_invariant and pooler is None,
                             structured_outputs_config=so_config,
                             speculative_config=spec_config, lora_config=lora_config,
                             batch_invariant=self.batch_invariant)
@@ -435,6 +452,19 @@ def check_batch_invariant(args: EngineArgs) -> None:
                          "gets (and so its random draws) depends on the batch.")
     if args.enable_lora:
         raise ValueError("batch_invariant=True does not cover LoRA adapters yet (enable_lora).")
+
+
+def _resolve_pooling(args: EngineArgs, model_path: str, hf_config: Any) -> Any:
+    """The PoolerConfig of a model run with the pooling runner, else None; checks what pooling rules out."""
+    from pagemill.pooling.config import resolve_pooler_config, resolve_runner
+
+    if resolve_runner(args.runner, args.task, hf_config) != "pooling":
+        if args.pooler_config is not None:
+            raise ValueError("pooler_config applies to pooling models only (runner='pooling').")
+        return None
+    if args.speculative_config is not None:
+        raise ValueError("speculative_config: a pooling model generates no tokens to speculate on.")
+    return resolve_pooler_config(args.pooler_config, model_path, hf_config)
 
 
 def _default_kv_bytes() -> int:

@@ -14,6 +14,7 @@ from pagemill.lora.request import LoRARequest
 from pagemill.entrypoints.chat_utils import ChatRenderer, load_chat_template
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.outputs import RequestOutput
+from pagemill.pooling.llm_api import PoolingLLMMixin
 from pagemill.sampling_params import SamplingParams
 
 ChatMessages = list[dict[str, Any]]
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from pagemill.beam_search import BeamSearchOutput, BeamSearchParams
 
 
-class LLM:
+class LLM(PoolingLLMMixin):
     """Generate text offline for a batch of prompts; `LLM()` runs the embedded SmolLM2-135M-Instruct."""
 
     def __init__(self, model: str | None = None, tokenizer: str | None = None, dtype: str = "auto",
@@ -181,8 +182,9 @@ class LLM:
                                           continue_final_message, chat_template_kwargs, tools)
 
     def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool,
-             priority: list[int] | None, loras: list[LoRARequest | None]) -> list[RequestOutput]:
+             priority: list[int] | None, loras: list[LoRARequest | None] | None = None) -> list[RequestOutput]:
         engine = self.llm_engine
+        loras = loras or [None] * len(prompts)
         # Validate (and tokenize) everything before anything is scheduled; adapters load (and are checked) first.
         processed = [engine.processor.process(engine.next_request_id(), p, sp, priority=priority[i] if priority else 0,
                                               lora_request=loras[i])

@@ -9,6 +9,7 @@ import msgspec
 
 from pagemill.lora.request import LoRARequest
 from pagemill.metrics.stats import SchedulerStats
+from pagemill.pooling_params import PoolingParams
 from pagemill.sampling_params import SamplingParams
 
 
@@ -24,6 +25,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     cache_salt: str | None = None
     fork_of: str | None = None  # a sibling (n > 1) whose prompt blocks this sequence shares after its prefill
     lora_request: LoRARequest | None = None  # the adapter this request runs with (None: the base model)
+    pooling_params: PoolingParams | None = None  # a pooling request (embed / classify / score): no tokens sampled
+    token_type_ids: list[int] | None = None  # segment ids of an encoder's input (a cross-encoder's pair), else zeros
 
 
 class LogprobsLists(msgspec.Struct, array_like=True):
@@ -68,6 +71,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     events: list[EngineCoreEvent] | None = None  # since the request's previous output
+    pooling_output: bytes | None = None  # a finished pooling request's vector (float32, little-endian)
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    import torch
+
+_O = TypeVar("_O")
 
 
 @dataclass
@@ -60,3 +66,92 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+
+
+# ---- pooling models (vLLM's pooling outputs) ----
+@dataclass
+class PoolingOutput:
+    """The pooler's vector of one request (an embedding, or a classifier's scores), float32."""
+
+    data: torch.Tensor
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "PoolingOutput":
+        """From the engine core's little-endian float32 bytes."""
+        import torch
+
+        return cls(torch.frombuffer(bytearray(raw), dtype=torch.float32))
+
+
+@dataclass
+class PoolingRequestOutput(Generic[_O]):
+    """Everything a pooling request produced: its vector(s) in `outputs`."""
+
+    request_id: str
+    outputs: _O
+    prompt_token_ids: list[int]
+    finished: bool = True
+    metrics: RequestMetrics | None = None
+
+
+@dataclass
+class EmbeddingOutput:
+    """One embedding."""
+
+    embedding: list[float]
+
+    @classmethod
+    def from_base(cls, output: PoolingOutput) -> "EmbeddingOutput":
+        """The pooled vector as an embedding."""
+        return cls(output.data.tolist())
+
+    @property
+    def hidden_size(self) -> int:
+        """Its length."""
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
+    """The output of `LLM.embed` for one prompt (`.outputs.embedding`)."""
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput[PoolingOutput]) -> "EmbeddingRequestOutput":
+        """From a generic pooling output."""
+        return cls(out.request_id, EmbeddingOutput.from_base(out.outputs), out.prompt_token_ids, out.finished,
+                   out.metrics)
+
+
+@dataclass
+class ClassificationOutput:
+    """A classifier's class probabilities (or logits, with activation off)."""
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        """How many classes."""
+        return len(self.probs)
+
+
+@dataclass
+class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
+    """The output of `LLM.classify` for one prompt (`.outputs.probs`)."""
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput[PoolingOutput]) -> "ClassificationRequestOutput":
+        """From a generic pooling output."""
+        return cls(out.request_id, ClassificationOutput(out.outputs.data.tolist()), out.prompt_token_ids,
+                   out.finished, out.metrics)
+
+
+@dataclass
+class ScoringOutput:
+    """The similarity or relevance score of one (text_1, text_2) pair."""
+
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
+    """The output of `LLM.score` for one pair (`.outputs.score`)."""

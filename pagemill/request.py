@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from pagemill.lora.request import LoRARequest
 from pagemill.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreRequest
+from pagemill.pooling_params import PoolingParams
 from pagemill.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -72,6 +73,9 @@ class Request:
         self.spec_backoff_len = 0  # the current back-off's length (doubles while acceptance stays poor)
         # srtf aging (core/sched_policy.py): (admissions counted, queue order) when the request was first queued.
         self.first_queued: tuple[int, int] | None = None
+        # A pooling request (set from the EngineCoreRequest by the engine core): finishes when its prompt is computed.
+        self.pooling_params: PoolingParams | None = None
+        self.token_type_ids: list[int] | None = None  # an encoder's segment ids (None: all zeros)
 
     @classmethod
     def from_engine_core_request(cls, r: EngineCoreRequest) -> "Request":

@@ -23,11 +23,15 @@ FRESH_PREFILL = 2  # several new tokens, nothing cached yet
 
 
 def batch_permutation(num_scheduled: np.ndarray, num_computed: np.ndarray,
-                      batch_order: tuple[int, int, int]) -> np.ndarray:
+                      batch_order: tuple[int, int, int], group: np.ndarray | None = None) -> np.ndarray:
     """The order (indices) to put a step's requests in for a backend: by the rank its `batch_order` gives each
-    request's kind, keeping the scheduler's order within a rank."""
+    request's kind, then by `group` if given (e.g. the LoRA adapter, so each adapter's tokens are contiguous),
+    keeping the scheduler's order within those."""
     kind = np.where(num_scheduled == 1, DECODE, np.where(num_computed > 0, CONTEXT_CHUNK, FRESH_PREFILL))
-    return np.argsort(np.asarray(batch_order)[kind], kind="stable")
+    rank = np.asarray(batch_order)[kind]
+    if group is not None:
+        return np.lexsort((group, rank))
+    return np.argsort(rank, kind="stable")
 
 
 @dataclass(frozen=True)

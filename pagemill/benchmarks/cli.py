@@ -1,4 +1,4 @@
-"""`bench throughput|latency|serve|speculative` sub-commands for the pagemill CLI (modelled on `vllm bench`)."""
+"""`bench throughput|latency|serve|speculative|embed` sub-commands for the pagemill CLI (modelled on `vllm bench`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ def _run(module: str, func: str) -> Any:
 
 
 def register_bench_subcommands(subparsers: Any) -> argparse.ArgumentParser:
-    """Add `bench` with `throughput`, `latency`, `serve` and `speculative` to an argparse sub-parser set."""
+    """Add `bench` with `throughput`, `latency`, `serve`, `speculative` and `embed` to an argparse sub-parser set."""
+    from pagemill.benchmarks.embed import add_embed_args
     from pagemill.benchmarks.latency import add_latency_args
     from pagemill.benchmarks.lora import add_lora_args
     from pagemill.benchmarks.serve import add_serve_args
@@ -26,7 +27,7 @@ def register_bench_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     from pagemill.benchmarks.throughput import add_throughput_args
 
     bench = subparsers.add_parser("bench", help="benchmark pagemill against its baselines")
-    bench_sub = bench.add_subparsers(dest="bench_command", metavar="{throughput,latency,serve,speculative,lora}")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="{throughput,latency,serve,speculative,lora,embed}")
     bench_sub.required = True
     for name, add_args, module, func, help_text in (
         ("throughput", add_throughput_args, "throughput", "run_throughput",
@@ -38,6 +39,8 @@ def register_bench_subcommands(subparsers: Any) -> argparse.ArgumentParser:
          "decode tok/s with and without speculative decoding on edit, sharegpt and code workloads"),
         ("lora", add_lora_args, "lora", "run_lora",
          "decode tok/s of a batch over several LoRA adapters vs the base model"),
+        ("embed", add_embed_args, "embed", "run_embed",
+         "embeddings/s of mixed-length texts: the pooling runner vs HF batched encode"),
     ):
         parser = bench_sub.add_parser(name, help=help_text,
                                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)

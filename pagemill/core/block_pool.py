@@ -72,8 +72,8 @@ class BlockPool:
     """
 
     def __init__(self, num_blocks: int) -> None:
-        if num_blocks < 2:
-            raise ValueError(f"The KV cache needs at least 2 blocks, got {num_blocks}.")
+        if num_blocks < 1:  # (1: the null block alone, for a model without KV-cache layers)
+            raise ValueError(f"The KV cache needs at least the null block, got {num_blocks} blocks.")
         self.num_blocks = num_blocks
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])
@@ -153,6 +153,8 @@ class BlockPool:
 
     def get_usage(self) -> float:
         """Fraction of usable blocks in use."""
+        if not self.num_usable_blocks:  # no KV cache (encoder-only model)
+            return 0.0
         return 1.0 - self.get_num_free_blocks() / self.num_usable_blocks
 
     def reset_prefix_cache(self) -> bool:

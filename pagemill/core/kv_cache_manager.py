@@ -192,7 +192,7 @@ class KVCacheManager:
                         reserved += bs / blocks[j].ref_cnt
         fragmented, reserved = round(fragmented), round(reserved)
         return {"blocks_used": used, "blocks_shared": pool.num_shared_blocks, "logical_blocks": refs,
-                "tokens_stored": sum(self._num_stored.get(rid, 0) for rid in self.groups[0].req_to_blocks),
+                "tokens_stored": sum(self._num_stored.get(rid, 0) for rid in (self.groups[0].req_to_blocks if self.groups else {})),
                 "token_slots": used * bs - fragmented - reserved, "slots_fragmented": fragmented,
                 "slots_reserved": reserved, "slots_reserved_unused": fragmented + reserved,
                 "blocks_partial": round(partial), "blocks_saved_by_sharing": refs - used,

@@ -73,9 +73,14 @@ class KVCacheConfig:
         return self.num_blocks - 1
 
     @property
+    def has_kv_cache(self) -> bool:
+        """False for a model without KV-cache layers (encoder-only: no groups, no blocks allocated)."""
+        return bool(self.group_windows)
+
+    @property
     def usable_tokens(self) -> int:
         """Tokens the usable blocks hold if every group kept all of a sequence's blocks (a lower bound)."""
-        return self.usable_blocks // len(self.group_windows) * self.block_size
+        return self.usable_blocks // max(len(self.group_windows), 1) * self.block_size
 
     def max_blocks_per_request(self, num_tokens: int, chunk: int) -> int:
         """Most blocks one request of `num_tokens` tokens holds at once when steps compute up to `chunk` tokens."""

@@ -7,6 +7,7 @@ from typing import Any
 
 from pagemill.lora.request import LoRARequest
 from pagemill.messages import LogprobsLists
+from pagemill.pooling_params import PoolingParams
 from pagemill.sampling_params import SamplingParams
 
 
@@ -22,6 +23,8 @@ class NewRequestData:
     num_computed_tokens: int
     eos_token_id: int | None = None
     lora_request: LoRARequest | None = None
+    pooling_params: PoolingParams | None = None  # a pooling request (the runner pools instead of sampling)
+    token_type_ids: list[int] | None = None  # an encoder's segment ids (None: all zeros)
 
 
 @dataclass
@@ -68,3 +71,4 @@ class ModelRunnerOutput:
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)  # proposals for the next step
     # Seconds of proposing per draft position, over the seconds of this step's target forward and sampling.
     draft_cost: float | None = None
+    pooler_output: dict[str, bytes] = field(default_factory=dict)  # pooling requests whose prompt is computed

@@ -263,6 +263,8 @@ class Scheduler:
             elif req.num_computed_tokens == 0:
                 hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(req)
             num_new = min(req.num_tokens - req.num_computed_tokens - num_hit, budget)
+            if not self.kv_cache_config.has_kv_cache and num_new < req.num_tokens:
+                break  # an encoder-only model has no KV cache to resume from: the whole prompt waits for room
             new_blocks = self.kv_cache_manager.allocate_slots(req, num_new, num_hit, hit_blocks,
                                                               num_lookahead_tokens=self.num_lookahead_tokens)
             if new_blocks is None:
@@ -283,6 +285,8 @@ class Scheduler:
                                            req.eos_token_id, req.lora_request))
             if req.lora_int_id:
                 loras.add(req.lora_int_id)
+            if req.pooling_params is not None:
+                new_reqs[-1].pooling_params, new_reqs[-1].token_type_ids = req.pooling_params, req.token_type_ids
             budget -= num_new
         for req in reversed(skipped):
             self.waiting.add_front(req)
@@ -444,6 +448,10 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None:
                 continue
+            pooled = out.pooler_output.get(rid)
+            if pooled is not None:
+                outputs.append(self._finish_pooled(req, pooled))
+                continue
             prompt_lp = out.prompt_logprobs.get(rid)
             if prompt_lp is not None:
                 prompt_lp = self._new_prompt_logprobs(req, prompt_lp, sched.num_scheduled_tokens[rid])
@@ -486,6 +494,14 @@ class Scheduler:
                 self._free(req)
             outputs.append(eco)
         return outputs
+
+    def _finish_pooled(self, req: Request, pooled: bytes) -> EngineCoreOutput:
+        """A pooling request whose prompt is computed: it ends now and its blocks go back at once."""
+        req.status = RequestStatus.FINISHED_STOPPED
+        self.running.remove(req)
+        self._free(req)
+        return EngineCoreOutput(req.request_id, [], finish_reason="stop", num_cached_tokens=0,
+                                events=req.take_events(), pooling_output=pooled)
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         sp = req.sampling_params

@@ -16,7 +16,8 @@ from pagemill.loader.tokenizer import load_tokenizer
 from pagemill.lora.request import LoRARequest
 from pagemill.metrics.logger import LoggingStatLogger
 from pagemill.metrics.stats import FinishedRequestStats, IterationStats, StatLogger
-from pagemill.outputs import CompletionOutput, RequestOutput
+from pagemill.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
+from pagemill.pooling_params import PoolingParams
 from pagemill.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ class AsyncLLM:
             raise self.dead_error
 
     # ---- requests ----
-    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | PoolingParams,
                     arrival_time: float | None = None, priority: int = 0,
                     cache_salt: str | None = None, lora_request: LoRARequest | None = None) -> RequestOutputCollector:
         """Validate and send a request to the core; raises ValueError (naming the field) or EngineDeadError."""
@@ -177,6 +178,14 @@ class AsyncLLM:
                        lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs; leaving the loop early (or being cancelled) aborts the request."""
         collector = self.add_request(request_id, prompt, sampling_params, None, priority, cache_salt, lora_request)
+        async for out in self.iterate(request_id, collector):
+            yield out
+
+    async def encode(self, prompt: PromptType, pooling_params: PoolingParams, request_id: str,
+                     priority: int = 0) -> AsyncIterator[PoolingRequestOutput]:
+        """A pooling request's one output (its vector), as an iterator like `generate`; leaving early or being
+        cancelled aborts it."""
+        collector = self.add_request(request_id, prompt, pooling_params, None, priority)
         async for out in self.iterate(request_id, collector):
             yield out
 
@@ -316,6 +325,8 @@ class AsyncLLM:
                 scheduled = first_scheduled_time(eco.events)
                 if scheduled is not None:
                     iteration.queue_times.append(max(0.0, scheduled - state.metrics.arrival_time))
+            if eco.pooling_output is not None:  # a pooled prompt counts as prompt tokens
+                iteration.num_prompt_tokens += len(state.prompt_token_ids)
             if not eco.new_token_ids:
                 continue
             iteration.num_generation_tokens += len(eco.new_token_ids)

@@ -42,6 +42,7 @@ class EngineCore:
         self.profiler = StepProfiler(config.profile)
         # Grammars for structured output (tokenizer: the front end's when in-process, else loaded on first use).
         self.structured_output_manager = StructuredOutputManager(config, tokenizer)
+        self._retiring_loras: set[int] = set()  # unloaded adapters that unfinished requests still use
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request for scheduling; a bad structured-output constraint raises ValueError before queuing."""
@@ -50,12 +51,15 @@ class EngineCore:
         if request.lora_request is not None:
             self.add_lora(request.lora_request)
         req = Request.from_engine_core_request(request)
+        req.pooling_params, req.token_type_ids = request.pooling_params, request.token_type_ids
         self.structured_output_manager.add_request(req)
         self.scheduler.add_request(req)
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
         """Abort requests and free their blocks; returns their final outputs."""
         done = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        if self._retiring_loras:
+            self._retire_loras()
         return [EngineCoreOutput(r.request_id, [], finish_reason="abort") for r in done]
 
     def has_unfinished_requests(self) -> bool:
@@ -76,6 +80,8 @@ class EngineCore:
         prof.add(out.timings)
         with prof.section("update"):
             outputs = self.scheduler.update_from_output(so, out)
+        if self._retiring_loras:
+            self._retire_loras()
         if so.total_num_scheduled_tokens == 0 and self.structured_output_manager.num_live:
             self.structured_output_manager.wait_for_compiles(0.01)  # only grammar-waiting requests: do not spin
         now = time.monotonic()
@@ -118,11 +124,27 @@ class EngineCore:
             raise ValueError("lora_request: LoRA is not enabled (start the engine with enable_lora=True).")
         if not isinstance(lora_request, LoRARequest):
             raise ValueError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}.")
+        self._retiring_loras.discard(lora_request.lora_int_id)
         return self.executor.add_lora(lora_request)
 
     def remove_lora(self, lora_id: int) -> bool:
-        """Unload an adapter (requests still using it reload it from its path)."""
-        return self.config.lora_config is not None and self.executor.remove_lora(lora_id)
+        """Unload an adapter; True if it was loaded. Unfinished requests using it finish with it: it stays loaded
+        (pinned, so they need not reload it from a path that may be gone by then) until the last of them ends."""
+        if self.config.lora_config is None:
+            return False
+        if any(r.lora_int_id == lora_id for r in self.scheduler.requests.values()):
+            self._retiring_loras.add(lora_id)
+            if lora_id in self.executor.list_loras():
+                self.executor.pin_lora(lora_id)
+            return True
+        return self.executor.remove_lora(lora_id)
+
+    def _retire_loras(self) -> None:
+        """Drop the unloaded adapters no unfinished request uses any more."""
+        in_use = {r.lora_int_id for r in self.scheduler.requests.values()}
+        for lora_id in self._retiring_loras - in_use:
+            self.executor.remove_lora(lora_id)
+        self._retiring_loras &= in_use
 
     def list_loras(self) -> list[int]:
         """Ids of the adapters loaded on the worker."""

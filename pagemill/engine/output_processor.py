@@ -8,7 +8,8 @@ from typing import Any
 from pagemill.engine.detokenizer import IncrementalDetokenizer
 from pagemill.engine.parallel_sampling import ParentRequest
 from pagemill.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, EngineCoreRequest, LogprobsLists
-from pagemill.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from pagemill.outputs import (CompletionOutput, Logprob, PoolingOutput, PoolingRequestOutput, RequestMetrics,
+                              RequestOutput)
 from pagemill.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -157,6 +158,14 @@ class OutputProcessor:
             state = self.states.get(eco.request_id)
             if state is None:
                 continue
+            if eco.pooling_output is not None:  # a pooling request: its one output, once its prompt is computed
+                out = self._pooling_output(state, eco, now)
+                del self.states[eco.request_id]
+                if state.queue is not None:
+                    state.queue.put_nowait(out)
+                else:
+                    results.append(out)
+                continue
             if eco.new_prompt_logprobs is not None and state.prompt_logprobs is not None:
                 state.prompt_logprobs.extend(self._to_dicts(eco.new_prompt_logprobs))
             state.num_cached_tokens = eco.num_cached_tokens
@@ -191,6 +200,16 @@ class OutputProcessor:
                 else:
                     results.append(out)
         return results, to_abort
+
+    @staticmethod
+    def _pooling_output(state: RequestState, eco: EngineCoreOutput, now: float) -> PoolingRequestOutput:
+        """The finished output of a pooling request (its vector as a float32 tensor)."""
+        if eco.events:
+            state.update_from_events(eco.events)
+        state.finish_reason = eco.finish_reason
+        state.metrics.finished_time = now
+        return PoolingRequestOutput(state.request_id, PoolingOutput.from_bytes(eco.pooling_output),
+                                    state.prompt_token_ids, True, state.metrics)
 
     def _make_output(self, state: RequestState) -> RequestOutput | None:
         kind = state.params.output_kind

@@ -9,6 +9,8 @@ from typing import Any
 from pagemill.config import ModelConfig, StructuredOutputsConfig
 from pagemill.lora.request import LoRARequest
 from pagemill.messages import EngineCoreRequest
+from pagemill.pooling.processor import process_pooling
+from pagemill.pooling_params import PoolingParams
 from pagemill.sampling_params import RequestOutputKind, SamplingParams
 
 PromptType = str | dict | list[int]
@@ -52,12 +54,18 @@ class Processor:
             return params
         return params.clone(structured_outputs=dataclasses.replace(so, _backend=backend))
 
-    def process(self, request_id: str, prompt: PromptType, params: SamplingParams,
+    def process(self, request_id: str, prompt: PromptType, params: SamplingParams | PoolingParams,
                 arrival_time: float | None = None, priority: int = 0,
                 cache_salt: str | None = None,
                 lora_request: LoRARequest | None = None,
                 truncation_side: str = "left") -> tuple[str | None, EngineCoreRequest]:
         """Validate and build the request; raises ValueError naming the bad field."""
+        if isinstance(params, PoolingParams):
+            return process_pooling(self.model_config, self.tokenizer, request_id, prompt, params, arrival_time,
+                                   priority)
+        if self.model_config.runner_type == "pooling":
+            raise ValueError("sampling_params: this is a pooling model (runner='pooling'): it embeds or scores "
+                             "inputs and generates no text.")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}.")
         if truncation_side not in ("left", "right"):

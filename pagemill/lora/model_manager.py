@@ -7,7 +7,6 @@ import logging
 from collections import OrderedDict
 
 import numpy as np
-import torch
 from torch import nn
 
 from pagemill.config import LoRAConfig
@@ -127,18 +126,13 @@ class LoRAModelManager:
             return None
         if len(ids) > self.num_slots:
             raise RuntimeError(f"a step uses {len(ids)} adapters, more than max_loras ({self.num_slots})")
-        slots = [self._activate(lora_id, requests[lora_id], ids) for lora_id in ids]
-        if len(ids) == 1:
-            if len(token_lora_ids) == 0 or token_lora_ids.min() > 0:
-                return LoRAMapping(slots[0], None)
-            return LoRAMapping(slots[0], torch.from_numpy((token_lora_ids > 0).astype(np.float32)).view(-1, 1, 1))
-        slot_of = np.full(int(token_lora_ids.max()) + 1, -1, dtype=np.int64)
-        slot_of[ids] = slots
-        token_slots = slot_of[token_lora_ids]
-        mask = np.zeros((len(token_lora_ids), self.num_slots), dtype=np.float32)
-        used = token_slots >= 0
-        mask[np.nonzero(used)[0], token_slots[used]] = 1.0
-        return LoRAMapping(None, torch.from_numpy(mask).unsqueeze(-1))
+        slot_of = dict(zip(ids, (self._activate(lora_id, requests[lora_id], ids) for lora_id in ids)))
+        # runs of equal ids: [starts[i], ends[i]) has id token_lora_ids[starts[i]]
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(token_lora_ids)) + 1))
+        ends = np.append(starts[1:], len(token_lora_ids))
+        run_ids = token_lora_ids[starts]
+        return LoRAMapping([(a, b, slot_of[i]) for a, b, i in zip(starts.tolist(), ends.tolist(), run_ids.tolist())
+                            if i])
 
     def _activate(self, lora_id: int, request: LoRARequest, step_ids: list[int]) -> int:
         """The slot holding adapter `lora_id`, writing it into the least recently used slot no adapter of this step

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from pagemill.models.bert import BertForSequenceClassification, BertModel
 from pagemill.models.gemma3 import Gemma3ForCausalLM
 from pagemill.models.llama import LlamaForCausalLM
 from pagemill.models.mistral import MistralForCausalLM
@@ -38,6 +39,9 @@ MODEL_FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("Mixtral (MoE)", MixtralForCausalLM, "MixtralForCausalLM", "mixtral"),
     ModelFamily("Qwen2-MoE", Qwen2MoeForCausalLM, "Qwen2MoeForCausalLM", "qwen2_moe"),
     ModelFamily("Qwen3-MoE", Qwen3MoeForCausalLM, "Qwen3MoeForCausalLM", "qwen3_moe"),
+    # Pooling-only (runner="pooling"); the plain BertModel comes last so that model_type "bert" selects it.
+    ModelFamily("BERT cross-encoder", BertForSequenceClassification, "BertForSequenceClassification", "bert"),
+    ModelFamily("BERT (embeddings)", BertModel, "BertModel", "bert"),
 )
 _ARCHITECTURES = {f.architecture: f.model_class for f in MODEL_FAMILIES}
 _MODEL_TYPES = {f.model_type: f.model_class for f in MODEL_FAMILIES}

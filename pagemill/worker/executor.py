@@ -11,14 +11,14 @@ from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.lora.request import LoRARequest
-from pagemill.worker.model_runner import ModelRunner
+from pagemill.worker.pooling_runner import make_model_runner
 
 
 class UniProcExecutor:
     """A single worker in the engine core's own process."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.model_runner = ModelRunner(config)
+        self.model_runner = make_model_runner(config)  # generate, or a pooling model's runner
 
     @property
     def kv_cache_config(self) -> KVCacheConfig:

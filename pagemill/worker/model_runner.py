@@ -210,7 +210,8 @@ class ModelRunner:
         req_ids = list(so.num_scheduled_tokens)
         counts = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids))
         rows = np.fromiter((ib.req_id_to_row[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
-        order = batch_permutation(counts, ib.num_computed_tokens[rows], self.backend.batch_order)
+        order = batch_permutation(counts, ib.num_computed_tokens[rows], self.backend.batch_order,
+                                  ib.lora_ids[rows] if self.lora_manager is not None else None)
         counts, rows = counts[order], rows[order]
         req_ids = [req_ids[i] for i in order]
         computed = ib.num_computed_tokens[rows]

@@ -23,12 +23,17 @@ from pagemill.engine.async_llm import AsyncLLM
 from pagemill.engine.core_client import EngineDeadError
 from pagemill.entrypoints.chat_utils import ChatRenderer, ChatTemplateError, load_chat_template
 from pagemill.entrypoints.openai.errors import OpenAIError, error_body, from_validation_error
+from pagemill.entrypoints.openai.lora_modules import LoRAModulePath, runtime_lora_updating_allowed
 from pagemill.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                                  EmbeddingRequest, PoolingRequest, RerankRequest, ScoreRequest,
                                                   TokenizeRequest)
 from pagemill.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagemill.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagemill.entrypoints.openai.serving_engine import json_response
+from pagemill.entrypoints.openai.serving_lora import LoRAAdapters, add_lora_routes
 from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
+from pagemill.entrypoints.openai.serving_pooling import OpenAIServingEmbedding, check_generate_model
+from pagemill.entrypoints.openai.serving_score import OpenAIServingScore
 from pagemill.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagemill.metrics.prometheus import PrometheusStatLogger
 
@@ -111,14 +116,21 @@ def _register_error_handlers(app: FastAPI) -> None:
 
 def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[str] | None = None,
               chat_template: str | None = None, shutdown_engine: bool = True,
-              auto_tool_parser: str | None = None) -> FastAPI:
+              auto_tool_parser: str | None = None, lora_modules: list[LoRAModulePath] | None = None) -> FastAPI:
     """The FastAPI app serving `engine` (with its own Prometheus registry, so several apps can coexist).
 
     `auto_tool_parser`: the tool-call parser of tool_choice="auto" (--enable-auto-tool-choice --tool-call-parser).
+    `lora_modules`: LoRA adapters loaded at start-up (a bad one fails the start-up; the reason is left in
+    app.state.startup_error).
     """
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        try:
+            await lora.load_static(lora_modules or [])
+        except ValueError as e:
+            app.state.startup_error = str(e)
+            raise
         yield
         if shutdown_engine:
             logger.info("Shutting down the engine core.")
@@ -126,7 +138,9 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
 
     app = FastAPI(title="pagemill", version=pagemill.__version__, lifespan=lifespan)
     mc = engine.model_config
-    models = OpenAIServingModels(served_model_names, mc.model, mc.max_model_len)
+    lora = LoRAAdapters(engine, served_model_names)
+    tasks = ("generate",) if mc.pooler_config is None else mc.pooler_config.supported_tasks
+    models = OpenAIServingModels(served_model_names, mc.model, mc.max_model_len, lora, mc.runner_type, tasks)
     renderer = ChatRenderer(engine.get_tokenizer(), chat_template)
     chat = OpenAIServingChat(engine, models, renderer, auto_tool_parser)
     completion = OpenAIServingCompletion(engine, models)
@@ -136,7 +150,7 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
     prometheus = PrometheusStatLogger(registry, models.default_name,
                                       spec.num_speculative_tokens if spec is not None else None)
     engine.stat_loggers.append(prometheus)
-    app.state.engine, app.state.registry = engine, registry
+    app.state.engine, app.state.registry, app.state.startup_error = engine, registry, None
     _register_error_handlers(app)
     if api_keys:
         app.add_middleware(APIKeyMiddleware, api_keys=api_keys)
@@ -172,13 +186,17 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
     @with_cancellation
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
         """OpenAI legacy completions."""
+        check_generate_model(engine, "/v1/completions")
         return await completion.create_completion(request)
 
     @app.post("/v1/chat/completions")
     @with_cancellation
     async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
         """OpenAI chat completions."""
+        check_generate_model(engine, "/v1/chat/completions")
         return await chat.create_chat_completion(request)
+
+    add_pooling_routes(app, engine, models)
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> JSONResponse:
@@ -195,7 +213,44 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
         """Text of token ids."""
         return json_response(tokenization.detokenize(request))
 
+    if runtime_lora_updating_allowed():
+        logger.warning("Runtime LoRA updating is allowed: POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+                       "load adapters from any path the server can read.")
+        add_lora_routes(app, lora)
     return app
+
+
+def add_pooling_routes(app: FastAPI, engine: AsyncLLM, models: OpenAIServingModels) -> None:
+    """/v1/embeddings, /pooling, /score and /rerank (a 400 on a model that generates text)."""
+    embedding = OpenAIServingEmbedding(engine, models)
+    scoring = OpenAIServingScore(engine, models)
+
+    @app.post("/v1/embeddings")
+    @with_cancellation
+    async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> Response:
+        """OpenAI embeddings."""
+        return await embedding.create_embedding(request)
+
+    @app.post("/pooling")
+    @with_cancellation
+    async def create_pooling(request: PoolingRequest, raw_request: Request) -> Response:
+        """The pooler's output of each input (vLLM)."""
+        return await embedding.create_pooling(request)
+
+    @app.post("/score")
+    @app.post("/v1/score")
+    @with_cancellation
+    async def create_score(request: ScoreRequest, raw_request: Request) -> Response:
+        """Scores of text pairs (vLLM)."""
+        return await scoring.create_score(request)
+
+    @app.post("/rerank")
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    @with_cancellation
+    async def rerank(request: RerankRequest, raw_request: Request) -> Response:
+        """Documents ranked by relevance to a query (Jina / Cohere style, as vLLM)."""
+        return await scoring.rerank(request)
 
 
 def run_server(args: argparse.Namespace) -> None:
@@ -203,6 +258,7 @@ def run_server(args: argparse.Namespace) -> None:
     import uvicorn
 
     from pagemill.entrypoints.openai.cli_args import engine_args_from_namespace, served_model_names
+    from pagemill.entrypoints.openai.lora_modules import check_lora_modules
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
     chat_template = load_chat_template(args.chat_template)
@@ -212,15 +268,24 @@ def run_server(args: argparse.Namespace) -> None:
     engine_args = engine_args_from_namespace(args)
     names = served_model_names(args)
     engine_args.served_model_name = names[0]
+    lora_modules = args.lora_modules or []
+    check_lora_modules(lora_modules, names, engine_args.enable_lora)
     engine = AsyncLLM.from_engine_args(engine_args)
     try:
-        app = build_app(engine, names, args.api_key, chat_template, auto_tool_parser=auto_tool_parser)
+        app = build_app(engine, names, args.api_key, chat_template, auto_tool_parser=auto_tool_parser,
+                        lora_modules=lora_modules)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                                 access_log=not args.disable_uvicorn_access_log, timeout_graceful_shutdown=5)
         logger.info("Serving %s on http://%s:%d", ", ".join(names), args.host, args.port)
         server = uvicorn.Server(config)
-        server.run()
+        try:
+            server.run()
+        except SystemExit:  # uvicorn's exit on a failed start-up (lifespan or bind): said below, in one line
+            if server.started:
+                raise
     finally:
         engine.shutdown()
+    if not server.started and app.state.startup_error:
+        raise SystemExit(f"pagemill serve: {app.state.startup_error}")
     if not server.started:
         raise SystemExit(f"pagemill serve: the HTTP server could not start on {args.host}:{args.port}.")

@@ -11,6 +11,7 @@ import typing
 from pagemill.config import EngineArgs
 from pagemill.entrypoints.chat_utils import BUILTIN_TEMPLATES
 from pagemill.entrypoints.json_flags import config_flag
+from pagemill.entrypoints.openai.lora_modules import LoRAModulesAction
 from pagemill.entrypoints.openai.tool_parsers import tool_parser_names
 from pagemill.loader.default_model import DEFAULT_MODEL_NAME
 
@@ -45,8 +46,17 @@ _ENGINE_HELP = {
     "structured_outputs_backend": "Structured output (guided decoding) library: auto (xgrammar, or llguidance for "
                                   "what xgrammar lacks), xgrammar, guidance.",
     "gpu_memory_utilization": "Accepted for vLLM scripts; no meaning on a CPU (use --kv-cache-memory).",
+    "runner": "generate or pooling (embeddings, scores: /v1/embeddings, /pooling, /score, /rerank); auto: pooling "
+              "for BERT-like embedding and cross-encoder models, else generate.",
+    "task": "vLLM's older spelling of --runner: embed, classify or score (pooling), generate.",
+    "pooler_config": "Pooling as JSON, e.g. '{\"pooling_type\": \"MEAN\", \"normalize\": true}' (CLS, MEAN or LAST; "
+                     "None: the model's sentence-transformers settings, else CLS for BERT and LAST for decoders).",
     "speculative_config": "Speculative decoding as JSON (vLLM's fields), e.g. '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 4}'; method ngram, suffix or draft_model (None: off).",
+    "enable_lora": "Serve LoRA adapters (PEFT directories) next to the base model.",
+    "max_loras": "LoRA adapters one batch can mix.",
+    "max_lora_rank": "The largest LoRA rank accepted.",
+    "max_cpu_loras": "LoRA adapters kept loaded in memory (None: max_loras); others are reloaded from disk on use.",
 }
 _CUSTOM = {"served_model_name"}  # declared by hand (several names allowed)
 
@@ -124,6 +134,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help='Allow tool_choice="auto": the model decides, --tool-call-parser reads its calls.')
     server.add_argument("--tool-call-parser", default=None, choices=tool_parser_names(),
                         help="How to find tool calls in the model's text (for tool_choice=\"auto\").")
+    server.add_argument("--lora-modules", nargs="+", action=LoRAModulesAction, default=None, metavar="NAME=PATH",
+                        help="LoRA adapters served from start-up (needs --enable-lora): name=path or JSON "
+                             "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; clients select one by "
+                             "its name in `model`.")
     server.add_argument("--uvicorn-log-level", default="info",
                         choices=["debug", "info", "warning", "error", "critical", "trace"])
     server.add_argument("--disable-uvicorn-access-log", action="store_true", help="Do not log every request.")

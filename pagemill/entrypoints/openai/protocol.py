@@ -52,6 +52,8 @@ class ModelCard(ResponseModel):
     root: str | None = None
     parent: str | None = None
     max_model_len: int | None = None
+    runner: str | None = None  # generate | pooling: what the model does
+    supported_tasks: list[str] | None = None  # generate, or the pooling tasks (embed, score, classify, encode)
 
 
 class ModelList(ResponseModel):
@@ -450,3 +452,138 @@ class DetokenizeResponse(ResponseModel):
     """The text of the tokens."""
 
     prompt: str
+
+
+# ---- pooling models: embeddings, pooling, score, rerank ----
+class PoolingInputRequest(OpenAIBaseModel):
+    """What /v1/embeddings and /pooling share: OpenAI's input forms plus vLLM's extras."""
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    # vLLM extra parameters
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    normalize: bool | None = None
+    priority: int = 0
+
+
+class EmbeddingRequest(PoolingInputRequest):
+    """POST /v1/embeddings."""
+
+
+class EmbeddingResponseData(ResponseModel):
+    """One embedding: a list of floats, or base64 of their little-endian float32 bytes."""
+
+    index: int
+    object: Literal["embedding"] = "embedding"
+    embedding: list[float] | str
+
+
+class EmbeddingResponse(ResponseModel):
+    """The /v1/embeddings response."""
+
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[EmbeddingResponseData]
+    usage: UsageInfo
+
+
+class PoolingRequest(PoolingInputRequest):
+    """POST /pooling: the pooler's raw output (the model's default head) for each input."""
+
+    activation: bool | None = None
+
+
+class PoolingResponseData(ResponseModel):
+    """One pooled vector."""
+
+    index: int
+    object: Literal["pooling"] = "pooling"
+    data: list[float] | str
+
+
+class PoolingResponse(ResponseModel):
+    """The /pooling response."""
+
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[PoolingResponseData]
+    usage: UsageInfo
+
+
+class ScoreRequest(OpenAIBaseModel):
+    """POST /score: text_1 against text_2 (1 x 1, 1 x N or N x N)."""
+
+    model: str | None = None
+    text_1: str | list[str]
+    text_2: str | list[str]
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    activation: bool | None = None
+    priority: int = 0
+
+
+class ScoreResponseData(ResponseModel):
+    """The score of one pair."""
+
+    index: int
+    object: Literal["score"] = "score"
+    score: float
+
+
+class ScoreResponse(ResponseModel):
+    """The /score response."""
+
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[ScoreResponseData]
+    usage: UsageInfo
+
+
+class RerankRequest(OpenAIBaseModel):
+    """POST /rerank, /v1/rerank (Jina / Cohere style): documents ordered by relevance to the query."""
+
+    model: str | None = None
+    query: str
+    documents: list[str]
+    top_n: int | None = Field(default=None, ge=0)  # None or 0: every document
+    return_documents: bool = True
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    activation: bool | None = None
+    priority: int = 0
+
+
+class RerankDocument(ResponseModel):
+    """A reranked document's text."""
+
+    text: str
+
+
+class RerankResult(ResponseModel):
+    """One document's place in the ranking."""
+
+    index: int
+    document: RerankDocument | None = None
+    relevance_score: float
+
+
+class RerankUsage(ResponseModel):
+    """Tokens of a rerank request."""
+
+    total_tokens: int
+
+
+class RerankResponse(ResponseModel):
+    """The /rerank response: results sorted by relevance, best first."""
+
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]

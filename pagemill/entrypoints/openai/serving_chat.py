@@ -79,6 +79,7 @@ class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(self, request: ChatCompletionRequest) -> Response:
         """Validate, start the request, and answer (streamed or not)."""
         model = self.models.resolve(request.model)
+        lora_request = self.models.lora_request(model)
         self.check_unsupported(request)
         plan = plan_tools(request, self.auto_tool_parser)
         constraint = output_constraint(request, plan.constraint)
@@ -96,7 +97,8 @@ class OpenAIServingChat(OpenAIServing):
         params = self.sampling_params(request, max_tokens, top_n, request.stream, {"logprobs": "top_logprobs"},
                                       constraint)
         request_id = random_id("chatcmpl")
-        collector = self.add_request(request_id, prompt_ids, params, request, "messages", constraint=constraint)
+        collector = self.add_request(request_id, prompt_ids, params, request, "messages", constraint=constraint,
+                                     lora_request=lora_request)
         created = int(time.time())
         if request.stream:
             stream = self.release_when_dropped(

@@ -57,6 +57,7 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, request: CompletionRequest) -> Response:
         """Validate, start one request per prompt, and answer (streamed or not)."""
         model = self.models.resolve(request.model)
+        lora_request = self.models.lora_request(model)
         self._check_request(request)
         constraint = output_constraint(request)
         prompts = self._prompts(request)
@@ -68,7 +69,7 @@ class OpenAIServingCompletion(OpenAIServing):
         try:
             for rid, (text, tokens) in zip(ids, prompts):
                 collectors.append(self.add_request(rid, tokens, params.clone(), request, "prompt", text,
-                                                   constraint))
+                                                   constraint, lora_request))
         except BaseException:
             for rid in ids[:len(collectors)]:
                 self.engine.release(rid)

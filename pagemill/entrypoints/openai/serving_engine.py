@@ -17,6 +17,7 @@ from pagemill.entrypoints.openai.errors import OpenAIError, error_body, from_val
 from pagemill.entrypoints.openai.protocol import SamplingRequest
 from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
 from pagemill.entrypoints.openai.structured_outputs import OutputConstraint
+from pagemill.lora.request import LoRARequest
 from pagemill.outputs import RequestOutput
 from pagemill.sampling_params import RequestOutputKind, SamplingParams
 
@@ -145,14 +146,16 @@ class OpenAIServing:
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     request: SamplingRequest, prompt_param: str, prompt_text: str | None = None,
-                    constraint: OutputConstraint | None = None) -> RequestOutputCollector:
-        """Start a request in the engine; a validation ValueError becomes a 400 (about `prompt_param` if unnamed)."""
+                    constraint: OutputConstraint | None = None,
+                    lora_request: LoRARequest | None = None) -> RequestOutputCollector:
+        """Start a request in the engine (with the LoRA adapter its `model` selected); a validation ValueError becomes
+        a 400 (about `prompt_param` if unnamed)."""
         prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
         if prompt_text is not None:
             prompt["prompt"] = prompt_text
         try:
             return self.engine.add_request(request_id, prompt, params, priority=request.priority,
-                                           cache_salt=request.cache_salt)
+                                           cache_salt=request.cache_salt, lora_request=lora_request)
         except ValueError as e:
             raise self.request_error(e, request, prompt_param, constraint) from e
 

@@ -1,0 +1,119 @@
+"""Model runners of pooling models: each step's requests are pooled (one vector each) instead of sampled.
+
+- `EncoderModelRunner` (BERT): no KV cache at all. The scheduler gives each request its whole prompt in one step;
+  the tokens of the step's requests are flattened and attend bidirectionally within their own request.
+- `DecoderPoolingRunner` (a decoder used as an embedder): the generate runner's paged-KV forward, pooled instead
+  of sampled. Chunked prefill stays on: the pooler adds up a request's chunks (MEAN) or keeps its first / last
+  token (CLS / LAST), so a long prompt spans steps like any other. Prefix caching is off for pooling models
+  (EngineArgs), so every token's hidden state is computed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from pagemill.attention.selector import get_attn_backend
+from pagemill.config import EngineConfig
+from pagemill.core.kv_cache_utils import KVCacheConfig
+from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagemill.forward_context import set_forward_context
+from pagemill.kernels.ops import select_layer_ops
+from pagemill.layers.encoder_attention import EncoderAttentionMetadata
+from pagemill.layers.pooler import PoolChunk, Pooler
+from pagemill.loader.model_loader import load_model
+from pagemill.pooling_params import PoolingParams
+from pagemill.worker.model_runner import ModelRunner, StepInputs
+from pagemill.worker.step_timer import StepTimer
+
+
+def make_model_runner(config: EngineConfig) -> Any:
+    """The runner for the engine's model: generate, decoder pooling or encoder pooling."""
+    pooler_config = config.model_config.pooler_config
+    if pooler_config is None:
+        return ModelRunner(config)
+    if pooler_config.encoder_only:
+        return EncoderModelRunner(config)
+    return DecoderPoolingRunner(config)
+
+
+class DecoderPoolingRunner(ModelRunner):
+    """A decoder model's hidden states (after its final norm) pooled per request, across its prefill chunks."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self.pooler = Pooler(config.model_config.pooler_config)
+        self._params: dict[str, PoolingParams] = {}
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        for rid in (*so.finished_req_ids, *so.preempted_req_ids):  # a preempted request restarts from token 0
+            self.pooler.drop(rid)
+            self._params.pop(rid, None)
+        for new in so.scheduled_new_reqs:
+            if new.pooling_params is None:
+                raise ValueError(f"request {new.req_id!r} has no pooling_params: this engine only pools.")
+            self._params[new.req_id] = new.pooling_params
+        super()._update_states(so)
+
+    def _sample(self, hidden: torch.Tensor, step: StepInputs, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Pool instead of sampling: the requests whose prompt ends in this step get their vector."""
+        num_prompt = self.input_batch.num_prompt_tokens[step.rows]
+        chunks = [PoolChunk(rid, int(step.starts[i]), int(step.counts[i]), bool(step.computed[i] == 0),
+                            bool(step.seq_lens[i] >= num_prompt[i]), self._params[rid])
+                  for i, rid in enumerate(step.req_ids)]
+        with self.profiler.section("pool"):
+            return ModelRunnerOutput({}, pooler_output=self.pooler(hidden, chunks))
+
+
+class EncoderModelRunner:
+    """Owns an encoder-only model and its pooler; no KV cache, no persistent batch (requests live one step)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        mc, cc = config.model_config, config.cache_config
+        torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        backend = get_attn_backend(config.attention_backend)  # (the layers' context names one; BERT's is its own)
+        self.model = load_model(mc, select_layer_ops(use_kernels=backend.name != "torch"), backend)
+        if self.model.attention_layers():
+            raise ValueError(f"{type(self.model).__name__} has KV-cache attention layers: not an encoder-only model.")
+        # No KV cache groups: the scheduler allocates no blocks (block 0, the null block, is all there is).
+        self.kv_cache_config = KVCacheConfig(1, cc.block_size, 0, ())
+        classify: Callable[[torch.Tensor], torch.Tensor] | None = getattr(self.model, "classify", None)
+        self.pooler = Pooler(mc.pooler_config, classify)
+        self.profiler = StepTimer(config.profile)
+
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Forward the step's requests (each whole) and pool them; the section timings come back too."""
+        out = self._execute(so)
+        out.timings = self.profiler.take()
+        return out
+
+    @torch.inference_mode()
+    def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        reqs = so.scheduled_new_reqs
+        if so.scheduled_cached_reqs or any(so.num_scheduled_tokens[r.req_id] != len(r.token_ids) for r in reqs):
+            raise RuntimeError("an encoder-only step must compute whole prompts of new requests only.")
+        if not reqs:
+            return ModelRunnerOutput({})
+        with self.profiler.section("prepare"):
+            counts = np.fromiter((len(r.token_ids) for r in reqs), dtype=np.int64, count=len(reqs))
+            starts = np.cumsum(counts) - counts
+            total = int(counts.sum())
+            input_ids = torch.from_numpy(np.concatenate([np.asarray(r.token_ids, dtype=np.int64) for r in reqs]))
+            positions = torch.from_numpy(np.arange(total, dtype=np.int64) - np.repeat(starts, counts))
+            token_type_ids = None
+            if any(r.token_type_ids for r in reqs):
+                token_type_ids = torch.from_numpy(np.concatenate([
+                    np.asarray(r.token_type_ids, dtype=np.int64) if r.token_type_ids
+                    else np.zeros(len(r.token_ids), dtype=np.int64) for r in reqs]))
+            metadata = EncoderAttentionMetadata.build(counts)
+        with self.profiler.section("forward"), set_forward_context([metadata]):
+            hidden = self.model(input_ids, positions, token_type_ids)
+        chunks = [PoolChunk(r.req_id, int(s), int(n), True, True, r.pooling_params)
+                  for r, s, n in zip(reqs, starts, counts)]
+        with self.profiler.section("pool"):
+            return ModelRunnerOutput({}, pooler_output=self.pooler(hidden, chunks))
