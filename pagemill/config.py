@@ -86,6 +86,8 @@ class ModelConfig:
     quantization: str = "none"  # none | gguf | int8 | int4 (resolved from auto)
     runner_type: str = "generate"  # generate | pooling (embeddings, scores: pagemill/pooling/)
     pooler_config: Any = None  # pooling.config.PoolerConfig of a pooling model, else None
+    max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for (-1: no limit)
+    max_n: int = 128  # most sequences one request may fan out to (n, best_of)
 
     @property
     def architecture(self) -> str:
@@ -307,6 +309,8 @@ class EngineArgs:
     max_model_len: int | None = None
     max_num_seqs: int = 128
     max_num_batched_tokens: int | None = None
+    max_logprobs: int = 20  # most logprobs / prompt_logprobs per request, as vLLM (-1: no limit)
+    max_n: int | None = None  # most sequences per request (n, best_of); None: max_num_seqs
     block_size: int = 16
     kv_cache_memory: int | str | None = None
     enable_prefix_caching: bool = True
@@ -381,6 +385,10 @@ class EngineArgs:
         check_linear_options(self.linear_dtype, self.quantization)
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be -1 (no limit) or >= 0, got {self.max_logprobs}.")
+        if self.max_n is not None and self.max_n < 1:
+            raise ValueError(f"max_n must be >= 1, got {self.max_n}.")
         so_config = StructuredOutputsConfig(backend=self.structured_outputs_backend)
         spec_config = SpeculativeConfig.from_user(self.speculative_config)
         lora_config = (LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras) if self.enable_lora
@@ -408,6 +416,7 @@ class EngineArgs:
             linear_dtype=self.linear_dtype,
             quantization=resolve_quantization(self.quantization, resolved.gguf_file is not None),
             runner_type="generate" if pooler is None else "pooling", pooler_config=pooler,
+            max_logprobs=self.max_logprobs, max_n=self.max_n or self.max_num_seqs,
         )
         cache_config = CacheConfig(
             block_size=self.block_size,

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
 _SAMPLING_EPS = 1e-5
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_INT64_FIELDS = ("n", "best_of", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
+                 "truncate_prompt_tokens", "expected_output_tokens")
+
+
+def wrap_int64(value: int) -> int:
+    """`value` wrapped into the signed 64-bit range (a child sequence's seed: the parent's seed + its index)."""
+    return (value - INT64_MIN) % 2**64 + INT64_MIN
 STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
@@ -113,7 +122,7 @@ class SamplingParams:
             if self.structured_outputs is not None and self.structured_outputs != self.guided_decoding:
                 raise ValueError("give structured_outputs or guided_decoding (its older name), not both.")
             self.structured_outputs, self.guided_decoding = self.guided_decoding, None
-        if self.top_k is None or self.top_k < 0:
+        if self.top_k is None or self.top_k == -1:
             self.top_k = 0  # vLLM treats -1 as "off"; 0 means off here too
         self._verify()
         self.all_stop_token_ids = set(self.stop_token_ids)
@@ -122,6 +131,10 @@ class SamplingParams:
         def bad(name: str, what: str) -> ValueError:
             return ValueError(f"{name} {what}, got {getattr(self, name)!r}.")
 
+        for name in _INT64_FIELDS:  # what reaches the engine core must fit its 64-bit fields
+            value = getattr(self, name)
+            if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+                raise bad(name, "must fit in a signed 64-bit integer")
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", "must be an integer >= 1")
         if self.best_of is not None and self.best_of < self.n:
@@ -130,14 +143,14 @@ class SamplingParams:
             raise bad("presence_penalty", "must be in [-2, 2]")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             raise bad("frequency_penalty", "must be in [-2, 2]")
-        if not self.repetition_penalty > 0.0:
-            raise bad("repetition_penalty", "must be > 0")
-        if not self.temperature >= 0.0:
-            raise bad("temperature", "must be non-negative")
+        if not 0.0 < self.repetition_penalty < math.inf:
+            raise bad("repetition_penalty", "must be a finite number > 0")
+        if not 0.0 <= self.temperature < math.inf:
+            raise bad("temperature", "must be a finite non-negative number")
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", "must be in (0, 1]")
-        if not isinstance(self.top_k, int):
-            raise bad("top_k", "must be an integer")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad("top_k", "must be -1 or 0 (off) or an integer >= 1")
         if not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "must be in [0, 1]")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
@@ -156,7 +169,7 @@ class SamplingParams:
             raise bad("prompt_logprobs", "must be non-negative")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}.")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(not isinstance(t, int) or not 0 <= t <= INT64_MAX for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}.")
         if self.allowed_token_ids is not None and (
                 not self.allowed_token_ids or any(not isinstance(t, int) or t < 0 for t in self.allowed_token_ids)):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from pagemill.config import EngineArgs, EngineConfig
@@ -108,6 +108,7 @@ class AsyncLLM:
         self._collectors: dict[str, RequestOutputCollector] = {}
         self._handler: asyncio.Task | None = None
         self._shut_down = False
+        self._dead_callbacks: list[Callable[[], None]] = []
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, stat_loggers: list[StatLogger] | None = None) -> "AsyncLLM":
@@ -166,9 +167,8 @@ class AsyncLLM:
         children = self.output_processor.add_request(text, req, collector)
         self._collectors[request_id] = collector
         try:
-            for child in children:
-                self.client.add_request(child)
-        except EngineDeadError:
+            self.client.add_requests(children)  # all of a request's sequences or none of them
+        except BaseException:
             self._forget(request_id)
             raise
         return collector
@@ -215,6 +215,24 @@ class AsyncLLM:
                 outs = [CompletionOutput(s.index, "", [], finish_reason="abort") for s in seqs]
                 collector.put_nowait(RequestOutput(rid, seqs[0].prompt, seqs[0].prompt_token_ids, None, outs, True))
         self._abort(ids)
+
+    def abort_all(self, error: BaseException) -> int:
+        """End every request in flight with `error` (their consumers raise it) and abort them in the core; returns
+        how many there were."""
+        request_ids = list(self._collectors)
+        for rid in request_ids:
+            self._collectors[rid].put_nowait(error)
+        self._abort(request_ids)
+        return len(request_ids)
+
+    @property
+    def num_requests_in_flight(self) -> int:
+        """Requests added and not yet finished, aborted or consumed to the end."""
+        return len(self._collectors)
+
+    def add_dead_callback(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` on the event loop once the engine core died (after its requests were failed)."""
+        self._dead_callbacks.append(callback)
 
     def release(self, request_id: str) -> None:
         """Abort a request if it is still in flight (no-op once it finished or was aborted)."""
@@ -264,6 +282,11 @@ class AsyncLLM:
         return await self.client.call_utility("get_stats")
 
     # ---- output handling ----
+    def start(self) -> None:
+        """Start handling core outputs on the running event loop now (else the first request starts it), so that
+        the engine core's death is noticed even while idle."""
+        self._ensure_output_handler()
+
     def _ensure_output_handler(self) -> None:
         if self._handler is None:
             loop = asyncio.get_running_loop()
@@ -346,6 +369,9 @@ class AsyncLLM:
         self.output_processor.clear()
         if self._handler is not None and self._handler is not asyncio.current_task():
             self._handler.cancel()
+        callbacks, self._dead_callbacks = self._dead_callbacks, []
+        for callback in callbacks:
+            callback()
 
     # ---- shutdown ----
     def shutdown(self) -> None:

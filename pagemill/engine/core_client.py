@@ -177,6 +177,14 @@ class EngineCoreClient:
         self._check_alive()
         self.input.send_multipart([core_proc.ADD, self.encoder.encode(request)], copy=False)
 
+    def add_requests(self, requests: list[EngineCoreRequest]) -> None:
+        """Send several requests (a request's sequences): all are encoded before any is sent, so a request that
+        cannot be encoded reaches the core with none of its parts."""
+        self._check_alive()
+        frames = [self.encoder.encode(r) for r in requests]
+        for frame in frames:
+            self.input.send_multipart([core_proc.ADD, frame], copy=False)
+
     def abort_requests(self, request_ids: list[str]) -> None:
         """Ask the core to abort requests and free their blocks."""
         if request_ids and self.dead_message is None and not self._shutting_down:

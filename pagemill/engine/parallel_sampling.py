@@ -6,7 +6,7 @@ import msgspec
 
 from pagemill.messages import EngineCoreRequest
 from pagemill.outputs import CompletionOutput
-from pagemill.sampling_params import RequestOutputKind, SamplingParams
+from pagemill.sampling_params import RequestOutputKind, SamplingParams, wrap_int64
 
 
 def num_sequences(params: SamplingParams) -> int:
@@ -38,7 +38,7 @@ class ParentRequest:
         logprobs = sp.logprobs if self.n == sp.n or sp.logprobs is not None else 0
         return [msgspec.structs.replace(
             req, request_id=child_id, fork_of=self.child_ids[0] if i else None,
-            sampling_params=sp.clone(n=1, best_of=None, logprobs=logprobs, seed=None if sp.seed is None else sp.seed + i))
+            sampling_params=sp.clone(n=1, best_of=None, logprobs=logprobs, seed=None if sp.seed is None else wrap_int64(sp.seed + i)))
             for i, child_id in enumerate(self.child_ids)]
 
     @property

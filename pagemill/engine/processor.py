@@ -11,7 +11,7 @@ from pagemill.lora.request import LoRARequest
 from pagemill.messages import EngineCoreRequest
 from pagemill.pooling.processor import process_pooling
 from pagemill.pooling_params import PoolingParams
-from pagemill.sampling_params import RequestOutputKind, SamplingParams
+from pagemill.sampling_params import INT64_MAX, INT64_MIN, RequestOutputKind, SamplingParams
 
 PromptType = str | dict | list[int]
 
@@ -94,8 +94,17 @@ class Processor:
             )
         for field_name in ("logprobs", "prompt_logprobs"):
             n = getattr(params, field_name)
+            limit = self.model_config.max_logprobs
+            if n is not None and 0 <= limit < n:
+                raise ValueError(f"{field_name} must be at most {limit} (max_logprobs), got {n}.")
             if n is not None and n > self.vocab_size:
                 raise ValueError(f"{field_name} must be at most the vocabulary size ({self.vocab_size}).")
+        max_n = self.model_config.max_n
+        if max(params.n, params.best_of or 0) > max_n:
+            name = "best_of" if (params.best_of or 0) > params.n else "n"
+            raise ValueError(f"{name} must be at most {max_n} (max_n), got {getattr(params, name)}.")
+        if not INT64_MIN <= priority <= INT64_MAX:
+            raise ValueError(f"priority must fit in a signed 64-bit integer, got {priority}.")
         if max(params.n, params.best_of or 0) > params.n and params.output_kind != RequestOutputKind.FINAL_ONLY:
             raise ValueError("best_of > n cannot be streamed: the best sequences are known only at the end.")
         if params.structured_outputs is not None:

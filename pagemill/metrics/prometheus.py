@@ -77,6 +77,7 @@ class PrometheusStatLogger:
         self.kv_free_blocks = gauge("kv_cache_free_blocks", "KV-cache blocks that can be allocated.")
         self.kv_total_blocks = gauge("kv_cache_total_blocks", "Usable KV-cache blocks.")
         self.kv_accounting = KVCacheGauges(registry, model_name)
+        self.engine_dead = gauge("engine_dead", "1 once the engine core died (the server then exits), else 0.")
         self.counters = {
             "prefix_cache_queries": counter("prefix_cache_queries", "Prefix-cache queries, in tokens."),
             "prefix_cache_hits": counter("prefix_cache_hits", "Prefix-cache hits, in tokens."),
@@ -98,6 +99,17 @@ class PrometheusStatLogger:
         self._last_totals: dict[str, int] = {}
         self.spec_decoding = (SpecDecodingCounters(registry, model_name, num_spec_tokens)
                               if num_spec_tokens is not None else None)
+
+    def set_kv_capacity(self, total_blocks: int) -> None:
+        """The pool's size before the first stats arrive (an idle pool: every block free)."""
+        self.kv_total_blocks.set(total_blocks)
+        self.kv_free_blocks.set(total_blocks)
+
+    def mark_engine_dead(self) -> None:
+        """The engine core died: nothing runs or waits any more, and engine_dead says so."""
+        for g in (self.running, self.waiting, self.swapped, self.kv_usage, self.kv_free_blocks):
+            g.set(0)
+        self.engine_dead.set(1)
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats, now: float) -> None:
         """Account one batch of outputs."""

@@ -23,7 +23,10 @@ from pagemill.engine.async_llm import AsyncLLM
 from pagemill.engine.core_client import EngineDeadError
 from pagemill.entrypoints.chat_utils import ChatRenderer, ChatTemplateError, load_chat_template
 from pagemill.entrypoints.openai.errors import OpenAIError, error_body, from_validation_error
+from pagemill.entrypoints.openai.cors import CORSOptions, add_cors
 from pagemill.entrypoints.openai.lora_modules import LoRAModulePath, runtime_lora_updating_allowed
+from pagemill.entrypoints.openai.openapi_docs import HealthResponse, document_api, error_responses
+from pagemill.entrypoints.openai.prompt_preparer import PromptPreparer
 from pagemill.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                                   EmbeddingRequest, PoolingRequest, RerankRequest, ScoreRequest,
                                                   TokenizeRequest)
@@ -34,6 +37,8 @@ from pagemill.entrypoints.openai.serving_lora import LoRAAdapters, add_lora_rout
 from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
 from pagemill.entrypoints.openai.serving_pooling import OpenAIServingEmbedding, check_generate_model
 from pagemill.entrypoints.openai.serving_score import OpenAIServingScore
+from pagemill.entrypoints.openai.server_lifecycle import GracefulServer
+from pagemill.entrypoints.openai.server_limits import BodySizeLimitMiddleware, ServerLimits
 from pagemill.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagemill.metrics.prometheus import PrometheusStatLogger
 
@@ -102,11 +107,14 @@ def _register_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(EngineDeadError)
     async def engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
-        return JSONResponse(error_body(f"The engine is dead: {exc}", 500), status_code=500)
+        status = getattr(exc, "status", 500)
+        message = str(exc) if status != 500 else f"The engine is dead: {exc}"
+        return JSONResponse(error_body(message, status), status_code=status)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(str(exc.detail), exc.status_code), status_code=exc.status_code)
+        return JSONResponse(error_body(str(exc.detail), exc.status_code), status_code=exc.status_code,
+                            headers=exc.headers)  # e.g. Allow on a 405
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, exc: Exception) -> JSONResponse:
@@ -116,22 +124,27 @@ def _register_error_handlers(app: FastAPI) -> None:
 
 def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[str] | None = None,
               chat_template: str | None = None, shutdown_engine: bool = True,
-              auto_tool_parser: str | None = None, lora_modules: list[LoRAModulePath] | None = None) -> FastAPI:
+              auto_tool_parser: str | None = None, lora_modules: list[LoRAModulePath] | None = None,
+              limits: ServerLimits | None = None, cors: CORSOptions | None = None) -> FastAPI:
     """The FastAPI app serving `engine` (with its own Prometheus registry, so several apps can coexist).
 
     `auto_tool_parser`: the tool-call parser of tool_choice="auto" (--enable-auto-tool-choice --tool-call-parser).
     `lora_modules`: LoRA adapters loaded at start-up (a bad one fails the start-up; the reason is left in
-    app.state.startup_error).
+    app.state.startup_error). `limits`: what one request may cost (body size, request chat templates).
+    `cors`: CORS headers for browsers (None: none).
     """
+    limits = limits or ServerLimits()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        engine.start()  # notice the engine core's death even while idle
         try:
             await lora.load_static(lora_modules or [])
         except ValueError as e:
             app.state.startup_error = str(e)
             raise
         yield
+        prompts.worker.shutdown()
         if shutdown_engine:
             logger.info("Shutting down the engine core.")
             engine.shutdown()
@@ -141,28 +154,36 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
     lora = LoRAAdapters(engine, served_model_names)
     tasks = ("generate",) if mc.pooler_config is None else mc.pooler_config.supported_tasks
     models = OpenAIServingModels(served_model_names, mc.model, mc.max_model_len, lora, mc.runner_type, tasks)
-    renderer = ChatRenderer(engine.get_tokenizer(), chat_template)
-    chat = OpenAIServingChat(engine, models, renderer, auto_tool_parser)
-    completion = OpenAIServingCompletion(engine, models)
-    tokenization = OpenAIServingTokenization(engine.get_tokenizer(), models, renderer)
+    prompts = PromptPreparer(engine.get_tokenizer(), ChatRenderer(engine.get_tokenizer(), chat_template),
+                             mc.max_model_len, limits)
+    chat = OpenAIServingChat(engine, models, prompts, auto_tool_parser)
+    completion = OpenAIServingCompletion(engine, models, prompts)
+    tokenization = OpenAIServingTokenization(engine.get_tokenizer(), models, prompts)
     registry = CollectorRegistry()
     spec = engine.config.speculative_config
     prometheus = PrometheusStatLogger(registry, models.default_name,
                                       spec.num_speculative_tokens if spec is not None else None)
+    kv_cache_config = getattr(engine.client, "kv_cache_config", None)
+    if kv_cache_config is not None:
+        prometheus.set_kv_capacity(kv_cache_config.usable_blocks)
     engine.stat_loggers.append(prometheus)
+    engine.add_dead_callback(prometheus.mark_engine_dead)
     app.state.engine, app.state.registry, app.state.startup_error = engine, registry, None
     _register_error_handlers(app)
     if api_keys:
         app.add_middleware(APIKeyMiddleware, api_keys=api_keys)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=limits.max_request_body_bytes)
+    if cors is not None:
+        add_cors(app, cors)
 
-    @app.get("/health")
+    @app.get("/health", response_model=HealthResponse, responses=error_responses(500))
     async def health() -> Response:
-        """200 while the engine core is alive, 500 once it died."""
+        """`{"status": "ok"}` while the engine core is alive; a 500 error once it died."""
         if not engine.is_running:
             return JSONResponse(error_body(f"The engine is not running: {engine.dead_error}", 500), status_code=500)
-        return Response(status_code=200)
+        return JSONResponse({"status": "ok"})
 
-    @app.get("/ping")
+    @app.get("/ping", response_model=HealthResponse, responses=error_responses(500))
     async def ping() -> Response:
         """Same as /health."""
         return await health()
@@ -196,7 +217,7 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
         check_generate_model(engine, "/v1/chat/completions")
         return await chat.create_chat_completion(request)
 
-    add_pooling_routes(app, engine, models)
+    add_pooling_routes(app, engine, models, prompts)
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> JSONResponse:
@@ -206,24 +227,25 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> Response:
         """Token ids of a prompt or of chat messages."""
-        return json_response(tokenization.tokenize(request))
+        return json_response(await tokenization.tokenize(request))
 
     @app.post("/detokenize")
     async def detokenize(request: DetokenizeRequest) -> Response:
         """Text of token ids."""
-        return json_response(tokenization.detokenize(request))
+        return json_response(await tokenization.detokenize(request))
 
     if runtime_lora_updating_allowed():
         logger.warning("Runtime LoRA updating is allowed: POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
                        "load adapters from any path the server can read.")
         add_lora_routes(app, lora)
+    document_api(app, OPEN_PATHS)
     return app
 
 
-def add_pooling_routes(app: FastAPI, engine: AsyncLLM, models: OpenAIServingModels) -> None:
+def add_pooling_routes(app: FastAPI, engine: AsyncLLM, models: OpenAIServingModels, prompts: PromptPreparer) -> None:
     """/v1/embeddings, /pooling, /score and /rerank (a 400 on a model that generates text)."""
-    embedding = OpenAIServingEmbedding(engine, models)
-    scoring = OpenAIServingScore(engine, models)
+    embedding = OpenAIServingEmbedding(engine, models, prompts)
+    scoring = OpenAIServingScore(engine, models, prompts)
 
     @app.post("/v1/embeddings")
     @with_cancellation
@@ -272,12 +294,13 @@ def run_server(args: argparse.Namespace) -> None:
     check_lora_modules(lora_modules, names, engine_args.enable_lora)
     engine = AsyncLLM.from_engine_args(engine_args)
     try:
+        limits = ServerLimits.from_args(args)
         app = build_app(engine, names, args.api_key, chat_template, auto_tool_parser=auto_tool_parser,
-                        lora_modules=lora_modules)
+                        lora_modules=lora_modules, limits=limits, cors=CORSOptions.from_args(args))
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                                access_log=not args.disable_uvicorn_access_log, timeout_graceful_shutdown=5)
+                                access_log=not args.disable_uvicorn_access_log)
         logger.info("Serving %s on http://%s:%d", ", ".join(names), args.host, args.port)
-        server = uvicorn.Server(config)
+        server = GracefulServer(config, engine, limits.shutdown_timeout_s)
         try:
             server.run()
         except SystemExit:  # uvicorn's exit on a failed start-up (lifespan or bind): said below, in one line
@@ -289,3 +312,6 @@ def run_server(args: argparse.Namespace) -> None:
         raise SystemExit(f"pagemill serve: {app.state.startup_error}")
     if not server.started:
         raise SystemExit(f"pagemill serve: the HTTP server could not start on {args.host}:{args.port}.")
+    if server.exit_code:
+        raise SystemExit(f"pagemill serve: the engine core died ({engine.dead_error}); exiting with code "
+                         f"{server.exit_code} so that a supervisor can restart the server.")

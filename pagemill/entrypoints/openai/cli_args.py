@@ -11,7 +11,9 @@ import typing
 from pagemill.config import EngineArgs
 from pagemill.entrypoints.chat_utils import BUILTIN_TEMPLATES
 from pagemill.entrypoints.json_flags import config_flag
+from pagemill.entrypoints.openai.cors import add_cors_args
 from pagemill.entrypoints.openai.lora_modules import LoRAModulesAction
+from pagemill.entrypoints.openai.server_limits import add_limit_args
 from pagemill.entrypoints.openai.tool_parsers import tool_parser_names
 from pagemill.loader.default_model import DEFAULT_MODEL_NAME
 
@@ -23,6 +25,8 @@ _ENGINE_HELP = {
     "max_num_seqs": "Most sequences in one batch.",
     "max_num_batched_tokens": "Token budget of one engine step.",
     "block_size": "Tokens per KV-cache block.",
+    "max_logprobs": "Most logprobs / top_logprobs / prompt_logprobs a request may ask for (-1: no limit).",
+    "max_n": "Most sequences one request may ask for (n, best_of; None: max_num_seqs).",
     "kv_cache_memory": "KV-cache memory, e.g. 2GiB or 512MiB (None: 2 GiB or a quarter of free memory).",
     "enable_prefix_caching": "Reuse the KV blocks of shared prompt prefixes.",
     "prefix_caching_hash_algo": "Block hash: builtin or sha256.",
@@ -138,6 +142,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="LoRA adapters served from start-up (needs --enable-lora): name=path or JSON "
                              "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; clients select one by "
                              "its name in `model`.")
+    add_limit_args(server)
+    add_cors_args(server)
     server.add_argument("--uvicorn-log-level", default="info",
                         choices=["debug", "info", "warning", "error", "critical", "trace"])
     server.add_argument("--disable-uvicorn-access-log", action="store_true", help="Do not log every request.")

@@ -10,7 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-               500: "InternalServerError", 503: "ServiceUnavailableError"}
+               405: "MethodNotAllowedError", 413: "RequestTooLargeError", 500: "InternalServerError",
+               503: "ServiceUnavailableError"}
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
 

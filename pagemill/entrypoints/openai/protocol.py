@@ -10,13 +10,59 @@ import json
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pagemill.entrypoints.openai.errors import OpenAIError
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def find_unusable_value(body: Any) -> tuple[str, str] | None:
+    """(field path, problem) of the first value in a parsed JSON body that nothing downstream can take: a string
+    with a lone UTF-16 surrogate (no UTF-8 form) or an integer outside the signed 64-bit range; else None."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    return path, "contains a lone surrogate (\\ud800-\\udfff), which is not valid Unicode text"
+        elif isinstance(value, bool):
+            continue
+        elif isinstance(value, int):
+            if not INT64_MIN <= value <= INT64_MAX:
+                return path, "is outside the signed 64-bit integer range"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                child = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and not key.isascii():
+                    try:
+                        key.encode("utf-8")
+                    except UnicodeEncodeError:
+                        return path or None, "has a key with a lone surrogate, which is not valid Unicode text"
+                stack.append((child, item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}" if path else str(i), item) for i, item in enumerate(value))
+    return None
 
 
 class OpenAIBaseModel(BaseModel):
-    """Base of all request models: unknown fields are errors."""
+    """Base of all request models: unknown fields are errors, floats must be finite, strings valid Unicode and
+    integers 64-bit."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_values(cls, data: Any) -> Any:
+        """400 naming the field for a value no later stage can encode (a nested model re-checks its own part)."""
+        found = find_unusable_value(data)
+        if found is not None:
+            path, problem = found
+            raise OpenAIError(f"{path or 'The request'} {problem}.", 400, path or None)
+        return data
 
 
 class ResponseModel(BaseModel):
@@ -130,7 +176,7 @@ class SamplingRequest(OpenAIBaseModel):
     user: str | None = None
     logit_bias: dict[str, float] | None = None
     # vLLM extra parameters
-    top_k: int | None = None
+    top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = None
     repetition_penalty: float | None = None
     ignore_eos: bool = False
@@ -298,7 +344,7 @@ class ChatCompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0)
     tools: list[ChatCompletionToolsParam] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None

@@ -13,9 +13,9 @@ from fastapi.responses import Response, StreamingResponse
 
 from pagemill.engine.async_llm import AsyncLLM, RequestOutputCollector
 from pagemill.engine.core_client import EngineDeadError
-from pagemill.entrypoints.chat_utils import ChatRenderer
 from pagemill.entrypoints.openai.errors import OpenAIError
 from pagemill.entrypoints.openai.logprobs import chat_logprobs
+from pagemill.entrypoints.openai.prompt_preparer import PromptPreparer
 from pagemill.entrypoints.openai.protocol import (AssistantMessage, ChatCompletionRequest, ChatCompletionResponse,
                                                   ChatCompletionResponseChoice, ChatCompletionStreamChoice,
                                                   ChatCompletionStreamResponse, DeltaFunctionCall, DeltaMessage,
@@ -48,11 +48,11 @@ def delta_tool_call(d: ToolCallDelta) -> DeltaToolCall:
 class OpenAIServingChat(OpenAIServing):
     """Handles chat completions."""
 
-    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, renderer: ChatRenderer,
+    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, prompts: PromptPreparer,
                  auto_tool_parser: str | None = None) -> None:
         """`auto_tool_parser`: the --tool-call-parser of tool_choice="auto" (None: auto tool choice is off)."""
-        super().__init__(engine, models)
-        self.renderer = renderer
+        super().__init__(engine, models, prompts)
+        self.renderer = prompts.renderer
         if auto_tool_parser is not None:
             get_tool_parser(auto_tool_parser)  # fail at start-up, not per request
         self.auto_tool_parser = auto_tool_parser
@@ -81,13 +81,15 @@ class OpenAIServingChat(OpenAIServing):
         model = self.models.resolve(request.model)
         lora_request = self.models.lora_request(model)
         self.check_unsupported(request)
+        self.check_limits(request, request.top_logprobs if request.logprobs else None, "top_logprobs")
+        self.prompts.check_request_template(request.chat_template)
         plan = plan_tools(request, self.auto_tool_parser)
         constraint = output_constraint(request, plan.constraint)
         if plan.tools:
             self._warn_if_template_ignores_tools(request)
-        prompt_ids = self.renderer.render(self._conversation(request), request.chat_template,
-                                          request.add_generation_prompt, request.continue_final_message,
-                                          request.chat_template_kwargs, plan.tools)
+        prompt_ids = await self.prompts.render(self._conversation(request), request.chat_template,
+                                               request.add_generation_prompt, request.continue_final_message,
+                                               request.chat_template_kwargs, plan.tools)
         max_tokens = request.max_completion_tokens or request.max_tokens
         self.check_length(len(prompt_ids), max_tokens, "messages",
                           "max_completion_tokens" if request.max_completion_tokens else "max_tokens")
@@ -189,7 +191,7 @@ class OpenAIServingChat(OpenAIServing):
                                                        created=created, model=model, choices=[],
                                                        usage=usage()).model_dump_json(exclude_unset=True))
         except EngineDeadError as e:
-            yield sse_error(str(e), 500)
+            yield sse_error(str(e), getattr(e, "status", 500))
         except ValueError as e:
             yield sse(json.dumps(self.request_error(e, request, "messages", constraint).body()))
         yield SSE_DONE

@@ -33,8 +33,8 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.best_of is not None and request.best_of != request.n:
             raise OpenAIError("best_of other than n is not supported by this server.", 400, "best_of")
 
-    def _prompts(self, request: CompletionRequest) -> list[Prompt]:
-        """The prompts of the request, tokenized and length-checked."""
+    async def _prompts(self, request: CompletionRequest) -> list[Prompt]:
+        """The prompts of the request, tokenized (off the event loop) and length-checked."""
         p = request.prompt
         if isinstance(p, str):
             items: list = [p]
@@ -47,8 +47,7 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts = []
         for item in items:
             if isinstance(item, str):
-                ids = self.tokenizer.encode(item, add_special_tokens=request.add_special_tokens) if item else []
-                prompts.append((item, ids))
+                prompts.append((item, await self.prompts.encode(item, request.add_special_tokens, "prompt")))
             else:
                 prompts.append((None, list(item)))
             self.check_length(len(prompts[-1][1]), request.max_tokens, "prompt")
@@ -59,8 +58,9 @@ class OpenAIServingCompletion(OpenAIServing):
         model = self.models.resolve(request.model)
         lora_request = self.models.lora_request(model)
         self._check_request(request)
+        self.check_limits(request, request.logprobs, "logprobs")
         constraint = output_constraint(request)
-        prompts = self._prompts(request)
+        prompts = await self._prompts(request)
         params = self.sampling_params(request, request.max_tokens, request.logprobs, request.stream,
                                       constraint=constraint)
         base_id = random_id("cmpl")
@@ -131,7 +131,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 yield sse(CompletionResponse(id=request_id, object="text_completion", created=created, model=model,
                                              choices=[], usage=usage).model_dump_json(exclude_unset=True))
         except EngineDeadError as e:
-            yield sse_error(str(e), 500)
+            yield sse_error(str(e), getattr(e, "status", 500))
         except ValueError as e:
             yield sse(json.dumps(self.request_error(e, request, "prompt", constraint).body()))
         yield SSE_DONE

@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from pagemill.entrypoints.openai.errors import OpenAIError, error_body, from_value_error
+from pagemill.entrypoints.openai.prompt_preparer import PromptPreparer
 from pagemill.entrypoints.openai.protocol import SamplingRequest
 from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
 from pagemill.entrypoints.openai.structured_outputs import OutputConstraint
@@ -98,9 +99,10 @@ class OpenAIServing:
 
     request_fields: frozenset[str] = frozenset()
 
-    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels) -> None:
+    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, prompts: PromptPreparer) -> None:
         self.engine = engine
         self.models = models
+        self.prompts = prompts
         self.tokenizer = engine.get_tokenizer()
         self.max_model_len = engine.model_config.max_model_len
 
@@ -130,6 +132,18 @@ class OpenAIServing:
         if request.priority != 0 and self.engine.config.scheduler_config.policy != "priority":
             raise OpenAIError("priority needs the server to run with --scheduling-policy priority.", 400,
                               "priority")
+
+    def check_limits(self, request: SamplingRequest, num_logprobs: int | None, logprobs_param: str) -> None:
+        """400 for more sequences (n, best_of) or logprobs than the server allows (--max-n, --max-logprobs)."""
+        mc = self.engine.model_config
+        best_of = getattr(request, "best_of", None) or 0
+        if max(request.n, best_of) > mc.max_n:
+            name = "best_of" if best_of > request.n else "n"
+            raise OpenAIError(f"{name} must be at most {mc.max_n} (--max-n), got {getattr(request, name)}.", 400,
+                              name)
+        if num_logprobs is not None and 0 <= mc.max_logprobs < num_logprobs:
+            raise OpenAIError(f"{logprobs_param} must be at most {mc.max_logprobs} (--max-logprobs), got "
+                              f"{num_logprobs}.", 400, logprobs_param)
 
     def sampling_params(self, request: SamplingRequest, max_tokens: int | None, logprobs: int | None,
                         stream: bool, field_aliases: dict[str, str] | None = None,

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from pagemill.engine.async_llm import AsyncLLM
 from pagemill.entrypoints.openai.errors import OpenAIError, from_value_error
+from pagemill.entrypoints.openai.prompt_preparer import PromptPreparer
 from pagemill.entrypoints.openai.protocol import (EmbeddingRequest, EmbeddingResponse, EmbeddingResponseData,
                                                   PoolingInputRequest, PoolingRequest, PoolingResponse,
                                                   PoolingResponseData, UsageInfo)
@@ -40,9 +41,10 @@ def encode_vector(output: PoolingOutput, encoding_format: str) -> list[float] | 
 class OpenAIServingPooling:
     """Base of the pooling endpoints: runner and task checks, PoolingParams, inputs, running the requests."""
 
-    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels) -> None:
+    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, prompts: PromptPreparer) -> None:
         self.engine = engine
         self.models = models
+        self.prompts = prompts
         self.tokenizer = engine.get_tokenizer()
         self.pooler_config = engine.model_config.pooler_config
         self.max_model_len = engine.model_config.max_model_len
@@ -83,6 +85,11 @@ class OpenAIServingPooling:
                 raise OpenAIError(f"{param} must not contain an empty string or an empty token list.", 400, param)
         return [item if isinstance(item, str) else {"prompt_token_ids": list(item)} for item in items]
 
+    def _tokenized(self, prompts: list[Any]) -> list[Any]:
+        """Text prompts with their token ids (run in a worker thread: the engine then tokenizes nothing)."""
+        return [{"prompt": p, "prompt_token_ids": self.tokenizer.encode(p)} if isinstance(p, str) and p else p
+                for p in prompts]
+
     async def run(self, prompts: list[Any], params: PoolingParams, request: BaseModel, prefix: str,
                   default_param: str) -> list[PoolingRequestOutput]:
         """Pool every prompt (one engine request each, sharing engine steps); outputs in prompt order. A request
@@ -92,6 +99,7 @@ class OpenAIServingPooling:
         ids = [f"{base}-{i}" for i in range(len(prompts))]
         collectors = []
         priority = getattr(request, "priority", 0)
+        prompts = await self.prompts.worker.run(self._tokenized, prompts)
         try:
             for rid, prompt in zip(ids, prompts):
                 collectors.append(self.engine.add_request(rid, prompt, params, priority=priority))

@@ -67,7 +67,8 @@ class OpenAIServingScore(OpenAIServingPooling):
                 truncate_to = truncation_length(params, self.max_model_len)
             except ValueError as e:
                 raise from_value_error(e, type(request).model_fields) from e
-            prompts: list[Any] = [cross_encoder_prompt(self.tokenizer, a, b, truncate_to) for a, b in pairs]
+            prompts: list[Any] = await self.prompts.worker.run(
+                lambda: [cross_encoder_prompt(self.tokenizer, a, b, truncate_to) for a, b in pairs])
             outs = await self.run(prompts, params, request, "score", default_param)
             try:
                 scores = [classifier_score(o.outputs) for o in outs]

@@ -1,0 +1,72 @@
+"""Prompt text and chat conversations to token ids for the endpoints, off the event loop and within the limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagemill.entrypoints.chat_utils import ChatRenderer, Conversation, Tools
+from pagemill.entrypoints.openai.errors import OpenAIError
+from pagemill.entrypoints.openai.prompt_worker import PromptWorker, TimeLimitExceeded
+from pagemill.entrypoints.openai.server_limits import ServerLimits
+
+# Tokens beyond max_model_len that a text prefix must reach before the whole text is declared too long (the last
+# word of a cut text may tokenize differently than in the whole).
+_PREFIX_MARGIN_TOKENS = 64
+
+
+class PromptPreparer:
+    """Tokenizes prompts and renders chat templates in worker threads; a text far beyond the context is rejected
+    from a prefix, a request's own chat template only with --trust-request-chat-template, and any rendering is
+    stopped after the limit."""
+
+    def __init__(self, tokenizer: Any, renderer: ChatRenderer, max_model_len: int, limits: ServerLimits,
+                 worker: PromptWorker | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.renderer = renderer
+        self.max_model_len = max_model_len
+        self.limits = limits
+        self.worker = worker or PromptWorker()
+        # No token is longer than this many characters: a text of more than (max_model_len + margin) times as many
+        # characters is checked on a prefix of that length first.
+        longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
+        self.prefix_chars = (max_model_len + _PREFIX_MARGIN_TOKENS) * max(longest, 1)
+
+    def _encode(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        if len(text) > self.prefix_chars:
+            head = self.tokenizer.encode(text[:self.prefix_chars], add_special_tokens=add_special_tokens)
+            if len(head) >= self.max_model_len + _PREFIX_MARGIN_TOKENS:
+                raise OpenAIError(
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, your {param} "
+                    f"is longer than that: its first {self.prefix_chars} characters alone are {len(head)} tokens. "
+                    f"Please reduce the length of the {param}.", 400, param)
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    async def encode(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        """Token ids of a prompt text (in a worker thread); a 400 naming `param` for a text far over the context."""
+        if not text:
+            return []
+        return await self.worker.run(self._encode, text, add_special_tokens, param)
+
+    def check_request_template(self, chat_template: str | None) -> None:
+        """400 for a request's own chat template unless the server trusts them."""
+        if chat_template is not None and not self.limits.trust_request_chat_template:
+            raise OpenAIError("chat_template in a request is refused by this server (start it with "
+                              "--trust-request-chat-template to allow request chat templates).", 400,
+                              "chat_template")
+
+    async def render(self, conversation: Conversation, chat_template: str | None = None,
+                     add_generation_prompt: bool = True, continue_final_message: bool = False,
+                     chat_template_kwargs: dict[str, Any] | None = None, tools: Tools | None = None) -> list[int]:
+        """Token ids of a rendered conversation, rendered in a thread of its own and stopped (a 400) after the
+        time limit."""
+        self.check_request_template(chat_template)
+        try:
+            text = await self.worker.run_limited(
+                self.limits.chat_template_timeout_s, self.renderer.render_text, conversation, chat_template,
+                add_generation_prompt, continue_final_message, chat_template_kwargs, tools)
+        except TimeLimitExceeded:
+            param = "chat_template" if chat_template is not None else "messages"
+            raise OpenAIError(f"The chat template did not render the messages within "
+                              f"{self.limits.chat_template_timeout_s:g} s (--chat-template-timeout).", 400,
+                              param) from None
+        return await self.worker.run(self._encode, text, False, "messages")  # the template has the special tokens
