@@ -203,14 +203,16 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
         """The served model names."""
         return json_response(models.list_models())
 
-    @app.post("/v1/completions")
+    generates = mc.pooler_config is None  # the other runner's endpoints answer a 400 and are left out of the docs
+
+    @app.post("/v1/completions", include_in_schema=generates)
     @with_cancellation
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
         """OpenAI legacy completions."""
         check_generate_model(engine, "/v1/completions")
         return await completion.create_completion(request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", include_in_schema=generates)
     @with_cancellation
     async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
         """OpenAI chat completions."""
@@ -246,29 +248,30 @@ def add_pooling_routes(app: FastAPI, engine: AsyncLLM, models: OpenAIServingMode
     """/v1/embeddings, /pooling, /score and /rerank (a 400 on a model that generates text)."""
     embedding = OpenAIServingEmbedding(engine, models, prompts)
     scoring = OpenAIServingScore(engine, models, prompts)
+    pools = engine.model_config.pooler_config is not None  # else left out of the docs (they answer a 400)
 
-    @app.post("/v1/embeddings")
+    @app.post("/v1/embeddings", include_in_schema=pools)
     @with_cancellation
     async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> Response:
         """OpenAI embeddings."""
         return await embedding.create_embedding(request)
 
-    @app.post("/pooling")
+    @app.post("/pooling", include_in_schema=pools)
     @with_cancellation
     async def create_pooling(request: PoolingRequest, raw_request: Request) -> Response:
         """The pooler's output of each input (vLLM)."""
         return await embedding.create_pooling(request)
 
-    @app.post("/score")
-    @app.post("/v1/score")
+    @app.post("/score", include_in_schema=pools)
+    @app.post("/v1/score", include_in_schema=pools)
     @with_cancellation
     async def create_score(request: ScoreRequest, raw_request: Request) -> Response:
         """Scores of text pairs (vLLM)."""
         return await scoring.create_score(request)
 
-    @app.post("/rerank")
-    @app.post("/v1/rerank")
-    @app.post("/v2/rerank")
+    @app.post("/rerank", include_in_schema=pools)
+    @app.post("/v1/rerank", include_in_schema=pools)
+    @app.post("/v2/rerank", include_in_schema=pools)
     @with_cancellation
     async def rerank(request: RerankRequest, raw_request: Request) -> Response:
         """Documents ranked by relevance to a query (Jina / Cohere style, as vLLM)."""

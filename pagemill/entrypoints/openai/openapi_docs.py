@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from pagemill.entrypoints.openai.protocol import ErrorResponse
+from pagemill.entrypoints.openai.protocol import INT64_MAX, INT64_MIN, ErrorResponse
 
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 _DESCRIPTIONS = {400: "Bad request: the error's `param` names the field at fault.",
@@ -40,6 +40,20 @@ def _error(code: int) -> dict[str, Any]:
     return {"description": _DESCRIPTIONS[code], "content": {"application/json": {"schema": _ERROR_REF}}}
 
 
+def _bound_integers(node: Any) -> None:
+    """Every integer in the document is a signed 64-bit one (larger values are refused with a 400)."""
+    if isinstance(node, dict):
+        if node.get("type") == "integer":
+            node.setdefault("format", "int64")
+            node["minimum"] = max(node.get("minimum", INT64_MIN), INT64_MIN)
+            node["maximum"] = min(node.get("maximum", INT64_MAX), INT64_MAX)
+        for value in node.values():
+            _bound_integers(value)
+    elif isinstance(node, list):
+        for value in node:
+            _bound_integers(value)
+
+
 def truthful_openapi(app: FastAPI, open_paths: frozenset[str]) -> dict[str, Any]:
     """FastAPI's document with the responses this server really sends (`open_paths`: no API key needed)."""
     spec = get_openapi(title=app.title, version=app.version, routes=app.routes, description=app.description)
@@ -49,6 +63,7 @@ def truthful_openapi(app: FastAPI, open_paths: frozenset[str]) -> dict[str, Any]
     schemas["ErrorResponse"] = error_schema
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
+    _bound_integers(schemas)
     for path, operations in spec.get("paths", {}).items():
         for method, op in operations.items():
             responses = op.setdefault("responses", {})

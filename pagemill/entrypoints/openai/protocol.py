@@ -49,10 +49,11 @@ def find_unusable_value(body: Any) -> tuple[str, str] | None:
 
 
 class OpenAIBaseModel(BaseModel):
-    """Base of all request models: unknown fields are errors, floats must be finite, strings valid Unicode and
-    integers 64-bit."""
+    """Base of all request models: unknown fields are errors, values must have the documented JSON type (strict:
+    no "true" for a boolean, no 1.0 for an integer), floats must be finite, strings valid Unicode and integers
+    64-bit."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -148,7 +149,7 @@ class StructuredOutputsRequest(OpenAIBaseModel):
 
     json_: str | dict[str, Any] | None = Field(default=None, alias="json")
     regex: str | None = None
-    choice: list[str] | None = None
+    choice: list[str] | None = Field(default=None, min_length=1)
     grammar: str | None = None
     json_object: bool | None = None
     structural_tag: str | None = None
@@ -194,7 +195,7 @@ class SamplingRequest(OpenAIBaseModel):
     structured_outputs: StructuredOutputsRequest | None = None
     guided_json: str | dict[str, Any] | None = None
     guided_regex: str | None = None
-    guided_choice: list[str] | None = None
+    guided_choice: list[str] | None = Field(default=None, min_length=1)
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
     guided_whitespace_pattern: str | None = None
@@ -470,7 +471,7 @@ class TokenizeRequest(OpenAIBaseModel):
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     tools: list[ChatCompletionToolsParam] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True

@@ -1,0 +1,21 @@
+"""Schemathesis hooks for the fuzz test: generated generation requests are capped so that each costs milliseconds
+(the limits themselves are tested in test_hostile_requests.py)."""
+
+import schemathesis
+
+CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "n": 2, "best_of": 2, "min_tokens": 0}
+GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions")
+
+
+@schemathesis.hook
+def map_body(ctx, body):
+    """Cap the fields that multiply a request's work (a missing max_tokens means the whole context)."""
+    if isinstance(body, dict):
+        if ctx.operation.path in GENERATE_PATHS and body.get("max_tokens") is None \
+                and body.get("max_completion_tokens") is None:
+            body["max_tokens"] = CAPS["max_tokens"]
+        for key, cap in CAPS.items():
+            value = body.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+                body[key] = cap
+    return body
