@@ -69,7 +69,6 @@ def test_no_constraint():
     ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_regex,guided_choice"),
     ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
     ({"structured_outputs": {}}, "structured_outputs"),
-    ({"structured_outputs": {"choice": []}}, "structured_outputs"),
     ({"structured_outputs": {"json": "{not json"}}, "structured_outputs"),
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema.schema"),
@@ -83,6 +82,8 @@ def test_constraint_errors_name_the_fields(fields, param):
 
 @pytest.mark.parametrize("fields,loc", [
     ({"structured_outputs": {"regex": 5}}, "regex"),
+    ({"structured_outputs": {"choice": []}}, "choice"),
+    ({"guided_choice": []}, "guided_choice"),
     ({"structured_outputs": {"backend": "xgrammar"}}, "backend"),
     ({"response_format": {"type": "yaml"}}, "type"),
     ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "name"),
