@@ -35,6 +35,7 @@ from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
 from pagemill.entrypoints.openai.serving_pooling import OpenAIServingEmbedding, check_generate_model
 from pagemill.entrypoints.openai.serving_score import OpenAIServingScore
 from pagemill.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from pagemill.metrics.per_engine import PerEngineStatLogger
 from pagemill.metrics.prometheus import PrometheusStatLogger
 
 logger = logging.getLogger("pagemill.entrypoints.openai.api_server")
@@ -147,8 +148,13 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
     tokenization = OpenAIServingTokenization(engine.get_tokenizer(), models, renderer)
     registry = CollectorRegistry()
     spec = engine.config.speculative_config
-    prometheus = PrometheusStatLogger(registry, models.default_name,
-                                      spec.num_speculative_tokens if spec is not None else None)
+    num_spec = spec.num_speculative_tokens if spec is not None else None
+    n = engine.num_engines
+    # With data parallelism every series carries the `engine` label (vLLM's); the total is their sum.
+    prometheus: PrometheusStatLogger | PerEngineStatLogger = (
+        PrometheusStatLogger(registry, models.default_name, num_spec) if n == 1 else
+        PerEngineStatLogger([PrometheusStatLogger(registry, models.default_name, num_spec, engine_index=i)
+                             for i in range(n)]))
     engine.stat_loggers.append(prometheus)
     app.state.engine, app.state.registry, app.state.startup_error = engine, registry, None
     _register_error_handlers(app)
