@@ -22,6 +22,9 @@ class LLMEngine:
     """Adds requests and steps the engine; each step returns the outputs it completed."""
 
     def __init__(self, config: EngineConfig) -> None:
+        if config.data_parallel_config.data_parallel_size > 1:
+            raise ValueError("data_parallel_size > 1 needs engine core processes: use `pagemill serve -dp N` or "
+                             "AsyncLLM; LLM and LLMEngine step one in-process engine core.")
         self.config = config
         mc = config.model_config
         self.tokenizer = load_tokenizer(mc.tokenizer, mc.gguf_file, mc.hf_config)
