@@ -102,6 +102,27 @@ def test_greedy_output_equals_single_process(dp2, loop, tiny_llama):
     assert all(n > 0 for n in prompt_tokens) and sum(prompt_tokens) == sum(map(len, prompts))
 
 
+def test_offline_llm_with_data_parallel_size(tiny_llama):
+    """LLM(data_parallel_size=2): the same greedy tokens as LLM(), computed by two engine core processes."""
+    from pagemill import LLM
+
+    rng = random.Random(5)
+    prompts = [{"prompt_token_ids": _tokens(rng, n)} for n in (7, 30, 12, 50)]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    expected = LLM(tiny_llama, kv_cache_memory="16MiB", max_model_len=MAX_MODEL_LEN).generate(prompts, params,
+                                                                                           use_tqdm=False)
+    llm = LLM(tiny_llama, kv_cache_memory="16MiB", max_model_len=MAX_MODEL_LEN, data_parallel_size=2)
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        stats = llm.get_stats()
+        engines = llm.llm_engine.engine_core.client.last_stats
+    finally:
+        llm.llm_engine.shutdown()
+    assert [o.outputs[0].token_ids for o in outs] == [e.outputs[0].token_ids for e in expected]
+    assert stats.num_generation_tokens == 40 and stats.num_prompt_tokens == 99
+    assert all(s is not None and s.num_generation_tokens > 0 for s in engines)  # both engines decoded
+
+
 def test_abort_reaches_the_engine_that_runs_the_request(dp2, loop):
     rng = random.Random(1)
     params = SamplingParams(temperature=0, max_tokens=MAX_MODEL_LEN - 16, ignore_eos=True)

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.entrypoints.conftest import RemoteServer, child_pids, parse_metrics
+from tests.entrypoints.conftest import RemoteServer, child_pids
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "Water boils at",
            "The quick brown fox", "import numpy as np", "Dear Sir or Madam,", "In 1492,"]
