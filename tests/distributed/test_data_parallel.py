@@ -170,6 +170,25 @@ def test_reset_prefix_cache_fans_out_to_every_engine(dp2, loop):
     assert hits_of_wave("reset") == [0, 0]  # both caches were dropped, not only the first engine's
 
 
+def test_n_siblings_share_one_engine(dp2, loop):
+    """n > 1: the siblings fork the first one's prompt blocks, so they must land on its engine."""
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=6, ignore_eos=True)
+    rng = random.Random(6)
+
+    async def run() -> tuple[dict[str, int], RequestOutput]:
+        collectors = [dp2.add_request(f"fan-{i}", {"prompt_token_ids": _tokens(rng, 40)}, params) for i in range(2)]
+        routes = dict(dp2.client.engine_of)
+        outs = await asyncio.gather(*(_drain(c) for c in collectors))
+        return routes, outs
+
+    routes, outs = loop.run(run())
+    assert len(routes) == 6
+    for out in outs:
+        engines = {i for sid, i in routes.items() if sid.endswith(out.request_id)}
+        assert len(engines) == 1, routes
+        assert len(out.outputs) == 3 and all(len(c.token_ids) == 6 for c in out.outputs)
+
+
 def _shared_prefix_hits(engine: AsyncLLM, loop: LoopThread) -> tuple[int, int]:
     """4 prefixes of 4 blocks, 4 waves of one request per prefix in shuffled order: (hits, queries) in tokens."""
     rng = random.Random(3)
