@@ -115,20 +115,17 @@ class DPEngineCoreClient:
         except BaseException:
             self.shutdown()
             raise
-        first = self.engines[0].info
         cache = self.engines[0].kv_cache_config
-        if isinstance(self.config, EngineConfig):
-            cc = self.config.cache_config
-            block_size, algo, prefix_caching = cc.block_size, cc.prefix_caching_hash_algo, cc.enable_prefix_caching
-        else:
-            block_size, algo = self.config.block_size, self.config.prefix_caching_hash_algo
-            prefix_caching = self.config.enable_prefix_caching
         assert cache is not None
-        self.router = DPRouter(self.dp, block_size, algo, prefix_caching,
+        c = self.config
+        algo, prefix_caching = (
+            (c.cache_config.prefix_caching_hash_algo, c.cache_config.enable_prefix_caching)
+            if isinstance(c, EngineConfig) else (c.prefix_caching_hash_algo, c.enable_prefix_caching))
+        self.router = DPRouter(self.dp, cache.block_size, algo, prefix_caching,
                                [e.kv_cache_config.usable_blocks for e in self.engines])  # type: ignore[union-attr]
         logger.info("Data parallel: %d engine cores (pids %s) on cores %s, routing %s.", self.num_engines,
                     ", ".join(str(e.pid) for e in self.engines), self.cpus, self.dp.routing)
-        return first
+        return self.engines[0].info
 
     @property
     def info(self) -> dict[str, Any]:

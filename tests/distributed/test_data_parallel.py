@@ -102,6 +102,15 @@ def test_greedy_output_equals_single_process(dp2, loop, tiny_llama):
     assert all(n > 0 for n in prompt_tokens) and sum(prompt_tokens) == sum(map(len, prompts))
 
 
+def test_engines_are_pinned_to_their_share_of_the_cores(dp2):
+    cpus = sorted(os.sched_getaffinity(0))
+    shares = [sorted(os.sched_getaffinity(pid)) for pid in dp2.client.pids]
+    if len(cpus) >= 2:  # disjoint halves
+        assert shares == [cpus[:len(cpus) // 2], cpus[len(cpus) // 2:2 * (len(cpus) // 2)]]
+    else:
+        assert shares == [cpus, cpus]
+
+
 def test_offline_llm_with_data_parallel_size(tiny_llama):
     """LLM(data_parallel_size=2): the same greedy tokens as LLM(), computed by two engine core processes."""
     from pagemill import LLM
