@@ -102,3 +102,21 @@ def test_data_parallel_config_errors_name_the_field():
         DataParallelConfig(2, "random")
     with pytest.raises(ValueError, match="dp_imbalance_threshold"):
         DataParallelConfig(2, "least-loaded", -1)
+
+
+def test_serve_flags():
+    import argparse
+
+    import pytest
+
+    from pagemill.entrypoints.openai.cli_args import add_serve_args, engine_args_from_namespace
+
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    args = engine_args_from_namespace(parser.parse_args(["-dp", "2", "--dp-routing", "least-loaded",
+                                                         "--dp-imbalance-threshold", "4"]))
+    assert (args.data_parallel_size, args.dp_routing, args.dp_imbalance_threshold) == (2, "least-loaded", 4)
+    default = engine_args_from_namespace(parser.parse_args([]))
+    assert (default.data_parallel_size, default.dp_routing) == (1, "prefix-affinity")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--dp-routing", "random"])
