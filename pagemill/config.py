@@ -281,6 +281,33 @@ class LoRAConfig:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras}).")
 
 
+DP_ROUTING_POLICIES = ("prefix-affinity", "least-loaded")
+
+
+@dataclass
+class DataParallelConfig:
+    """Data parallelism: N engine cores, each with its own scheduler and KV cache, behind one front end."""
+
+    data_parallel_size: int = 1
+    routing: str = "prefix-affinity"  # dp_routing: least-loaded | prefix-affinity (pagemill/engine/dp_router.py)
+    # prefix-affinity: the engine holding a request's prefix gets it unless its load score (waiting x 4 + running)
+    # exceeds the least-loaded engine's by more than this.
+    imbalance_threshold: int = 16
+
+    def __post_init__(self) -> None:
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}.")
+        if self.routing not in DP_ROUTING_POLICIES:
+            raise ValueError(f"dp_routing must be one of {', '.join(DP_ROUTING_POLICIES)}, got {self.routing!r}.")
+        if self.imbalance_threshold < 0:
+            raise ValueError(f"dp_imbalance_threshold must be >= 0, got {self.imbalance_threshold}.")
+
+    @classmethod
+    def from_args(cls, args: EngineArgs) -> DataParallelConfig:
+        """The data-parallel part of the user's arguments (validated)."""
+        return cls(args.data_parallel_size, args.dp_routing, args.dp_imbalance_threshold)
+
+
 @dataclass
 class EngineConfig:
     """All the configuration of one engine."""
@@ -297,6 +324,7 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None
     lora_config: LoRAConfig | None = None  # None: LoRA disabled
     batch_invariant: bool = False  # fixed reduction orders: a request's logits do not depend on the batch
+    data_parallel_config: DataParallelConfig = field(default_factory=DataParallelConfig)
 
 
 @dataclass
@@ -348,6 +376,9 @@ class EngineArgs:
     runner: str = "auto"  # generate | pooling (auto: pooling for embedding / cross-encoder architectures such as BERT)
     task: str | None = None  # vLLM's older spelling of runner: embed / classify / score -> pooling, generate
     pooler_config: dict[str, Any] | str | None = None  # pooling: {"pooling_type": CLS|MEAN|LAST, "normalize": bool}
+    data_parallel_size: int = 1  # engine cores behind the front end, each on cores / N threads (its own KV cache)
+    dp_routing: str = "prefix-affinity"  # least-loaded (vLLM) | prefix-affinity (SGLang's cache-aware router)
+    dp_imbalance_threshold: int = 16  # prefix-affinity: load-score lead over the least-loaded engine it tolerates
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -397,6 +428,7 @@ class EngineArgs:
             raise ValueError("enable_lora: LoRA adapters apply to generating models, not to the pooling runner.")
         if self.batch_invariant:
             check_batch_invariant(self)
+        dp_config = DataParallelConfig.from_args(self)
         max_batched = self.max_num_batched_tokens or max(2048, 0)
         if pooler is not None and pooler.encoder_only and max_batched < max_model_len:  # one step per prompt
             if self.max_num_batched_tokens is not None:
@@ -444,7 +476,7 @@ class EngineArgs:
                             greedy_head_screen=self.greedy_head_screen and not self.batch_invariant and pooler is None,
                             structured_outputs_config=so_config,
                             speculative_config=spec_config, lora_config=lora_config,
-                            batch_invariant=self.batch_invariant)
+                            batch_invariant=self.batch_invariant, data_parallel_config=dp_config)
 
 
 def check_batch_invariant(args: EngineArgs) -> None:

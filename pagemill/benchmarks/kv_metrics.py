@@ -28,14 +28,26 @@ def parse_kv_sample(text: str) -> dict[str, float] | None:
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
+    usage: list[float] = []
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             key = _GAUGES.get(sample.name)
             if key is None and sample.name.endswith("_total"):
                 key = _COUNTERS.get(sample.name[:-len("_total")])
-            if key is not None:
+            if key == "kv_cache_usage_perc":
+                usage.append(sample.value)
+            elif key is not None:
                 out[key] = out.get(key, 0.0) + sample.value
-    return out if "kv_cache_token_slots" in out else None
+    if "kv_cache_token_slots" not in out:
+        return None
+    # Ratios do not add up over data-parallel engines (`engine` label): the usage is their mean, the hit rate the
+    # summed counters' ratio.
+    if usage:
+        out["kv_cache_usage_perc"] = sum(usage) / len(usage)
+    if len(usage) > 1 and "prefix_cache_queries" in out:
+        out[HIT_RATE_GAUGE] = out.get("prefix_cache_hits", 0.0) / out["prefix_cache_queries"] \
+            if out["prefix_cache_queries"] else 0.0
+    return out
 
 
 class KVSampler:

@@ -10,11 +10,13 @@ from typing import Any
 
 from pagemill.config import EngineArgs, EngineConfig
 from pagemill.engine.core_client import CoreOutputBatch, EngineCoreClient, EngineDeadError
+from pagemill.engine.dp_core_client import DPEngineCoreClient, make_engine_core_client
 from pagemill.engine.output_processor import OutputProcessor, first_scheduled_time
 from pagemill.engine.processor import Processor, PromptType
 from pagemill.loader.tokenizer import load_tokenizer
 from pagemill.lora.request import LoRARequest
 from pagemill.metrics.logger import LoggingStatLogger
+from pagemill.metrics.per_engine import PerEngineStatLogger
 from pagemill.metrics.stats import FinishedRequestStats, IterationStats, StatLogger
 from pagemill.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
 from pagemill.pooling_params import PoolingParams
@@ -87,12 +89,13 @@ class AsyncLLM:
     """Serve requests from asyncio: `async for out in llm.generate(prompt, params, request_id): ...`."""
 
     def __init__(self, config: EngineConfig, log_stats: bool = True,
-                 stat_loggers: list[StatLogger] | None = None, client: EngineCoreClient | None = None) -> None:
+                 stat_loggers: list[StatLogger] | None = None,
+                 client: EngineCoreClient | DPEngineCoreClient | None = None) -> None:
         self.config = config
         self.model_config = config.model_config
         # Spawn the core first so that its model loading overlaps the tokenizer loading here (`client`: a core
         # already started from the same arguments, see from_engine_args).
-        self.client = client or EngineCoreClient(config)
+        self.client = client or make_engine_core_client(config)
         try:
             mc = config.model_config
             self.tokenizer = load_tokenizer(mc.tokenizer, mc.gguf_file, mc.hf_config)
@@ -104,7 +107,10 @@ class AsyncLLM:
             raise
         self.stat_loggers: list[StatLogger] = list(stat_loggers or [])
         if log_stats:
-            self.stat_loggers.append(LoggingStatLogger(now=time.monotonic()))
+            now = time.monotonic()
+            self.stat_loggers.append(
+                LoggingStatLogger(now=now) if self.num_engines == 1 else
+                PerEngineStatLogger([LoggingStatLogger(now=now, engine_index=i) for i in range(self.num_engines)]))
         self._collectors: dict[str, RequestOutputCollector] = {}
         self._handler: asyncio.Task | None = None
         self._shut_down = False
@@ -118,7 +124,7 @@ class AsyncLLM:
         its ~2.5 s of imports (torch, transformers) overlap the front end's own configuration (~2 s of
         transformers imports) instead of following it.
         """
-        client = EngineCoreClient(args)
+        client = make_engine_core_client(args)
         try:
             config = args.create_engine_config()
         except BaseException:
@@ -127,6 +133,11 @@ class AsyncLLM:
         return cls(config, log_stats=not args.disable_log_stats, stat_loggers=stat_loggers, client=client)
 
     # ---- state ----
+    @property
+    def num_engines(self) -> int:
+        """Engine core processes behind this front end (data_parallel_size)."""
+        return self.config.data_parallel_config.data_parallel_size
+
     @property
     def errored(self) -> bool:
         """True once the engine core is dead."""
@@ -277,9 +288,16 @@ class AsyncLLM:
         return set(await self.client.call_utility("list_loras"))
 
     async def get_scheduler_stats(self) -> dict[str, Any]:
-        """The core's current SchedulerStats as a dict."""
+        """The core's current SchedulerStats as a dict (with data parallelism: the engines' sum)."""
         self._ensure_output_handler()
         return await self.client.call_utility("get_stats")
+
+    async def get_engine_stats(self) -> list[dict[str, Any]]:
+        """Each engine core's current SchedulerStats as a dict, by engine index (one entry without DP)."""
+        self._ensure_output_handler()
+        if isinstance(self.client, DPEngineCoreClient):
+            return await self.client.call_utility_each("get_stats")
+        return [await self.client.call_utility("get_stats")]
 
     # ---- output handling ----
     def start(self) -> None:
@@ -325,7 +343,7 @@ class AsyncLLM:
             FinishedRequestStats(s.finish_reason, now - s.metrics.arrival_time, len(s.prompt_token_ids),
                                  len(s.token_ids)) for s in touched if s.finish_reason not in (None, "abort"))
         for stat_logger in self.stat_loggers:
-            stat_logger.record(batch.outputs.scheduler_stats, iteration, now)
+            stat_logger.record(batch.outputs.scheduler_stats, iteration, now, engine_idx=batch.engine_index)
 
     def _fail_request(self, seq_id: str, error: BaseException) -> None:
         """Abort the request a sequence belongs to and hand `error` to its consumer."""

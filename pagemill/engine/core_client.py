@@ -41,13 +41,16 @@ class CoreOutputBatch:
 
     outputs: EngineCoreOutputs
     errors: list[tuple[str, str]] = field(default_factory=list)  # (request_id, message) of rejected adds
+    engine_index: int = 0  # which engine core sent it (data parallelism)
 
 
 class EngineCoreClient:
     """Spawns the engine core process and exchanges msgpack frames with it (async output side)."""
 
-    def __init__(self, config: EngineConfig | EngineArgs) -> None:
-        """Spawn the core with its configuration, or with the arguments it resolves its configuration from."""
+    def __init__(self, config: EngineConfig | EngineArgs, engine_index: int | None = None,
+                 cpus: list[int] | None = None) -> None:
+        """Spawn the core with its configuration, or with the arguments it resolves its configuration from;
+        `engine_index` and `cpus` (the cores to pin it to) for one engine of several (data parallelism)."""
         self._tmpdir = tempfile.mkdtemp(prefix="pagemill-zmq-")
         input_address, output_address = f"ipc://{self._tmpdir}/input", f"ipc://{self._tmpdir}/output"
         self.ctx = zmq.Context(1)
@@ -71,8 +74,9 @@ class EngineCoreClient:
         self._call_ids = itertools.count()
         self._pending_calls: dict[int, asyncio.Future] = {}
         spawn = multiprocessing.get_context("spawn")
-        self.proc = spawn.Process(target=core_proc.run_engine_core, name="pagemill-engine-core",
-                                  args=(config, input_address, output_address), daemon=True)
+        name = "pagemill-engine-core" if engine_index is None else f"pagemill-engine-core-{engine_index}"
+        self.proc = spawn.Process(target=core_proc.run_engine_core, name=name,
+                                  args=(config, input_address, output_address, cpus, engine_index), daemon=True)
         self.proc.start()
 
     # ---- life cycle ----

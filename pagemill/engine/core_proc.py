@@ -144,9 +144,14 @@ def _exit_on_signal(signum: int, frame: Any) -> None:
     raise SystemExit(0)
 
 
-def run_engine_core(config: EngineConfig | EngineArgs, input_address: str, output_address: str) -> None:
-    """Process entry point (multiprocessing spawn target)."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [engine core] %(message)s")
+def run_engine_core(config: EngineConfig | EngineArgs, input_address: str, output_address: str,
+                    cpus: list[int] | None = None, engine_index: int | None = None) -> None:
+    """Process entry point (multiprocessing spawn target); `cpus`: the cores it is pinned to (data parallelism),
+    set before torch starts its threads."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    name = "engine core" if engine_index is None else f"engine core {engine_index}"
+    logging.basicConfig(level=logging.INFO, format=f"%(levelname)s %(asctime)s [{name}] %(message)s")
     # SIGINT goes to the whole process group on Ctrl-C: the front end decides when the core stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_signal)

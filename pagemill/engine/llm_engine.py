@@ -8,6 +8,7 @@ from typing import Any
 
 from pagemill.config import EngineArgs, EngineConfig
 from pagemill.engine.core import EngineCore
+from pagemill.engine.dp_sync_core import DPSyncEngineCore
 from pagemill.engine.output_processor import OutputProcessor
 from pagemill.engine.processor import Processor, PromptType
 from pagemill.loader.tokenizer import load_tokenizer
@@ -26,7 +27,10 @@ class LLMEngine:
         mc = config.model_config
         self.tokenizer = load_tokenizer(mc.tokenizer, mc.gguf_file, mc.hf_config)
         self.processor = Processor(mc, self.tokenizer, config.structured_outputs_config)
-        self.engine_core = EngineCore(config, self.tokenizer)
+        # data_parallel_size > 1: engine core processes behind the same methods (engine/dp_sync_core.py)
+        self.engine_core: EngineCore | DPSyncEngineCore = (
+            EngineCore(config, self.tokenizer) if config.data_parallel_config.data_parallel_size == 1
+            else DPSyncEngineCore(config))
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
         self.last_stats = None
@@ -100,6 +104,11 @@ class LLMEngine:
     def pin_lora(self, lora_id: int) -> bool:
         """Keep an adapter loaded whatever the LRU says."""
         return self.engine_core.pin_lora(lora_id)
+
+    def shutdown(self) -> None:
+        """Stop the engine core processes of data parallelism (nothing to do for the in-process core)."""
+        if isinstance(self.engine_core, DPSyncEngineCore):
+            self.engine_core.shutdown()
 
     def next_request_id(self) -> str:
         """A fresh request id."""

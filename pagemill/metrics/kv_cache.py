@@ -41,11 +41,15 @@ def hit_rate(hits: float, queries: float) -> float:
 class KVCacheGauges:
     """The pagemill:kv_cache_* accounting gauges of one registry."""
 
-    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+    def __init__(self, registry: CollectorRegistry, model_name: str, labels: dict[str, str] | None = None) -> None:
         from prometheus_client import Gauge
 
+        from pagemill.metrics.prometheus import family
+
+        labels = labels or {"model_name": model_name}
+
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"pagemill:{name}", doc, ["model_name"], registry=registry).labels(model_name)
+            return family(registry, Gauge, f"pagemill:{name}", doc, list(labels)).labels(**labels)
 
         self.gauges = {key: gauge(name, doc) for key, (name, doc) in KV_GAUGES.items()}
         self.hit_rate = gauge(HIT_RATE_GAUGE, "Prefix-cache hit rate since start: tokens found / tokens looked up.")

@@ -16,8 +16,9 @@ logger = logging.getLogger("pagemill.metrics")
 class LoggingStatLogger:
     """Logs at most every `interval_s` seconds, and only when something happened since the last line."""
 
-    def __init__(self, interval_s: float = 10.0, now: float = 0.0) -> None:
+    def __init__(self, interval_s: float = 10.0, now: float = 0.0, engine_index: int | None = None) -> None:
         self.interval_s = interval_s
+        self.prefix = "" if engine_index is None else f"Engine {engine_index:03d}: "  # vLLM's, with DP
         self.last_log = now
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -27,7 +28,8 @@ class LoggingStatLogger:
         self._queries_at_log = 0
         self._spec_at_log: SpecDecodingStats | None = None
 
-    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats, now: float) -> None:
+    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats, now: float,
+               engine_idx: int = 0) -> None:
         """Account one batch of outputs and log if the interval has passed."""
         self.prompt_tokens += iteration.num_prompt_tokens
         self.generation_tokens += iteration.num_generation_tokens
@@ -48,18 +50,19 @@ class LoggingStatLogger:
             queries = s.prefix_cache_queries - self._queries_at_log
             hits = s.prefix_cache_hits - self._hits_at_log
             logger.info(
-                "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, "
+                self.prefix + "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+                "Running: %d reqs, "
                 "Swapped: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
                 self.prompt_tokens / elapsed, self.generation_tokens / elapsed, s.num_running_reqs,
                 s.num_swapped_reqs, s.num_waiting_reqs, 100 * s.kv_cache_usage,
                 100 * hits / queries if queries > 0 else 0.0)
             self._queries_at_log, self._hits_at_log = s.prefix_cache_queries, s.prefix_cache_hits
             if self.last_memory is not None:
-                logger.info(kv_log_line(self.last_memory))
+                logger.info(self.prefix + kv_log_line(self.last_memory))
         if s is not None and s.spec_decoding is not None:
             spec = spec_delta(s.spec_decoding, self._spec_at_log)
             if spec.num_drafts > 0:
-                logger.info(spec_log_line(spec, elapsed))
+                logger.info(self.prefix + spec_log_line(spec, elapsed))
             self._spec_at_log = spec_delta(s.spec_decoding, None)  # a copy: the engine may update its own
         self.last_log = now
         self.prompt_tokens = self.generation_tokens = 0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from pagemill.metrics.kv_cache import KVCacheGauges
@@ -15,6 +18,24 @@ _ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 _LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                     240.0, 480.0, 960.0, 1920.0, 7680.0]
 
+# Metric families by registry and name: the per-engine loggers of one server share them (data parallelism).
+_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def family(registry: CollectorRegistry, kind: type, name: str, doc: str, labelnames: list[str], **kw: Any) -> Any:
+    """The registry's metric family `name`, created on first use."""
+    families = _FAMILIES.setdefault(registry, {})
+    if name not in families:
+        families[name] = kind(name, doc, labelnames, registry=registry, **kw)
+    return families[name]
+
+
+def metric_labels(model_name: str, engine_index: int | None) -> dict[str, str]:
+    """The labels of one engine's series: model_name, and `engine` (vLLM's) with data parallelism."""
+    return {"model_name": model_name} if engine_index is None else \
+        {"model_name": model_name, "engine": str(engine_index)}
+
+
 # Counters that SchedulerStats carries as running totals (each feeds the metric of the same name).
 _CUMULATIVE = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions")
 
@@ -22,18 +43,20 @@ _CUMULATIVE = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions")
 class SpecDecodingCounters:
     """The pagemill:spec_decode_* counters (vLLM's), incremented by the deltas of cumulative SpecDecodingStats."""
 
-    def __init__(self, registry: CollectorRegistry, model_name: str, num_spec_tokens: int) -> None:
+    def __init__(self, registry: CollectorRegistry, model_name: str, num_spec_tokens: int,
+                 labels: dict[str, str] | None = None) -> None:
+        labels = labels or {"model_name": model_name}
+
         def counter(name: str, doc: str) -> Counter:
-            return Counter(f"pagemill:spec_decode_{name}", doc, ["model_name"], registry=registry).labels(model_name)
+            return family(registry, Counter, f"pagemill:spec_decode_{name}", doc, list(labels)).labels(**labels)
 
         self.num_drafts = counter("num_drafts", "Number of spec decoding drafts.")
         self.num_draft_tokens = counter("num_draft_tokens", "Number of draft tokens.")
         self.num_accepted_tokens = counter("num_accepted_tokens", "Number of accepted tokens.")
-        self._per_pos_family = Counter("pagemill:spec_decode_num_accepted_tokens_per_pos",
-                                       "Accepted tokens per draft position.", ["model_name", "position"],
-                                       registry=registry)
-        self.model_name = model_name
-        self.per_pos = [self._per_pos_family.labels(model_name, str(i)) for i in range(num_spec_tokens)]
+        self._per_pos_family = family(registry, Counter, "pagemill:spec_decode_num_accepted_tokens_per_pos",
+                                      "Accepted tokens per draft position.", [*labels, "position"])
+        self.labels = labels
+        self.per_pos = [self._per_pos_family.labels(**labels, position=str(i)) for i in range(num_spec_tokens)]
         self._last: SpecDecodingStats | None = None
 
     def record(self, stats: SpecDecodingStats) -> None:
@@ -44,7 +67,7 @@ class SpecDecodingCounters:
             if n > 0:
                 child.inc(n)
         while len(self.per_pos) < len(delta.num_accepted_tokens_per_pos):
-            self.per_pos.append(self._per_pos_family.labels(self.model_name, str(len(self.per_pos))))
+            self.per_pos.append(self._per_pos_family.labels(**self.labels, position=str(len(self.per_pos))))
         for child, n in zip(self.per_pos, delta.num_accepted_tokens_per_pos):
             if n > 0:
                 child.inc(n)
@@ -55,20 +78,22 @@ class PrometheusStatLogger:
     """Updates the pagemill:* metrics from scheduler and iteration stats.
 
     The spec_decode counters exist when `num_spec_tokens` is given (speculation configured) or from the first
-    stats that carry speculative decoding counters."""
+    stats that carry speculative decoding counters. `engine_index`: the series of one data-parallel engine (an
+    `engine` label, as vLLM's); the loggers of all engines share one registry."""
 
-    def __init__(self, registry: CollectorRegistry, model_name: str, num_spec_tokens: int | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry, model_name: str, num_spec_tokens: int | None = None,
+                 engine_index: int | None = None) -> None:
         self.registry = registry
-        labels = ["model_name"]
+        self.labels = labels = metric_labels(model_name, engine_index)
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"pagemill:{name}", doc, labels, registry=registry).labels(model_name)
+            return family(registry, Gauge, f"pagemill:{name}", doc, list(labels)).labels(**labels)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(f"pagemill:{name}", doc, labels, registry=registry).labels(model_name)
+            return family(registry, Counter, f"pagemill:{name}", doc, list(labels)).labels(**labels)
 
         def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
-            return Histogram(f"pagemill:{name}", doc, labels, buckets=buckets, registry=registry).labels(model_name)
+            return family(registry, Histogram, f"pagemill:{name}", doc, list(labels), buckets=buckets).labels(**labels)
 
         self.running = gauge("num_requests_running", "Number of requests in model execution batches.")
         self.waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
@@ -76,7 +101,7 @@ class PrometheusStatLogger:
         self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent usage.")
         self.kv_free_blocks = gauge("kv_cache_free_blocks", "KV-cache blocks that can be allocated.")
         self.kv_total_blocks = gauge("kv_cache_total_blocks", "Usable KV-cache blocks.")
-        self.kv_accounting = KVCacheGauges(registry, model_name)
+        self.kv_accounting = KVCacheGauges(registry, model_name, labels)
         self.engine_dead = gauge("engine_dead", "1 once the engine core died (the server then exits), else 0.")
         self.counters = {
             "prefix_cache_queries": counter("prefix_cache_queries", "Prefix-cache queries, in tokens."),
@@ -85,8 +110,8 @@ class PrometheusStatLogger:
         }
         self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
-        self._success = Counter("pagemill:request_success", "Count of successfully processed requests.",
-                                ["model_name", "finished_reason"], registry=registry)
+        self._success = family(registry, Counter, "pagemill:request_success",
+                               "Count of successfully processed requests.", [*labels, "finished_reason"])
         self.model_name = model_name
         self.ttft = histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               _TTFT_BUCKETS)
@@ -97,7 +122,7 @@ class PrometheusStatLogger:
         self.queue_time = histogram("request_queue_time_seconds",
                                     "Histogram of time spent in the WAITING phase for a request.", _LATENCY_BUCKETS)
         self._last_totals: dict[str, int] = {}
-        self.spec_decoding = (SpecDecodingCounters(registry, model_name, num_spec_tokens)
+        self.spec_decoding = (SpecDecodingCounters(registry, model_name, num_spec_tokens, labels)
                               if num_spec_tokens is not None else None)
 
     def set_kv_capacity(self, total_blocks: int) -> None:
@@ -111,8 +136,9 @@ class PrometheusStatLogger:
             g.set(0)
         self.engine_dead.set(1)
 
-    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats, now: float) -> None:
-        """Account one batch of outputs."""
+    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats, now: float,
+               engine_idx: int = 0) -> None:
+        """Account one batch of outputs (of this logger's engine)."""
         if scheduler_stats is not None:
             s = scheduler_stats
             self.running.set(s.num_running_reqs)
@@ -131,7 +157,7 @@ class PrometheusStatLogger:
             if s.spec_decoding is not None:
                 if self.spec_decoding is None:
                     self.spec_decoding = SpecDecodingCounters(self.registry, self.model_name,
-                                                              s.spec_decoding.num_spec_tokens)
+                                                              s.spec_decoding.num_spec_tokens, self.labels)
                 self.spec_decoding.record(s.spec_decoding)
         if iteration.num_prompt_tokens:
             self.prompt_tokens.inc(iteration.num_prompt_tokens)
@@ -144,7 +170,7 @@ class PrometheusStatLogger:
         for v in iteration.queue_times:
             self.queue_time.observe(v)
         for f in iteration.finished:
-            self._success.labels(self.model_name, f.finish_reason).inc()
+            self._success.labels(**self.labels, finished_reason=f.finish_reason).inc()
             self.e2e.observe(f.e2e_latency)
 
     def render(self) -> bytes:

@@ -70,6 +70,7 @@ class IterationStats:
 class StatLogger(Protocol):
     """Receives the stats of every output batch."""
 
-    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats, now: float) -> None:
-        """Account one batch of outputs."""
+    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats, now: float,
+               engine_idx: int = 0) -> None:
+        """Account one batch of outputs (of data-parallel engine `engine_idx`)."""
         ...

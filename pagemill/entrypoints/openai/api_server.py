@@ -40,6 +40,7 @@ from pagemill.entrypoints.openai.serving_score import OpenAIServingScore
 from pagemill.entrypoints.openai.server_lifecycle import GracefulServer
 from pagemill.entrypoints.openai.server_limits import BodySizeLimitMiddleware, ServerLimits
 from pagemill.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from pagemill.metrics.per_engine import PerEngineStatLogger
 from pagemill.metrics.prometheus import PrometheusStatLogger
 
 logger = logging.getLogger("pagemill.entrypoints.openai.api_server")
@@ -161,8 +162,13 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
     tokenization = OpenAIServingTokenization(engine.get_tokenizer(), models, prompts)
     registry = CollectorRegistry()
     spec = engine.config.speculative_config
-    prometheus = PrometheusStatLogger(registry, models.default_name,
-                                      spec.num_speculative_tokens if spec is not None else None)
+    num_spec = spec.num_speculative_tokens if spec is not None else None
+    n = engine.num_engines
+    # With data parallelism every series carries the `engine` label (vLLM's); the total is their sum.
+    prometheus: PrometheusStatLogger | PerEngineStatLogger = (
+        PrometheusStatLogger(registry, models.default_name, num_spec) if n == 1 else
+        PerEngineStatLogger([PrometheusStatLogger(registry, models.default_name, num_spec, engine_index=i)
+                             for i in range(n)]))
     kv_cache_config = getattr(engine.client, "kv_cache_config", None)
     if kv_cache_config is not None:
         prometheus.set_kv_capacity(kv_cache_config.usable_blocks)

@@ -8,7 +8,7 @@ import os
 import types
 import typing
 
-from pagemill.config import EngineArgs
+from pagemill.config import DP_ROUTING_POLICIES, EngineArgs
 from pagemill.entrypoints.chat_utils import BUILTIN_TEMPLATES
 from pagemill.entrypoints.json_flags import config_flag
 from pagemill.entrypoints.openai.cors import add_cors_args
@@ -61,7 +61,16 @@ _ENGINE_HELP = {
     "max_loras": "LoRA adapters one batch can mix.",
     "max_lora_rank": "The largest LoRA rank accepted.",
     "max_cpu_loras": "LoRA adapters kept loaded in memory (None: max_loras); others are reloaded from disk on use.",
+    "data_parallel_size": "Engine cores (processes) behind the server, each with its own scheduler and KV cache "
+                          "(--kv-cache-memory each), pinned to cores / N cores (--num-threads: threads per engine).",
+    "dp_routing": "How requests pick an engine with -dp > 1: prefix-affinity (the engine that most likely holds the "
+                  "prompt's prefix in its cache, unless it is overloaded) or least-loaded (waiting x 4 + running, "
+                  "as vLLM).",
+    "dp_imbalance_threshold": "prefix-affinity: the load score (waiting x 4 + running) by which the engine holding "
+                              "the prefix may exceed the least-loaded one before the request goes to the latter.",
 }
+_ALIASES = {"data_parallel_size": ["-dp"]}  # vLLM's short flags
+_CHOICES = {"dp_routing": DP_ROUTING_POLICIES}
 _CUSTOM = {"served_model_name"}  # declared by hand (several names allowed)
 
 
@@ -97,7 +106,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         elif _is_dict_field(hints[f.name]):
             group.add_argument(flag, type=config_flag(f.name), default=default, metavar="JSON", help=help_text)
         else:
-            group.add_argument(flag, type=_scalar_type(hints[f.name]), default=default, help=help_text)
+            group.add_argument(flag, *_ALIASES.get(f.name, []), type=_scalar_type(hints[f.name]), default=default,
+                               choices=_CHOICES.get(f.name), help=help_text)
 
 
 def engine_args_from_namespace(args: argparse.Namespace) -> EngineArgs:
