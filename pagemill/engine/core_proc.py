@@ -134,7 +134,9 @@ class EngineCoreProc:
         self._send(OUTPUTS, self.core.step())
 
     def close(self) -> None:
-        """Close the sockets (pending outputs are flushed for up to the linger time)."""
+        """Stop the workers and close the sockets (pending outputs are flushed for up to the linger time)."""
+        if hasattr(self, "core"):
+            self.core.shutdown()
         self.input.close()
         self.output.close()
         self.ctx.term()

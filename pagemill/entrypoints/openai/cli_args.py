@@ -57,7 +57,12 @@ _ENGINE_HELP = {
     "max_loras": "LoRA adapters one batch can mix.",
     "max_lora_rank": "The largest LoRA rank accepted.",
     "max_cpu_loras": "LoRA adapters kept loaded in memory (None: max_loras); others are reloaded from disk on use.",
+    "tensor_parallel_size": "Ranks (worker processes) each layer's weights, heads and KV cache are split over.",
+    "pipeline_parallel_size": "Pipeline stages (worker processes) the layers are split over.",
+    "distributed_executor_backend": "What runs the workers: uni (one, in the engine process) or mp (one process "
+                                    "per rank; the default when tensor x pipeline parallel size > 1).",
 }
+_ALIASES = {"tensor_parallel_size": ["-tp"], "pipeline_parallel_size": ["-pp"]}  # vLLM's short flags
 _CUSTOM = {"served_model_name"}  # declared by hand (several names allowed)
 
 
@@ -85,15 +90,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(EngineArgs):
         if f.name in _CUSTOM:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = ["--" + f.name.replace("_", "-"), *_ALIASES.get(f.name, [])]
         default = f.default if f.default is not dataclasses.MISSING else None
         help_text = _ENGINE_HELP.get(f.name, f"EngineArgs.{f.name}")
         if hints[f.name] is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            group.add_argument(*flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         elif _is_dict_field(hints[f.name]):
-            group.add_argument(flag, type=config_flag(f.name), default=default, metavar="JSON", help=help_text)
+            group.add_argument(*flag, type=config_flag(f.name), default=default, metavar="JSON", help=help_text)
         else:
-            group.add_argument(flag, type=_scalar_type(hints[f.name]), default=default, help=help_text)
+            group.add_argument(*flag, type=_scalar_type(hints[f.name]), default=default, help=help_text)
 
 
 def engine_args_from_namespace(args: argparse.Namespace) -> EngineArgs:
