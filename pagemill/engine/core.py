@@ -118,6 +118,10 @@ class EngineCore:
         """Stop the executor's workers."""
         self.executor.shutdown()
 
+    def check_health(self) -> None:
+        """Raise if a worker is dead (the core process checks while idle, so /health fails without traffic)."""
+        self.executor.check_health()
+
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Drop cached prefixes: when idle, or after preempting the running requests if `reset_running_requests`."""
         return self.scheduler.reset_prefix_cache(reset_running_requests)

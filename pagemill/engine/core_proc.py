@@ -80,6 +80,7 @@ class EngineCoreProc:
                 if os.getppid() != self.parent_pid:
                     logger.warning("Front end process is gone; engine core exits.")
                     return
+                self.core.check_health()  # a dead worker ends the loop: the front end hears DEAD
                 last_check = time.monotonic()
             self._drain_inputs()
             if self.running and self.core.has_unfinished_requests():

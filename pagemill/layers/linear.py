@@ -34,7 +34,8 @@ class LinearBase(nn.Module):
             raise ValueError(f"{checkpoint_names[0]}: sizes {output_sizes} x {input_size} do not split over "
                              f"{ctx.tp_size} ranks.")
         # the checkpoint's rows of each shard (QKVParallelLinear: K/V heads replicated over ranks differ)
-        self.full_output_sizes = [o * ctx.tp_size for o in self.output_sizes] if split == "column" else self.output_sizes
+        self.full_output_sizes = ([o * ctx.tp_size for o in self.output_sizes] if split == "column"
+                                  else self.output_sizes)
         self.shard_ids = shard_ids or [None]
         self.shard_offsets = [sum(self.output_sizes[:i]) for i in range(len(self.output_sizes))]
         self.output_size = sum(self.output_sizes)

@@ -52,6 +52,16 @@ class ResolvedGrammar:
         return self._bitmask
 
 
+def merge_kv_cache_configs(configs: list[KVCacheConfig]) -> KVCacheConfig:
+    """The KV cache the engine schedules over, from every rank's: every rank indexes the same block ids, so the
+    fewest blocks (a stage with fewer layers may hold more than the engine uses)."""
+    if len({c.group_windows for c in configs}) > 1:
+        raise ValueError("pipeline_parallel_size: the stages' layers fall into different KV cache groups "
+                         "(sliding-window layers); this model does not split into these stages.")
+    return dataclasses.replace(configs[0], num_blocks=min(c.num_blocks for c in configs),
+                               num_swap_blocks=min(c.num_swap_blocks for c in configs))
+
+
 def free_port() -> int:
     """A TCP port on loopback that nothing listens on now (the process group's rendezvous)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -83,16 +93,10 @@ class MultiprocExecutor(Executor):
         self._sampled: dict[str, list[int]] = {}  # the previous step's tokens, for the non-driver ranks
         try:
             configs = [self._start_reply(rank) for rank in range(self.world_size)]
+            self.kv_cache_config = merge_kv_cache_configs(configs)
         except BaseException:
             self.shutdown()
             raise
-        if len({c.group_windows for c in configs}) > 1:
-            self.shutdown()
-            raise ValueError("pipeline_parallel_size: the stages' layers fall into different KV cache groups "
-                             "(sliding-window layers); this model does not split into these stages.")
-        # Every rank indexes the same block ids; a stage with fewer layers may hold more blocks than the engine uses.
-        self.kv_cache_config = dataclasses.replace(configs[0], num_blocks=min(c.num_blocks for c in configs),
-                                                   num_swap_blocks=min(c.num_swap_blocks for c in configs))
         logger.info("%d workers ready (tensor_parallel_size=%d, pipeline_parallel_size=%d)", self.world_size,
                     pc.tensor_parallel_size, pc.pipeline_parallel_size)
 

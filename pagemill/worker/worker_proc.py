@@ -16,9 +16,13 @@ import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagemill.config import EngineConfig
+
+if TYPE_CHECKING:
+    from pagemill.distributed.parallel_state import ParallelContext
+    from pagemill.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -32,30 +36,47 @@ def run_worker(config: EngineConfig, rank: int, init_method: str, conn: Connecti
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the engine decides
     parent = os.getppid()
     try:
-        import torch
-
-        from pagemill.distributed.parallel_state import init_distributed
-        from pagemill.worker.cpu_binding import pin_to_cores
-        from pagemill.worker.model_runner import ModelRunner
-
-        threads = pin_to_cores(cores)
-        pc = config.parallel_config
-        num_threads = config.num_threads or threads or max(1, (os.cpu_count() or 1) // pc.world_size)
-        torch.set_num_threads(num_threads)
-        parallel = init_distributed(rank, pc.tensor_parallel_size, pc.pipeline_parallel_size, init_method)
-        runner = ModelRunner(dataclasses.replace(config, num_threads=num_threads), parallel)
+        runner, parallel = start_worker(config, rank, init_method, cores)
     except BaseException as e:
         logger.error("Worker failed to start:\n%s", traceback.format_exc())
         conn.send(("error", type(e).__name__, str(e)))
         sys.exit(1)
     conn.send(("ready", runner.kv_cache_config))
-    logger.info("Ready: tp rank %d/%d, pp rank %d/%d, %d threads on cores %s", parallel.tp_rank, parallel.tp_size,
-                parallel.pp_rank, parallel.pp_size, num_threads, cores)
     try:
         _serve(runner, parallel, conn, parent)
     except BaseException:
         logger.error("Worker died:\n%s", traceback.format_exc())
         sys.exit(1)
+
+
+def start_worker(config: EngineConfig, rank: int, init_method: str,
+                 cores: list[int] | None) -> tuple[ModelRunner, ParallelContext]:
+    """Pin this process to `cores`, join the process group of all ranks, build this rank's model runner."""
+    import torch
+
+    from pagemill.distributed.parallel_state import init_distributed
+    from pagemill.worker.cpu_binding import pin_to_cores
+    from pagemill.worker.model_runner import ModelRunner
+
+    threads = pin_to_cores(cores)
+    pc = config.parallel_config
+    num_threads = config.num_threads or threads or max(1, (os.cpu_count() or 1) // pc.world_size)
+    torch.set_num_threads(num_threads)
+    parallel = init_distributed(rank, pc.tensor_parallel_size, pc.pipeline_parallel_size, init_method)
+    runner = ModelRunner(dataclasses.replace(config, num_threads=num_threads), parallel)
+    logger.info("Ready: tp rank %d/%d, pp rank %d/%d, %d threads on cores %s", parallel.tp_rank, parallel.tp_size,
+                parallel.pp_rank, parallel.pp_size, num_threads, cores)
+    return runner, parallel
+
+
+def execute_step(runner: ModelRunner, parallel: ParallelContext, scheduler_output: Any,
+                 sampled: dict[str, list[int]]) -> Any:
+    """One step on this rank: the engine's previous tokens first (where this rank's own are not the engine's), then
+    the forward; the output on the driver rank, None on the others."""
+    if sampled and not parallel.is_driver:
+        runner.apply_sampled(sampled, appended=parallel.is_last_stage)
+    out = runner.execute_model(scheduler_output)
+    return out if parallel.is_driver else None
 
 
 def _serve(runner: Any, parallel: Any, conn: Connection, parent: int) -> None:
@@ -70,10 +91,7 @@ def _serve(runner: Any, parallel: Any, conn: Connection, parent: int) -> None:
         msg = pickle.loads(conn.recv_bytes())
         kind = msg[0]
         if kind == "execute_model":
-            _, scheduler_output, sampled = msg
-            if sampled and not driver:
-                runner.apply_sampled(sampled, appended=parallel.is_last_stage)
-            out = runner.execute_model(scheduler_output)
+            out = execute_step(runner, parallel, msg[1], msg[2])
             if driver:
                 conn.send(out)
         elif kind == "apply_model":

@@ -109,3 +109,18 @@ def test_server_fails_requests_and_health_when_a_worker_dies(tiny_llama):
         thread.join(30)
         engine.shutdown()
         loop.close()
+
+
+def test_idle_engine_health_check_sees_a_dead_worker(tiny_llama):
+    """The core process checks its workers while idle (so /health fails without traffic): check_health raises."""
+    llm = LLM(tiny_llama, **ENGINE)
+    core = llm.llm_engine.engine_core
+    core.check_health()
+    victim = core.executor.procs[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(5)
+    with pytest.raises(WorkerDiedError, match="worker rank 0"):
+        core.check_health()
+    assert all(not p.is_alive() for p in core.executor.procs)
+    with pytest.raises(WorkerDiedError):
+        llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm=False)
