@@ -279,7 +279,7 @@ class LoRAConfig:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras}).")
 
 
-DISTRIBUTED_EXECUTOR_BACKENDS = ("uni", "mp")
+DISTRIBUTED_EXECUTOR_BACKENDS = ("uni", "mp", "ray")
 
 
 @dataclass
@@ -288,7 +288,7 @@ class ParallelConfig:
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
-    distributed_executor_backend: str | None = None  # uni | mp (None: uni for one rank, else mp)
+    distributed_executor_backend: str | None = None  # uni | mp | ray (None: uni for one rank, else mp)
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
@@ -379,7 +379,7 @@ class EngineArgs:
     pooler_config: dict[str, Any] | str | None = None  # pooling: {"pooling_type": CLS|MEAN|LAST, "normalize": bool}
     tensor_parallel_size: int = 1  # ranks each layer's weights and heads are split over
     pipeline_parallel_size: int = 1  # stages the layers are split over
-    distributed_executor_backend: str | None = None  # uni | mp (None: uni for one rank, else mp worker processes)
+    distributed_executor_backend: str | None = None  # uni | mp | ray (None: uni for one rank, else mp processes)
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -1,5 +1,6 @@
 """Executors: what runs the model for the engine core, behind one interface (vLLM's `Executor`): one worker in
-the engine's own process (`uni`), or one worker process per tensor / pipeline rank (`mp`)."""
+the engine's own process (`uni`), one worker process per tensor / pipeline rank (`mp`), or one Ray actor per rank
+(`ray`, across the nodes of a Ray cluster)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ class Executor(ABC):
             from pagemill.worker.multiproc_executor import MultiprocExecutor
 
             return MultiprocExecutor
+        if backend == "ray":
+            from pagemill.worker.ray_executor import RayDistributedExecutor
+
+            return RayDistributedExecutor
         return UniProcExecutor
 
     @abstractmethod

@@ -59,8 +59,9 @@ _ENGINE_HELP = {
     "max_cpu_loras": "LoRA adapters kept loaded in memory (None: max_loras); others are reloaded from disk on use.",
     "tensor_parallel_size": "Ranks (worker processes) each layer's weights, heads and KV cache are split over.",
     "pipeline_parallel_size": "Pipeline stages (worker processes) the layers are split over.",
-    "distributed_executor_backend": "What runs the workers: uni (one, in the engine process) or mp (one process "
-                                    "per rank; the default when tensor x pipeline parallel size > 1).",
+    "distributed_executor_backend": "What runs the workers: uni (one, in the engine process), mp (one process "
+                                    "per rank; the default when tensor x pipeline parallel size > 1) or ray (one "
+                                    "Ray actor per rank, on the nodes of a Ray cluster).",
 }
 _ALIASES = {"tensor_parallel_size": ["-tp"], "pipeline_parallel_size": ["-pp"]}  # vLLM's short flags
 _CUSTOM = {"served_model_name"}  # declared by hand (several names allowed)
