@@ -65,3 +65,21 @@ def test_parallel_matches_single_process(request, model_fixture, tp, pp):
     n = len(got[4].prompt_token_ids)
     for j, tok in enumerate(out.token_ids):
         assert abs(forced.prompt_logprobs[n + j][tok].logprob - out.logprobs[j][tok].logprob) < 1e-4, j
+
+
+@pytest.mark.slow
+def test_gguf_decoded_to_float_tp3_matches_single_process(smol_path):
+    """SmolLM2's GGUF (9 heads, 3 K/V heads, vocabulary 49152) over 3 tensor-parallel ranks: its lazy GGUF weights
+    are decoded, then sliced (quantization='none'); the same tokens and logprobs as one process."""
+    engine = dict(kv_cache_memory="64MiB", max_model_len=512, quantization="none")
+    params = SamplingParams(temperature=0, max_tokens=12, logprobs=2, ignore_eos=True)
+    prompts = PROMPTS[:2]
+    want = LLM(smol_path, **engine).generate(prompts, params, use_tqdm=False)
+    llm = LLM(smol_path, tensor_parallel_size=3, **engine)
+    try:
+        got = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    for g, w in zip(got, want):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        _assert_logprobs_close(g.outputs[0].logprobs, w.outputs[0].logprobs)
