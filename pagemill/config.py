@@ -308,6 +308,38 @@ class DataParallelConfig:
         return cls(args.data_parallel_size, args.dp_routing, args.dp_imbalance_threshold)
 
 
+DISTRIBUTED_EXECUTOR_BACKENDS = ("uni", "mp", "ray")
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is split over worker processes (vLLM's names): tensor x pipeline ranks, and what runs them."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # uni | mp | ray (None: uni for one rank, else mp)
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        backend = self.distributed_executor_backend
+        if backend is None:
+            self.distributed_executor_backend = backend = "uni" if self.world_size == 1 else "mp"
+        if backend not in DISTRIBUTED_EXECUTOR_BACKENDS:
+            raise ValueError(f"distributed_executor_backend must be one of {', '.join(DISTRIBUTED_EXECUTOR_BACKENDS)}, "
+                             f"got {backend!r}.")
+        if backend == "uni" and self.world_size > 1:
+            raise ValueError(f"distributed_executor_backend='uni' runs one worker; tensor_parallel_size x "
+                             f"pipeline_parallel_size = {self.world_size} needs 'mp'.")
+
+    @property
+    def world_size(self) -> int:
+        """Worker processes: tensor_parallel_size x pipeline_parallel_size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
 @dataclass
 class EngineConfig:
     """All the configuration of one engine."""
@@ -325,6 +357,7 @@ class EngineConfig:
     lora_config: LoRAConfig | None = None  # None: LoRA disabled
     batch_invariant: bool = False  # fixed reduction orders: a request's logits do not depend on the batch
     data_parallel_config: DataParallelConfig = field(default_factory=DataParallelConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 @dataclass
@@ -379,6 +412,9 @@ class EngineArgs:
     data_parallel_size: int = 1  # engine cores behind the front end, each on cores / N threads (its own KV cache)
     dp_routing: str = "prefix-affinity"  # least-loaded (vLLM) | prefix-affinity (SGLang's cache-aware router)
     dp_imbalance_threshold: int = 16  # prefix-affinity: load-score lead over the least-loaded engine it tolerates
+    tensor_parallel_size: int = 1  # ranks each layer's weights and heads are split over
+    pipeline_parallel_size: int = 1  # stages the layers are split over
+    distributed_executor_backend: str | None = None  # uni | mp | ray (None: uni for one rank, else mp processes)
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -429,6 +465,13 @@ class EngineArgs:
         if self.batch_invariant:
             check_batch_invariant(self)
         dp_config = DataParallelConfig.from_args(self)
+        parallel_config = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size,
+                                         self.distributed_executor_backend)
+        if parallel_config.world_size > 1:
+            check_parallel(self, parallel_config, hf_config, pooler is not None, resolved.gguf_file is not None)
+        if dp_config.data_parallel_size > 1 and parallel_config.world_size > 1:
+            raise ValueError("data_parallel_size > 1 cannot be combined with tensor_parallel_size or "
+                             "pipeline_parallel_size > 1 yet (each engine core would need its own worker group).")
         max_batched = self.max_num_batched_tokens or max(2048, 0)
         if pooler is not None and pooler.encoder_only and max_batched < max_model_len:  # one step per prompt
             if self.max_num_batched_tokens is not None:
@@ -476,7 +519,8 @@ class EngineArgs:
                             greedy_head_screen=self.greedy_head_screen and not self.batch_invariant and pooler is None,
                             structured_outputs_config=so_config,
                             speculative_config=spec_config, lora_config=lora_config,
-                            batch_invariant=self.batch_invariant, data_parallel_config=dp_config)
+                            batch_invariant=self.batch_invariant, data_parallel_config=dp_config,
+                            parallel_config=parallel_config)
 
 
 def check_batch_invariant(args: EngineArgs) -> None:
@@ -493,6 +537,34 @@ def check_batch_invariant(args: EngineArgs) -> None:
                          "gets (and so its random draws) depends on the batch.")
     if args.enable_lora:
         raise ValueError("batch_invariant=True does not cover LoRA adapters yet (enable_lora).")
+
+
+def check_parallel(args: EngineArgs, parallel: ParallelConfig, hf_config: Any, pooling: bool, gguf: bool) -> None:
+    """Raise a ValueError naming the field that tensor / pipeline parallelism cannot be combined with, or the model
+    size that does not split."""
+    tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+    what = f"tensor_parallel_size={tp} x pipeline_parallel_size={pp}"
+    if args.enable_lora:
+        raise ValueError(f"enable_lora: LoRA adapters do not run with {what} yet (use one rank).")
+    if args.speculative_config is not None:
+        raise ValueError(f"speculative_config: speculative decoding does not run with {what} yet (use one rank).")
+    if pooling:
+        raise ValueError(f"runner: pooling models do not run with {what} yet (use one rank).")
+    if args.batch_invariant:
+        raise ValueError(f"batch_invariant=True is not covered with {what} (use one rank).")
+    if tp > 1 and gguf and resolve_quantization(args.quantization, True) == "gguf":
+        raise ValueError(f"quantization: GGUF blocks are not sliced over tensor-parallel ranks; use "
+                         f"quantization='none' (the file's weights decoded to float) with tensor_parallel_size={tp}.")
+    heads = hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    if tp > 1 and (heads % tp or (kv_heads % tp and tp % kv_heads)):
+        raise ValueError(f"tensor_parallel_size ({tp}) must divide the model's {heads} attention heads and divide or "
+                         f"be a multiple of its {kv_heads} key/value heads.")
+    if tp > 1 and hf_config.vocab_size % tp:
+        raise ValueError(f"tensor_parallel_size ({tp}) must divide the model's vocabulary ({hf_config.vocab_size}).")
+    if pp > hf_config.num_hidden_layers:
+        raise ValueError(f"pipeline_parallel_size ({pp}) is larger than the model's {hf_config.num_hidden_layers} "
+                         "layers.")
 
 
 def _resolve_pooling(args: EngineArgs, model_path: str, hf_config: Any) -> Any:

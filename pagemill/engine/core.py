@@ -16,7 +16,7 @@ from pagemill.metrics.kv_cache import KV_STATS_INTERVAL_S, hit_rate, kv_log_line
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.request import Request, RequestStatus
 from pagemill.structured_output.manager import StructuredOutputManager
-from pagemill.worker.executor import UniProcExecutor
+from pagemill.worker.executor import Executor
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -27,7 +27,7 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig, tokenizer: Any = None) -> None:
         self.config = config
-        self.executor = UniProcExecutor(config)
+        self.executor = Executor.get_class(config)(config)
         self.kv_cache_config = self.executor.kv_cache_config
         sc = config.scheduler_config
         needed = self.kv_cache_config.max_blocks_per_request(sc.max_model_len, sc.max_num_batched_tokens)
@@ -110,8 +110,17 @@ class EngineCore:
         return self.scheduler.make_stats(include_memory=True)
 
     def apply_model(self, func: Callable[[Any], T]) -> list[T]:
-        """func(model) on every worker's model (one here), as vLLM's `LLM.apply_model`."""
+        """func(model) on every worker's model, as vLLM's `LLM.apply_model` (with worker processes: a picklable
+        module-level function)."""
         return self.executor.apply_model(func)
+
+    def shutdown(self) -> None:
+        """Stop the executor's workers."""
+        self.executor.shutdown()
+
+    def check_health(self) -> None:
+        """Raise if a worker is dead (the core process checks while idle, so /health fails without traffic)."""
+        self.executor.check_health()
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Drop cached prefixes: when idle, or after preempting the running requests if `reset_running_requests`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import logging
 import multiprocessing
@@ -74,10 +75,15 @@ class EngineCoreClient:
         self._call_ids = itertools.count()
         self._pending_calls: dict[int, asyncio.Future] = {}
         spawn = multiprocessing.get_context("spawn")
+        # A daemonic process may not start children: a core with worker processes (mp executor) is not one, and
+        # is stopped at exit by shutdown() (registered after multiprocessing's own exit hook, so it runs first).
+        daemon = _world_size(config) == 1
         name = "pagemill-engine-core" if engine_index is None else f"pagemill-engine-core-{engine_index}"
         self.proc = spawn.Process(target=core_proc.run_engine_core, name=name,
-                                  args=(config, input_address, output_address, cpus, engine_index), daemon=True)
+                                  args=(config, input_address, output_address, cpus, engine_index), daemon=daemon)
         self.proc.start()
+        if not daemon:
+            atexit.register(self.shutdown)
 
     # ---- life cycle ----
     def wait_ready(self, timeout_s: float = 600.0) -> dict[str, Any]:
@@ -229,3 +235,11 @@ class EngineCoreClient:
                 raise EngineDeadError(self.dead_message)
             else:
                 logger.error("Unknown frame type %r from the engine core.", kind)
+
+
+def _world_size(config: Any) -> int:
+    """Worker ranks of an EngineConfig or of the EngineArgs it will be resolved from."""
+    parallel = getattr(config, "parallel_config", None)
+    if parallel is not None:
+        return parallel.world_size
+    return getattr(config, "tensor_parallel_size", 1) * getattr(config, "pipeline_parallel_size", 1)

@@ -80,6 +80,7 @@ class EngineCoreProc:
                 if os.getppid() != self.parent_pid:
                     logger.warning("Front end process is gone; engine core exits.")
                     return
+                self.core.check_health()  # a dead worker ends the loop: the front end hears DEAD
                 last_check = time.monotonic()
             self._drain_inputs()
             if self.running and self.core.has_unfinished_requests():
@@ -134,7 +135,9 @@ class EngineCoreProc:
         self._send(OUTPUTS, self.core.step())
 
     def close(self) -> None:
-        """Close the sockets (pending outputs are flushed for up to the linger time)."""
+        """Stop the workers and close the sockets (pending outputs are flushed for up to the linger time)."""
+        if hasattr(self, "core"):
+            self.core.shutdown()
         self.input.close()
         self.output.close()
         self.ctx.term()

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagemill.layers.context import LayerContext
+from pagemill.layers.linear import as_float_tensor
 from pagemill.layers.quantization.base import copy_into
 from pagemill.layers.quantization.dense import UnquantizedLinearMethod
 
@@ -26,15 +27,15 @@ class VocabParallelEmbedding(nn.Module):
 
     def __init__(self, vocab_size: int, hidden_size: int, ctx: LayerContext) -> None:
         super().__init__()
-        self.vocab_size, self.tp_size = vocab_size, ctx.tp_size
+        self.vocab_size, self.tp_size, self.tp_group = vocab_size, ctx.tp_size, ctx.tp_group
         self.vocab_start, self.vocab_end = vocab_range(vocab_size, ctx.tp_rank, ctx.tp_size)
         self.weight = nn.Parameter(torch.empty(self.vocab_end - self.vocab_start, hidden_size, dtype=ctx.dtype),
                                    requires_grad=False)
 
     def load_weight(self, param: str, loaded: Any, shard_id: Any = None) -> None:
         """This rank's rows of the checkpoint's [vocab, hidden] table."""
-        if isinstance(loaded, torch.Tensor) and self.tp_size > 1:
-            loaded = loaded[self.vocab_start:self.vocab_end]
+        if self.tp_size > 1:
+            loaded = as_float_tensor(loaded)[self.vocab_start:self.vocab_end]
         copy_into(self.weight, loaded)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -44,7 +45,7 @@ class VocabParallelEmbedding(nn.Module):
         mine = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
         out = F.embedding(torch.where(mine, input_ids - self.vocab_start, 0), self.weight)
         out.masked_fill_(~mine[:, None], 0)
-        torch.distributed.all_reduce(out)
+        torch.distributed.all_reduce(out, group=self.tp_group)
         return out
 
 
@@ -57,7 +58,7 @@ class ParallelLMHead(nn.Module):
                  tied_to: VocabParallelEmbedding | None = None) -> None:
         super().__init__()
         self.vocab_start, self.vocab_end = vocab_range(vocab_size, ctx.tp_rank, ctx.tp_size)
-        self.tp_size = ctx.tp_size
+        self.tp_size, self.tp_group = ctx.tp_size, ctx.tp_group
         self.quant_method = ctx.quant_config.get_linear_method([checkpoint_name], hidden_size)
         self.bias = None
         self.shares_embedding = (tied_to is not None and type(self.quant_method) is UnquantizedLinearMethod
@@ -77,8 +78,8 @@ class ParallelLMHead(nn.Module):
         """This rank's rows of the checkpoint's [vocab, hidden] table (a no-op when it shares the embedding's)."""
         if self.shares_embedding:
             return
-        if isinstance(loaded, torch.Tensor) and self.tp_size > 1:
-            loaded = loaded[self.vocab_start:self.vocab_end]
+        if self.tp_size > 1:
+            loaded = as_float_tensor(loaded)[self.vocab_start:self.vocab_end]
         self.quant_method.load_weight(self, loaded, 0, 0)
 
     def expected_weights(self) -> set[tuple[str, Any]]:
@@ -101,6 +102,6 @@ class ParallelLMHead(nn.Module):
         logits = self.quant_method.apply(self, hidden).to(hidden.dtype)
         if self.tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
-            torch.distributed.all_gather(parts, logits)
+            torch.distributed.all_gather(parts, logits.contiguous(), group=self.tp_group)
             logits = torch.cat(parts, dim=-1)
         return logits

@@ -9,6 +9,7 @@ from torch import nn
 
 from pagemill.attention.backend import AttentionBackend
 from pagemill.config import ModelConfig
+from pagemill.distributed.parallel_state import ParallelContext
 from pagemill.kernels.ops import TorchLayerOps
 from pagemill.layers.context import LayerContext
 from pagemill.layers.quantization import get_quant_config
@@ -17,9 +18,11 @@ from pagemill.models.registry import get_model_class
 logger = logging.getLogger(__name__)
 
 
-def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: AttentionBackend) -> nn.Module:
+def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: AttentionBackend,
+               parallel: ParallelContext | None = None) -> nn.Module:
     """Instantiate the registered class for the model (its layers built with `ops`, `attn_backend` and the linear
-    methods the checkpoint calls for) and load its weights."""
+    methods the checkpoint calls for; this rank's share of it under tensor / pipeline parallelism) and load its
+    weights."""
     from pagemill.loader.gguf_loader import GGUFWeights
     from pagemill.loader.safetensors_loader import iter_hf_weights
 
@@ -28,7 +31,9 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
     gguf = GGUFWeights(model_config.gguf_file, model_config.hf_config) if model_config.gguf_file else None
     quant_config = get_quant_config(model_config.linear_dtype, model_config.quantization, model_config.dtype,
                                     ops.kernels, gguf.tensor_types() if gguf is not None else None)
-    ctx = LayerContext(model_config.dtype, model_config.max_model_len, ops, quant_config, attn_backend)
+    p = parallel or ParallelContext()
+    ctx = LayerContext(model_config.dtype, model_config.max_model_len, ops, quant_config, attn_backend,
+                       p.tp_rank, p.tp_size, p.tp_group, p.pp_rank, p.pp_size)
     model = cls(model_config.hf_config, ctx)
     # GGUF tensors are decoded (or their blocks laid out) straight into the layers: no float temporaries.
     model.load_weights(gguf.lazy() if gguf is not None else iter_hf_weights(model_config.model))

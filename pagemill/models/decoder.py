@@ -16,7 +16,9 @@ from torch import nn
 
 from pagemill.layers.attention import Attention
 from pagemill.layers.context import LayerContext
-from pagemill.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pagemill.distributed.parallel_state import layer_range
+from pagemill.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear,
+                                    kv_heads_per_rank)
 from pagemill.layers.norm import RMSNorm
 from pagemill.layers.rotary import RotaryEmbedding
 from pagemill.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -96,7 +98,8 @@ class DecoderAttention(nn.Module):
             q_norm = self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps, ctx.ops, one_plus=spec.norm_one_plus)
             k_norm = self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps, ctx.ops, one_plus=spec.norm_one_plus)
         scale = spec.attn_scale or spec.head_dim**-0.5
-        self.attn = Attention(spec.num_heads // ctx.tp_size, spec.head_dim, spec.num_kv_heads // ctx.tp_size, scale,
+        num_kv_heads = kv_heads_per_rank(spec.num_heads, spec.num_kv_heads, ctx.tp_size)
+        self.attn = Attention(spec.num_heads // ctx.tp_size, spec.head_dim, num_kv_heads, scale,
                               ctx, rotary, self.o_proj.input_dtype, spec.sliding_windows[layer_idx], q_norm, k_norm,
                               layer_idx)
 
@@ -175,29 +178,58 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
+class PPMissingLayer(nn.Identity):
+    """The place of a module another pipeline stage holds (vLLM's name); it has no weights."""
+
+
 class DecoderModel(nn.Module):
-    """Embedding, the decoder layers and the final norm (HF's `model.` prefix)."""
+    """Embedding, the decoder layers and the final norm (HF's `model.` prefix). A pipeline stage builds only its own
+    layers (the embedding on the first, the norm on the last) and passes (hidden, residual) on to the next."""
 
     def __init__(self, spec: DecoderSpec, hf_config: Any, ctx: LayerContext, prefix: str = "model",
                  mlp_factory: MLPFactory | None = None) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, ctx)
+        self.parallel = pp = ctx.parallel
+        self.start_layer, self.end_layer = layer_range(spec.num_layers, pp.pp_rank, pp.pp_size)
+        self.hidden_size, self.dtype = spec.hidden_size, ctx.dtype
+        self.embed_tokens = (VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, ctx) if pp.is_first_stage
+                             else PPMissingLayer())
         self.embed_scale = spec.embed_scale
         ropes = {t: RotaryEmbedding(hf_config, ctx.max_position, ctx.dtype, t) for t in set(spec.rope_layer_types)}
         self.layers = nn.ModuleList(
             DecoderLayer(spec, i, ropes[spec.rope_layer_types[i]], ctx, f"{prefix}.layers.{i}", mlp_factory)
-            for i in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, ctx.ops, ctx.dtype, spec.norm_one_plus)
+            if self.start_layer <= i < self.end_layer else PPMissingLayer() for i in range(spec.num_layers))
+        self.norm = (RMSNorm(spec.hidden_size, spec.rms_norm_eps, ctx.ops, ctx.dtype, spec.norm_one_plus)
+                     if pp.is_last_stage else PPMissingLayer())
+
+    def holds(self, name: str) -> bool:
+        """Whether the checkpoint tensor `name` (under this module's prefix) belongs to this pipeline stage."""
+        parts = name.split(".")
+        if len(parts) > 2 and parts[1] == "layers":
+            return self.start_layer <= int(parts[2]) < self.end_layer
+        if len(parts) > 1 and parts[1] == "embed_tokens":
+            return self.parallel.is_first_stage
+        if len(parts) > 1 and parts[1] == "norm":
+            return self.parallel.is_last_stage
+        return True
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int | None = None) -> torch.Tensor:
         """Hidden states [T, hidden] of the final norm, for T flattened tokens (after the first `num_layers`
-        layers only, when given: a draft model made of the model's own first layers)."""
-        h = self.embed_tokens(input_ids)
-        if self.embed_scale is not None:
-            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
-        residual = None
-        for layer in self.layers[:num_layers]:
+        layers only, when given: a draft model made of the model's own first layers). A stage before the last sends
+        its (hidden, residual) to the next stage and returns its hidden states."""
+        pp = self.parallel
+        if pp.is_first_stage:
+            h = self.embed_tokens(input_ids)
+            if self.embed_scale is not None:
+                h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+            residual = None
+        else:
+            h, residual = pp.recv_prev((2, input_ids.shape[0], self.hidden_size), self.dtype).unbind(0)
+        for layer in self.layers[self.start_layer:self.end_layer if num_layers is None else num_layers]:
             h, residual = layer(positions, h, residual)
+        if not pp.is_last_stage:
+            pp.send_next(torch.stack((h, residual)))
+            return h
         return self.norm(h, residual)[0]
 
 
@@ -217,9 +249,12 @@ class DecoderForCausalLM(nn.Module):
         self.spec = self.decoder_spec(hf_config)
         self.model = DecoderModel(self.spec, hf_config, ctx, mlp_factory=self.build_mlp)
         tied = self.spec.tie_word_embeddings
-        self.lm_head = ParallelLMHead(self.spec.vocab_size, self.spec.hidden_size, ctx,
-                                      "model.embed_tokens.weight" if tied else "lm_head.weight",
-                                      tied_to=self.model.embed_tokens if tied else None)
+        pp = ctx.parallel
+        # (a pipeline's last stage reads a tied head's weight from the checkpoint: the embedding is on the first)
+        self.lm_head = (ParallelLMHead(self.spec.vocab_size, self.spec.hidden_size, ctx,
+                                       "model.embed_tokens.weight" if tied else "lm_head.weight",
+                                       tied_to=self.model.embed_tokens if tied and pp.is_first_stage else None)
+                        if pp.is_last_stage else PPMissingLayer())
 
     @classmethod
     def decoder_spec(cls, hf_config: Any) -> DecoderSpec:
@@ -239,8 +274,8 @@ class DecoderForCausalLM(nn.Module):
         return self.lm_head(hidden)
 
     def attention_layers(self) -> list[Attention]:
-        """The Attention layers, in order (the runner binds KV caches to them)."""
-        return [layer.self_attn.attn for layer in self.model.layers]
+        """This stage's Attention layers, in order (the runner binds KV caches to them)."""
+        return [layer.self_attn.attn for layer in self.model.layers[self.model.start_layer:self.model.end_layer]]
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Load HF-named checkpoint tensors (torch tensors or lazy GGUF weights) and prepare every layer."""
@@ -254,5 +289,11 @@ class DecoderForCausalLM(nn.Module):
             if name.startswith("lm_head."):
                 return []
             if name == "model.embed_tokens.weight":
-                return [name, "lm_head.weight"]
-        return [name]
+                return [t for t in (name, "lm_head.weight") if self._holds(t)]
+        return [name] if self._holds(name) else []
+
+    def _holds(self, name: str) -> bool:
+        """Whether a model parameter name belongs to this pipeline stage."""
+        if name.startswith("lm_head."):
+            return self.model.parallel.is_last_stage
+        return not name.startswith("model.") or self.model.holds(name)

@@ -96,4 +96,6 @@ class MoEForCausalLM(DecoderForCausalLM):
         for old, new in self.checkpoint_renames.items():
             name = name.replace(f".{old}.", f".{new}.")
         target = expert_target(name)
-        return [target] if target is not None else super().checkpoint_targets(name)
+        if target is not None:
+            return [target] if self._holds(target) else []
+        return super().checkpoint_targets(name)

@@ -1,7 +1,10 @@
-"""Executor: runs the model runner for the engine core (one in-process worker on a CPU)."""
+"""Executors: what runs the model for the engine core, behind one interface (vLLM's `Executor`): one worker in
+the engine's own process (`uni`), one worker process per tensor / pipeline rank (`mp`), or one Ray actor per rank
+(`ray`, across the nodes of a Ray cluster)."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +17,57 @@ from pagemill.lora.request import LoRARequest
 from pagemill.worker.pooling_runner import make_model_runner
 
 
-class UniProcExecutor:
+class Executor(ABC):
+    """The engine core's view of its workers: start them (in __init__), run a step, check and stop them."""
+
+    kv_cache_config: KVCacheConfig  # the KV cache every worker allocated (blocks, swap blocks, block size)
+
+    @staticmethod
+    def get_class(config: EngineConfig) -> type[Executor]:
+        """The executor class `distributed_executor_backend` names."""
+        backend = config.parallel_config.distributed_executor_backend
+        if backend == "mp":
+            from pagemill.worker.multiproc_executor import MultiprocExecutor
+
+            return MultiprocExecutor
+        if backend == "ray":
+            from pagemill.worker.ray_executor import RayDistributedExecutor
+
+            return RayDistributedExecutor
+        return UniProcExecutor
+
+    @abstractmethod
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step on the workers; the sampled tokens (and the runner's section timings) come back."""
+
+    @abstractmethod
+    def apply_model(self, func: Callable[[nn.Module], Any]) -> list[Any]:
+        """func(model) on each worker's model, results in rank order."""
+
+    @abstractmethod
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter on every worker; True if it was not loaded yet."""
+
+    @abstractmethod
+    def remove_lora(self, lora_id: int) -> bool:
+        """Unload an adapter from every worker."""
+
+    @abstractmethod
+    def pin_lora(self, lora_id: int) -> bool:
+        """Pin an adapter on every worker."""
+
+    @abstractmethod
+    def list_loras(self) -> list[int]:
+        """Ids of the adapters loaded (on the first worker)."""
+
+    def check_health(self) -> None:
+        """Raise if a worker is dead (an in-process worker is alive while the engine is)."""
+
+    def shutdown(self) -> None:
+        """Stop the workers (nothing to stop in-process)."""
+
+
+class UniProcExecutor(Executor):
     """A single worker in the engine core's own process."""
 
     def __init__(self, config: EngineConfig) -> None:

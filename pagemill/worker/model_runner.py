@@ -19,6 +19,7 @@ from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig, kv_cache_groups
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagemill.distributed.parallel_state import ParallelContext
 from pagemill.forward_context import set_forward_context
 from pagemill.kernels.ops import select_layer_ops
 from pagemill.layers.batch_invariant import make_batch_invariant
@@ -69,14 +70,15 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 class ModelRunner:
     """Owns the model, the paged KV cache and the persistent input batch."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, parallel: ParallelContext | None = None) -> None:
         self.config = config
+        self.parallel = parallel or ParallelContext()  # this worker's tensor / pipeline ranks
         mc, cc = config.model_config, config.cache_config
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         self.backend = get_attn_backend(config.attention_backend, config.batch_invariant)
         # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.
         self.ops = ops = select_layer_ops(use_kernels=self.backend.name != "torch")
-        self.model = load_model(mc, ops, self.backend)
+        self.model = load_model(mc, ops, self.backend, self.parallel)
         if config.batch_invariant:
             logger.info("Batch-invariant mode: %d linear layers on fixed-order kernels",
                         make_batch_invariant(self.model, ops.kernels))
@@ -88,11 +90,12 @@ class ModelRunner:
         if self.kv_dtype not in self.backend.capabilities.kv_cache_dtypes:
             raise ValueError(f"kv_cache_dtype {self.kv_dtype} is not supported by the {self.backend.name} backend.")
         layers = self.model.attention_layers()
+        self.num_kv_heads = layers[0].num_kv_heads  # this rank's share (tensor parallelism)
         groups = kv_cache_groups([layer.sliding_window for layer in layers], mc.max_model_len)
         # Layers per group: one KV tensor per position in a group serves one layer of every group.
         self.group_size = max(len(ids) for _, ids in groups)
         self.num_blocks = self._num_blocks()
-        shape = self.backend.kv_cache_shape(self.num_blocks, cc.block_size, mc.num_kv_heads, mc.head_dim)
+        shape = self.backend.kv_cache_shape(self.num_blocks, cc.block_size, self.num_kv_heads, mc.head_dim)
         # One allocation for all layers, so a copy-on-write of blocks is one indexed copy for every layer.
         self.kv_cache = lazy_zeros((self.group_size, *shape), self.kv_dtype)
         self.kv_caches = list(self.kv_cache.unbind(0))
@@ -134,7 +137,7 @@ class ModelRunner:
         if cc.num_gpu_blocks_override:
             return cc.num_gpu_blocks_override
         elem = torch.tensor([], dtype=self.kv_dtype).element_size()
-        per_block = self.group_size * 2 * cc.block_size * mc.num_kv_heads * mc.head_dim * elem
+        per_block = self.group_size * 2 * cc.block_size * self.num_kv_heads * mc.head_dim * elem
         num_blocks = max(2, cc.kv_cache_memory // per_block)
         return int(num_blocks)
 
@@ -195,6 +198,8 @@ class ModelRunner:
         start = time.perf_counter()
         with prof.section("forward"), set_forward_context(metadata, self.lora_mapping(step.rows, step.counts)):
             hidden = self.model(step.input_ids, step.positions)
+        if not self.parallel.is_last_stage:  # the hidden states went on to the next pipeline stage
+            return ModelRunnerOutput({})
         out = self._sample(hidden, step, so)
         if so.num_spec_tokens_to_propose and self.proposer is not None:
             target = time.perf_counter() - start
@@ -203,6 +208,18 @@ class ModelRunner:
             if positions:
                 out.draft_cost = (time.perf_counter() - start - target) / (positions * target)
         return out
+
+    def apply_sampled(self, sampled: dict[str, list[int]], appended: bool) -> None:
+        """The engine's tokens of the previous step, on a worker whose own are not the engine's (tensor / pipeline
+        parallelism): written over the ones it sampled itself (`appended`), else appended."""
+        ib = self.input_batch
+        for rid, toks in sampled.items():
+            row = ib.req_id_to_row.get(rid)
+            if row is None:
+                continue
+            end = int(ib.num_tokens[row]) + (0 if appended else len(toks))
+            ib.token_ids[row, end - len(toks):end] = toks
+            ib.num_tokens[row] = end
 
     def _prepare(self, so: SchedulerOutput) -> StepInputs:
         """Flattened input ids, positions and attention metadata for the step (vectorised numpy)."""

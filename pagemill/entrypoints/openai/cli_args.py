@@ -68,8 +68,14 @@ _ENGINE_HELP = {
                   "as vLLM).",
     "dp_imbalance_threshold": "prefix-affinity: the load score (waiting x 4 + running) by which the engine holding "
                               "the prefix may exceed the least-loaded one before the request goes to the latter.",
+    "tensor_parallel_size": "Ranks (worker processes) each layer's weights, heads and KV cache are split over.",
+    "pipeline_parallel_size": "Pipeline stages (worker processes) the layers are split over.",
+    "distributed_executor_backend": "What runs the workers: uni (one, in the engine process), mp (one process "
+                                    "per rank; the default when tensor x pipeline parallel size > 1) or ray (one "
+                                    "Ray actor per rank, on the nodes of a Ray cluster).",
 }
-_ALIASES = {"data_parallel_size": ["-dp"]}  # vLLM's short flags
+_ALIASES = {"data_parallel_size": ["-dp"], "tensor_parallel_size": ["-tp"],  # vLLM's short flags
+            "pipeline_parallel_size": ["-pp"]}
 _CHOICES = {"dp_routing": DP_ROUTING_POLICIES}
 _CUSTOM = {"served_model_name"}  # declared by hand (several names allowed)
 
@@ -98,15 +104,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(EngineArgs):
         if f.name in _CUSTOM:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = ["--" + f.name.replace("_", "-"), *_ALIASES.get(f.name, [])]
         default = f.default if f.default is not dataclasses.MISSING else None
         help_text = _ENGINE_HELP.get(f.name, f"EngineArgs.{f.name}")
         if hints[f.name] is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            group.add_argument(*flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         elif _is_dict_field(hints[f.name]):
-            group.add_argument(flag, type=config_flag(f.name), default=default, metavar="JSON", help=help_text)
+            group.add_argument(*flag, type=config_flag(f.name), default=default, metavar="JSON", help=help_text)
         else:
-            group.add_argument(flag, *_ALIASES.get(f.name, []), type=_scalar_type(hints[f.name]), default=default,
+            group.add_argument(*flag, type=_scalar_type(hints[f.name]), default=default,
                                choices=_CHOICES.get(f.name), help=help_text)
 
 

@@ -1,0 +1,211 @@
+"""The `mp` executor: one spawned worker process per tensor x pipeline rank, joined in a gloo process group on
+loopback (vLLM's `MultiprocExecutor`).
+
+Each step's SchedulerOutput is pickled once and written to every worker's pipe; the driver rank (the last pipeline
+stage's first tensor-parallel rank) answers with the sampled tokens, which go to the other ranks with the next step
+so that every worker's persistent batch holds the same tokens. A worker that dies fails the step at once: the
+executor waits on the driver's pipe and on every worker's process sentinel together, never on a collective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import pickle
+import socket
+import weakref
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import torch
+from torch import nn
+
+from pagemill.config import EngineConfig
+from pagemill.core.kv_cache_utils import KVCacheConfig
+from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagemill.lora.request import LoRARequest
+from pagemill.worker.cpu_binding import rank_cores
+from pagemill.worker.executor import Executor
+from pagemill.worker.worker_proc import run_worker
+
+logger = logging.getLogger(__name__)
+
+_START_TIMEOUT_S = 900.0  # loading a large checkpoint
+_SHUTDOWN_GRACE_S = 2.0
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process ended while the engine was using it."""
+
+
+class ResolvedGrammar:
+    """A step's structured-output bitmask, already filled (the background fill lives in the engine process)."""
+
+    def __init__(self, grammar: Any) -> None:
+        self._bitmask: torch.Tensor = grammar.bitmask()
+        self.req_ids, self.offsets, self.fill_seconds = grammar.req_ids, grammar.offsets, grammar.fill_seconds
+
+    def bitmask(self) -> torch.Tensor:
+        """[rows, ceil(vocab / 32)] int32, as GrammarStep.bitmask."""
+        return self._bitmask
+
+
+def merge_kv_cache_configs(configs: list[KVCacheConfig]) -> KVCacheConfig:
+    """The KV cache the engine schedules over, from every rank's: every rank indexes the same block ids, so the
+    fewest blocks (a stage with fewer layers may hold more than the engine uses)."""
+    if len({c.group_windows for c in configs}) > 1:
+        raise ValueError("pipeline_parallel_size: the stages' layers fall into different KV cache groups "
+                         "(sliding-window layers); this model does not split into these stages.")
+    return dataclasses.replace(configs[0], num_blocks=min(c.num_blocks for c in configs),
+                               num_swap_blocks=min(c.num_swap_blocks for c in configs))
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (the process group's rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MultiprocExecutor(Executor):
+    """tensor_parallel_size x pipeline_parallel_size worker processes, started, watched and stopped here."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        pc = config.parallel_config
+        self.world_size = pc.world_size
+        self.driver_rank = (pc.pipeline_parallel_size - 1) * pc.tensor_parallel_size
+        ctx = multiprocessing.get_context("spawn")
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.conns: list[Connection] = []
+        for rank, cores in enumerate(rank_cores(self.world_size)):
+            parent_conn, child_conn = ctx.Pipe()
+            proc = ctx.Process(target=run_worker, args=(config, rank, init_method, child_conn, cores),
+                               name=f"pagemill-worker-{rank}", daemon=True)
+            proc.start()
+            child_conn.close()
+            self.procs.append(proc)
+            self.conns.append(parent_conn)
+        self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.conns)
+        self._dead: str | None = None
+        self._sampled: dict[str, list[int]] = {}  # the previous step's tokens, for the non-driver ranks
+        try:
+            configs = [self._start_reply(rank) for rank in range(self.world_size)]
+            self.kv_cache_config = merge_kv_cache_configs(configs)
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info("%d workers ready (tensor_parallel_size=%d, pipeline_parallel_size=%d)", self.world_size,
+                    pc.tensor_parallel_size, pc.pipeline_parallel_size)
+
+    def _start_reply(self, rank: int) -> KVCacheConfig:
+        reply = self._recv(rank, _START_TIMEOUT_S, starting=True)
+        if reply[0] == "error":
+            _, kind, message = reply
+            raise (ValueError if kind == "ValueError" else RuntimeError)(f"worker rank {rank}: {message}")
+        return reply[1]
+
+    def _recv(self, rank: int, timeout: float | None = None, starting: bool = False) -> Any:
+        """The next reply of worker `rank`; WorkerDiedError as soon as any worker's process ends first."""
+        if self._dead is not None:
+            raise WorkerDiedError(self._dead)
+        conn = self.conns[rank]
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        while True:
+            ready = wait([conn, *sentinels], timeout)
+            if conn in ready and conn.poll():
+                try:
+                    return conn.recv()
+                except EOFError:
+                    pass
+            if not ready:
+                raise WorkerDiedError(f"worker rank {rank} did not answer within {timeout:.0f} s")
+            dead = [r for s, r in sentinels.items() if s in ready] or [rank]
+            proc = self.procs[dead[0]]
+            proc.join(0.1)
+            if starting and conn.poll():  # a start-up error message precedes the exit
+                return conn.recv()
+            self._dead = (f"worker rank {dead[0]} (pid {proc.pid}) died with exit code {proc.exitcode}; "
+                          "the engine cannot continue.")
+            logger.error(self._dead)
+            self.shutdown()
+            raise WorkerDiedError(self._dead)
+
+    def _broadcast(self, msg: tuple) -> None:
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            for conn in self.conns:
+                conn.send_bytes(data)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.check_health()
+            raise
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Send the step to every rank; the driver rank's output comes back."""
+        if scheduler_output.grammar is not None:
+            scheduler_output.grammar = ResolvedGrammar(scheduler_output.grammar)
+        self._broadcast(("execute_model", scheduler_output, self._sampled))
+        out = self._recv(self.driver_rank)
+        self._sampled = out.sampled
+        return out
+
+    def apply_model(self, func: Callable[[nn.Module], Any]) -> list[Any]:
+        """func(model) on every rank's model (func must pickle: a module-level function), in rank order."""
+        self._broadcast(("apply_model", func))
+        return [self._recv(rank)[1] for rank in range(self.world_size)]
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """LoRA is refused with several ranks (config check); kept for the interface."""
+        raise ValueError("enable_lora: LoRA adapters do not run with worker processes yet.")
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """No adapters are ever loaded here."""
+        return False
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """No adapters are ever loaded here."""
+        raise ValueError("enable_lora: LoRA adapters do not run with worker processes yet.")
+
+    def list_loras(self) -> list[int]:
+        """No adapters are ever loaded here."""
+        return []
+
+    def check_health(self) -> None:
+        """Raise WorkerDiedError if any worker process has ended."""
+        if self._dead is None:
+            for rank, proc in enumerate(self.procs):
+                if not proc.is_alive():
+                    self._dead = f"worker rank {rank} (pid {proc.pid}) died with exit code {proc.exitcode}."
+                    self.shutdown()
+                    break
+        if self._dead is not None:
+            raise WorkerDiedError(self._dead)
+
+    def shutdown(self) -> None:
+        """Ask every worker to stop, then terminate (and kill) the ones that do not (e.g. stuck in a collective
+        whose peer died)."""
+        self._finalizer()
+
+
+def _stop_workers(procs: list[multiprocessing.process.BaseProcess], conns: list[Connection]) -> None:
+    data = pickle.dumps(("shutdown",))
+    for proc, conn in zip(procs, conns):
+        if proc.is_alive():
+            try:
+                conn.send_bytes(data)
+            except OSError:
+                pass
+    for proc in procs:
+        proc.join(_SHUTDOWN_GRACE_S / max(1, len(procs)))
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(1.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(1.0)
+    for conn in conns:
+        conn.close()
