@@ -52,6 +52,11 @@ def _max_map_count() -> int:
         return 65530
 
 
+def max_chunk_mappings() -> int:
+    """Chunk mappings the process can hold: vm.max_map_count less a reserve for everything else."""
+    return max(1024, _max_map_count() - _MAP_COUNT_RESERVE)
+
+
 class VirtualKVSpace:
     """The physical chunk pool and every slot's reserved K/V ranges, with the chunk -> range mappings."""
 
@@ -101,11 +106,7 @@ class VirtualKVSpace:
         self.live = np.zeros(num_slots, dtype=bool)
         self.num_map_calls = 0  # mmap calls that mapped chunks (each covers a run of chunks of one layer's K or V)
         self.num_unmap_calls = 0
-        self._max_vmas = max(1024, _max_map_count() - _MAP_COUNT_RESERVE)
-        if num_blocks * num_layers * 2 > self._max_vmas:
-            logger.warning("kv_cache_layout='virtual': %d blocks x %d layers x K/V may need more mappings than "
-                           "vm.max_map_count allows (%d); a larger block_size needs fewer.", num_blocks, num_layers,
-                           self._max_vmas)
+        self._max_vmas = max_chunk_mappings()
 
     # ---- views ----
     def range_view(self, layer: int, kv: int) -> torch.Tensor:

@@ -3,13 +3,17 @@ contiguous ranges (worker/virtual_kv.py) as block tables grow; everything else i
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
 from pagemill.config import EngineConfig
 from pagemill.core.sched_output import SchedulerOutput
 from pagemill.worker.model_runner import ModelRunner
-from pagemill.worker.virtual_kv import VirtualKVSpace
+from pagemill.worker.virtual_kv import VirtualKVSpace, max_chunk_mappings
+
+logger = logging.getLogger(__name__)
 
 
 class VirtualKVModelRunner(ModelRunner):
@@ -24,6 +28,18 @@ class VirtualKVModelRunner(ModelRunner):
             raise ValueError("kv_cache_layout='virtual' supports full-attention models only (one KV cache group).")
         for pos, layer in enumerate(layers):
             layer.virtual_kv = (self.kv_space.range_view(pos, 0), self.kv_space.range_view(pos, 1))
+
+    def _num_blocks(self) -> int:
+        """The paged count, capped so that one mapping per chunk of every layer's K and V fits under
+        vm.max_map_count (each chunk is its own mapping unless its neighbour holds the next block)."""
+        num_blocks = super()._num_blocks()
+        cap = max_chunk_mappings() // (2 * self.group_size)
+        if self.config.cache_config.num_gpu_blocks_override or num_blocks <= cap:
+            return num_blocks
+        logger.warning("kv_cache_layout='virtual': %d KV blocks instead of %d, so that their mappings (%d layers x "
+                       "K/V each) fit under vm.max_map_count; a larger block_size keeps more tokens.", cap,
+                       num_blocks, self.group_size)
+        return cap
 
     def _allocate_kv_cache(self, shape: tuple[int, ...]) -> torch.Tensor:
         """The memfd pool (its paged view) and the reserved per-slot ranges."""
