@@ -4,7 +4,8 @@
     python benchmarks/virtual_kv.py --engine        # + engine runs: page faults per step, tok/s, memory waste
 
 Attention (Fig. 7 / 8 of the vTensor paper): one layer of SmolLM2's shape (9 query heads, 3 KV heads of 64, fp32,
-16-token blocks = chunks), each backend's full `forward` (cache write + attention), ms per layer and x30 layers.
+16-token blocks = chunks), each backend's full `forward` (cache write + attention), best of --iters runs, ms per
+layer (x30 for the model).
 Blocks are assigned in a shuffled order, as in a pool that has been used for a while; the virtual layout maps them
 into each request's range first (its one-time cost per chunk is printed as "map"). Backends: `cpu` = pagemill's
 compiled paged kernel (the default), `torch` = gather blocks + SDPA (the paged reference), `virtual` = SDPA on the
@@ -30,14 +31,15 @@ from pagemill.worker.virtual_kv import VirtualKVSpace
 HQ, HK, D, BS = 9, 3, 64, 16
 
 
-def _median_time(fn, iters: int) -> float:
+def _best_time(fn, iters: int) -> float:
+    """The fastest of `iters` runs after a warm-up (the least disturbed by other processes on a shared machine)."""
     fn()
     times = []
     for _ in range(iters):
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
+    return min(times)
 
 
 def _case(batch: int, ctx: int, new: int, iters: int, seed: int = 0) -> dict[str, float]:
@@ -73,9 +75,9 @@ def _case(batch: int, ctx: int, new: int, iters: int, seed: int = 0) -> dict[str
     out_virtual = virtual.forward(layer, q, k, v, kv_virtual, virtual.build_metadata(common))
     out_ref = ref.forward(layer, q, k, v, kv_virtual, ref.build_metadata(common))
     assert torch.allclose(out_virtual, out_ref, atol=1e-4), "virtual and paged attention disagree"
-    result["virtual"] = _median_time(lambda: virtual.forward(layer, q, k, v, kv_virtual,
+    result["virtual"] = _best_time(lambda: virtual.forward(layer, q, k, v, kv_virtual,
                                                              virtual.build_metadata(common)), iters)
-    result["torch"] = _median_time(lambda: ref.forward(layer, q, k, v, kv_virtual, ref.build_metadata(common)),
+    result["torch"] = _best_time(lambda: ref.forward(layer, q, k, v, kv_virtual, ref.build_metadata(common)),
                                    max(1, iters // 4))
     del layer.virtual_kv, kv_virtual, space
     try:
@@ -83,7 +85,7 @@ def _case(batch: int, ctx: int, new: int, iters: int, seed: int = 0) -> dict[str
     except RuntimeError:
         return result
     kv_paged = torch.randn(2, num_blocks, BS, HK, D)
-    result["cpu"] = _median_time(lambda: cpu.forward(layer, q, k, v, kv_paged, cpu.build_metadata(common)), iters)
+    result["cpu"] = _best_time(lambda: cpu.forward(layer, q, k, v, kv_paged, cpu.build_metadata(common)), iters)
     return result
 
 
