@@ -94,8 +94,9 @@ class VirtualContiguousAttention(AttentionBackend):
             slot, seq, ctx = int(metadata.slots[i]), int(md.seq_lens[i]), int(md.num_computed_tokens[i])
             ki = k_range[slot, :seq].transpose(0, 1).to(q.dtype)  # [Hk, seq, D], contiguous in tokens
             vi = v_range[slot, :seq].transpose(0, 1).to(q.dtype)
-            if e - s == 1:  # a decode: its query heads as rows per KV head, every key visible
-                o = F.scaled_dot_product_attention(q[s].view(hk, group, hd), ki, vi, scale=layer.scale)
+            if e - s == 1:  # a decode: its query heads as rows per KV head, every key visible (4-d: SDPA's fast path)
+                o = F.scaled_dot_product_attention(q[s].view(1, hk, group, hd), ki.unsqueeze(0), vi.unsqueeze(0),
+                                                   scale=layer.scale)
                 out[s] = o.reshape(layer.num_heads, hd)
                 continue
             qi = q[s:e].transpose(0, 1)  # [Hq, L, D]
