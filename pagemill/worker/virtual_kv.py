@@ -18,6 +18,8 @@ import math
 import mmap
 import os
 import sys
+import warnings
+import weakref
 
 import numpy as np
 import torch
@@ -82,25 +84,30 @@ class VirtualKVSpace:
         self._libc = _libc()
         # Physical pool: shmem pages are allocated on first write, like the paged layout's lazy anonymous mapping.
         pool_bytes = num_layers * 2 * num_blocks * self.chunk_bytes
-        self.fd = os.memfd_create(_MEMFD_NAME, os.MFD_CLOEXEC)
+        reserve = num_slots * self.slot_bytes
+        fd = os.memfd_create(_MEMFD_NAME, os.MFD_CLOEXEC)
         try:
-            os.ftruncate(self.fd, pool_bytes)
-            self._pool_map = mmap.mmap(self.fd, pool_bytes, flags=mmap.MAP_SHARED,
-                                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
-            reserve = num_slots * self.slot_bytes
-            self.base = self._mmap(None, reserve, _PROT_READ, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
-        except (OSError, ValueError) as e:
-            os.close(self.fd)
+            os.ftruncate(fd, pool_bytes)
+            pool_map = mmap.mmap(fd, pool_bytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            # The reservation: read-only, uncommitted; chunk mappings replace parts of it (MAP_FIXED).
+            reserved = mmap.mmap(-1, reserve, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE,
+                                 prot=mmap.PROT_READ)
+        except OSError as e:
+            os.close(fd)
             raise ValueError(f"kv_cache_layout='virtual': the OS refused the KV mappings ({e}); use "
                              "kv_cache_layout='paged'.") from e
+        self.fd = fd
+        weakref.finalize(self, os.close, fd)  # the mappings outlive the descriptor; tensors keep them
         self.reserve_bytes = reserve
         # The paged view of the pool (writes by slot mapping, copy-on-write and swap copies use it).
-        self.pool = torch.frombuffer(self._pool_map, dtype=torch.uint8).view(dtype).view(
+        self.pool = torch.frombuffer(pool_map, dtype=torch.uint8).view(dtype).view(
             num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
-        elems = reserve // elem
-        buf = (ctypes.c_char * reserve).from_address(self.base)
-        self._flat = torch.frombuffer(buf, dtype=torch.uint8).view(dtype)
-        assert self._flat.numel() == elems
+        with warnings.catch_warnings():  # read-only by design: attention only reads the ranges
+            warnings.simplefilter("ignore")
+            # The tensors own the mmap objects: the reservation (with every chunk mapped into it) is unmapped when
+            # the last view of it is gone.
+            self._flat = torch.frombuffer(reserved, dtype=torch.uint8).view(dtype)
+        self.base = self._flat.data_ptr()
         # mapped[slot, j]: the block whose chunks are mapped at chunk j of the slot's ranges (-1: none).
         self.mapped = np.full((num_slots, self.max_chunks), -1, dtype=np.int64)
         self.live = np.zeros(num_slots, dtype=bool)
@@ -201,14 +208,6 @@ class VirtualKVSpace:
     def resident_bytes(self) -> int:
         """Bytes of the physical pool backed by memory (shmem pages written at least once)."""
         return os.fstat(self.fd).st_blocks * 512
-
-    def close(self) -> None:
-        """Unmap the reservation and the pool (tensors over them must no longer be used)."""
-        if self.fd < 0:
-            return
-        self._libc.munmap(self.base, self.reserve_bytes)
-        os.close(self.fd)
-        self.fd = -1
 
 
 def memfd_mappings() -> int:
