@@ -22,7 +22,13 @@ class VirtualKVModelRunner(ModelRunner):
     kv_space: VirtualKVSpace
 
     def __init__(self, config: EngineConfig) -> None:
-        super().__init__(config)
+        try:
+            super().__init__(config)
+        except ValueError as e:
+            if "sliding-window" not in str(e):
+                raise
+            raise ValueError("kv_cache_layout='virtual' supports full-attention models only; this model has "
+                             "sliding-window layers: use kv_cache_layout='paged'.") from e
         layers = self.model.attention_layers()
         if len(self.kv_cache_config.group_windows) != 1:
             raise ValueError("kv_cache_layout='virtual' supports full-attention models only (one KV cache group).")

@@ -177,3 +177,13 @@ def test_bad_options_name_the_layout(tiny_vt, monkeypatch):
     monkeypatch.setattr(sys, "platform", "darwin")
     with pytest.raises(ValueError, match="kv_cache_layout='virtual' needs Linux"):
         VirtualKVSpace(1, 4, BLOCK, KV_HEADS, HEAD_DIM, torch.float32, num_slots=1, max_model_len=64)
+
+
+def test_cli_flag_reaches_the_cache_config(tiny_vt):
+    """`--kv-cache-layout virtual` (generated from EngineArgs) sets the cache config; paged stays the default."""
+    import argparse
+
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    assert EngineArgs.from_cli_args(parser.parse_args([])).kv_cache_layout == "paged"
+    args = EngineArgs.from_cli_args(parser.parse_args(["--model", tiny_vt, "--kv-cache-layout", "virtual"]))
+    assert args.create_engine_config().cache_config.kv_cache_layout == "virtual"
