@@ -13,7 +13,6 @@ the engine goes idle or the mapping count nears `vm.max_map_count`.
 from __future__ import annotations
 
 import ctypes
-import logging
 import math
 import mmap
 import os
@@ -23,8 +22,6 @@ import weakref
 
 import numpy as np
 import torch
-
-logger = logging.getLogger(__name__)
 
 # Linux mmap flags (the same on x86-64 and arm64).
 _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS = 0x01, 0x02, 0x10, 0x20
@@ -41,8 +38,6 @@ def _libc() -> ctypes.CDLL:
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                           ctypes.c_long]
-    libc.munmap.restype = ctypes.c_int
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     return libc
 
 
