@@ -200,6 +200,17 @@ class VirtualKVSpace:
         """Chunk positions (of every layer's K and V ranges together) that map a physical chunk now."""
         return int((self.mapped >= 0).sum())
 
+    def mapped_regions(self) -> int:
+        """Mappings of the pool's memfd inside this space's reservation now (/proc/self/maps): 0 when none is left."""
+        lo, hi = self.base, self.base + self.reserve_bytes
+        count = 0
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if f"/memfd:{_MEMFD_NAME}" in line:
+                    start = int(line.split("-", 1)[0], 16)
+                    count += lo <= start < hi
+        return count
+
     def resident_bytes(self) -> int:
         """Bytes of the physical pool backed by memory (shmem pages written at least once)."""
         return os.fstat(self.fd).st_blocks * 512
