@@ -119,6 +119,7 @@ class ModelConfig:
 
 
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_CACHE_LAYOUTS = ("paged", "virtual")
 
 
 @dataclass
@@ -132,6 +133,7 @@ class CacheConfig:
     num_gpu_blocks_override: int | None = None  # exact number of blocks (tests)
     swap_space: int = 4 * 2**30  # bytes of host memory for swapped-out blocks (preemption_mode="swap")
     kv_cache_dtype: str = "auto"  # auto = the model dtype; float16/bfloat16 halve attention's memory traffic
+    kv_cache_layout: str = "paged"  # paged blocks, or virtual: each request's KV contiguous (worker/virtual_kv.py)
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
@@ -140,6 +142,9 @@ class CacheConfig:
             raise ValueError("prefix_caching_hash_algo must be 'builtin' or 'sha256'.")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}.")
+        if self.kv_cache_layout not in KV_CACHE_LAYOUTS:
+            raise ValueError(f"kv_cache_layout must be one of {', '.join(KV_CACHE_LAYOUTS)}, "
+                             f"got {self.kv_cache_layout!r}.")
 
 
 SCHEDULING_POLICIES = ("fcfs", "priority", "srtf", "two-level")
@@ -388,6 +393,7 @@ class EngineArgs:
     attention_backend: str = "auto"
     linear_dtype: str = "auto"  # float16/bfloat16: 3-4x faster GEMMs, top-1 within 99% of float32
     kv_cache_dtype: str = "auto"  # float16/bfloat16: half the KV bytes (attention reads, cache capacity)
+    kv_cache_layout: str = "paged"  # virtual: vTensor-style contiguous per-request KV over mapped chunks (Linux)
     quantization: str = "auto"  # gguf (auto for GGUF files): small-batch GEMVs stream the Q4_1/Q8_0 weights as stored;
     # int8 / int4: a safetensors model's linears quantized at load (weight-only, groups of 16 / 32) for the same GEMVs
     profile: bool = False  # time each part of the engine step (StepProfiler)
@@ -472,6 +478,7 @@ class EngineArgs:
         if dp_config.data_parallel_size > 1 and parallel_config.world_size > 1:
             raise ValueError("data_parallel_size > 1 cannot be combined with tensor_parallel_size or "
                              "pipeline_parallel_size > 1 yet (each engine core would need its own worker group).")
+        check_kv_cache_layout(self)
         max_batched = self.max_num_batched_tokens or max(2048, 0)
         if pooler is not None and pooler.encoder_only and max_batched < max_model_len:  # one step per prompt
             if self.max_num_batched_tokens is not None:
@@ -502,6 +509,7 @@ class EngineArgs:
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             swap_space=int(self.swap_space * 2**30),
             kv_cache_dtype=self.kv_cache_dtype,
+            kv_cache_layout=self.kv_cache_layout,
         )
         scheduler_config = SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
@@ -565,6 +573,24 @@ def check_parallel(args: EngineArgs, parallel: ParallelConfig, hf_config: Any, p
     if pp > hf_config.num_hidden_layers:
         raise ValueError(f"pipeline_parallel_size ({pp}) is larger than the model's {hf_config.num_hidden_layers} "
                          "layers.")
+
+
+def check_kv_cache_layout(args: EngineArgs) -> None:
+    """Raise a ValueError naming the option that kv_cache_layout='virtual' cannot be combined with."""
+    if args.kv_cache_layout not in KV_CACHE_LAYOUTS:
+        raise ValueError(f"kv_cache_layout must be one of {', '.join(KV_CACHE_LAYOUTS)}, got {args.kv_cache_layout!r}.")
+    if args.kv_cache_layout == "paged":
+        return
+    if args.attention_backend == "cpu" or args.batch_invariant:
+        raise ValueError("kv_cache_layout='virtual' has its own attention (SDPA over contiguous KV): it cannot be "
+                         "combined with attention_backend='cpu' or batch_invariant=True.")
+    if args.tensor_parallel_size * args.pipeline_parallel_size > 1:
+        raise ValueError("kv_cache_layout='virtual' does not run with tensor_parallel_size or pipeline_parallel_size "
+                         "> 1 yet (use kv_cache_layout='paged').")
+    spec = SpeculativeConfig.from_user(args.speculative_config)
+    if spec is not None and spec.method == "draft_model":
+        raise ValueError("kv_cache_layout='virtual' does not cover a draft model's KV cache "
+                         "(speculative_config method draft_model).")
 
 
 def _resolve_pooling(args: EngineArgs, model_path: str, hf_config: Any) -> Any:

@@ -27,3 +27,4 @@ class CommonAttentionMetadata:
     block_table: np.ndarray
     block_size: int
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
+    rows: np.ndarray | None = None  # [B] input-batch row of each request (kv_cache_layout="virtual": its KV range)

@@ -9,13 +9,17 @@ logger = logging.getLogger(__name__)
 BACKENDS = ("auto", "cpu", "torch")
 
 
-def get_attn_backend(name: str = "auto", batch_invariant: bool = False):
+def get_attn_backend(name: str = "auto", batch_invariant: bool = False, kv_cache_layout: str = "paged"):
     """An attention backend instance for `name` (auto = cpu kernel if available); `batch_invariant`: the cpu kernel
-    for every request (an error without it)."""
+    for every request (an error without it); kv_cache_layout="virtual": SDPA over virtual-contiguous KV."""
     from pagemill.attention.backends.torch_paged import TorchPagedAttention
 
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}, got {name!r}.")
+    if kv_cache_layout == "virtual":
+        from pagemill.attention.backends.virtual_contiguous import VirtualContiguousAttention
+
+        return VirtualContiguousAttention()
     if batch_invariant:
         from pagemill.attention.backends.cpu_invariant import BatchInvariantCpuAttention
 

@@ -75,7 +75,8 @@ class ModelRunner:
         self.parallel = parallel or ParallelContext()  # this worker's tensor / pipeline ranks
         mc, cc = config.model_config, config.cache_config
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
-        self.backend = get_attn_backend(config.attention_backend, config.batch_invariant)
+        self.backend = get_attn_backend(config.attention_backend, config.batch_invariant,
+                                        config.cache_config.kv_cache_layout)
         # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.
         self.ops = ops = select_layer_ops(use_kernels=self.backend.name != "torch")
         self.model = load_model(mc, ops, self.backend, self.parallel)
@@ -97,7 +98,7 @@ class ModelRunner:
         self.num_blocks = self._num_blocks()
         shape = self.backend.kv_cache_shape(self.num_blocks, cc.block_size, self.num_kv_heads, mc.head_dim)
         # One allocation for all layers, so a copy-on-write of blocks is one indexed copy for every layer.
-        self.kv_cache = lazy_zeros((self.group_size, *shape), self.kv_dtype)
+        self.kv_cache = self._allocate_kv_cache((self.group_size, *shape))
         self.kv_caches = list(self.kv_cache.unbind(0))
         # Caches indexed by the same block ids (a draft model's): copy-on-write copies apply to them too.
         self.extra_kv_caches: list[torch.Tensor] = []
@@ -131,6 +132,10 @@ class ModelRunner:
         self.profiler = StepTimer(config.profile)  # its timings go back in ModelRunnerOutput.timings
         # Speculative decoding: what proposes the next step's draft tokens (None: no speculation).
         self.proposer = make_proposer(config.speculative_config, self) if config.speculative_config else None
+
+    def _allocate_kv_cache(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """The KV tensor of every layer position, [group_size, *backend shape] (committed page by page)."""
+        return lazy_zeros(shape, self.kv_dtype)
 
     def _num_blocks(self) -> int:
         mc, cc = self.config.model_config, self.config.cache_config
@@ -261,7 +266,7 @@ class ModelRunner:
         md = [CommonAttentionMetadata(
             num_reqs=num_reqs, num_decodes=num_decodes, num_actual_tokens=total, query_start_loc=qsl,
             seq_lens=seq_lens, num_computed_tokens=computed, block_table=tables[g], block_size=bs,
-            slot_mapping=torch.from_numpy(slot_mapping[g])) for g in range(len(tables))]
+            slot_mapping=torch.from_numpy(slot_mapping[g]), rows=rows) for g in range(len(tables))]
         return md, torch.from_numpy(input_ids), torch.from_numpy(positions), cu
 
     def lora_mapping(self, rows: np.ndarray, counts: np.ndarray) -> LoRAMapping | None:

@@ -34,6 +34,12 @@ from pagemill.worker.step_timer import StepTimer
 def make_model_runner(config: EngineConfig) -> Any:
     """The runner for the engine's model: generate, decoder pooling or encoder pooling."""
     pooler_config = config.model_config.pooler_config
+    if config.cache_config.kv_cache_layout == "virtual":
+        if pooler_config is not None:
+            raise ValueError("kv_cache_layout='virtual' applies to generating models, not to the pooling runner.")
+        from pagemill.worker.virtual_kv_runner import VirtualKVModelRunner
+
+        return VirtualKVModelRunner(config)
     if pooler_config is None:
         return ModelRunner(config)
     if pooler_config.encoder_only:

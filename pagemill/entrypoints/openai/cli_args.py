@@ -39,6 +39,8 @@ _ENGINE_HELP = {
                                "(only when it is empty).",
     "seed": "Random seed.",
     "num_gpu_blocks_override": "Exact number of KV blocks (testing).",
+    "kv_cache_layout": "paged (blocks and block tables) or virtual (Linux: each request's KV contiguous in "
+                       "reserved virtual memory, physical chunks of block_size tokens mapped on demand; vTensor).",
     "num_threads": "Torch threads of the engine core (None: all cores).",
     "disable_log_stats": "Do not log the periodic stats line.",
     "quantization": "auto (a GGUF file's own blocks, else none), none, gguf, or int8 / int4: quantize a safetensors "

@@ -1,0 +1,222 @@
+"""vTensor-style virtual-contiguous KV memory on Linux: a memfd pool of physical chunks mapped into reserved ranges.
+
+The physical pool is one memfd laid out like the paged cache, [layers, K/V, num_blocks, block_size, kv_heads,
+head_dim]; a chunk is one block of one layer's K or V. Each input-batch row (request slot) owns, per layer and K/V,
+a virtual range of max_model_len tokens, reserved read-only and uncommitted (reads of an unmapped part give zeros
+from the kernel's zero page). As a request's block table grows, its blocks' chunks are mapped (`MAP_FIXED |
+MAP_SHARED | MAP_POPULATE`) into its ranges, so its K and V are each one contiguous array in virtual memory while
+prefix hits and forked siblings share physical chunks without copying. Unmapping is lazy (vTensor's lazy
+deallocation): a finished request's mappings stay until its slot is reused (only differing chunks are remapped) or
+the engine goes idle or the mapping count nears `vm.max_map_count`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import mmap
+import os
+import sys
+import warnings
+import weakref
+
+import numpy as np
+import torch
+
+# Linux mmap flags (the same on x86-64 and arm64).
+_MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS = 0x01, 0x02, 0x10, 0x20
+_MAP_NORESERVE, _MAP_POPULATE = 0x4000, 0x8000
+_PROT_READ = 0x1
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_MEMFD_NAME = "pagemill-kv"
+# Mappings left to the rest of the process (torch, libraries, the pool view) under vm.max_map_count.
+_MAP_COUNT_RESERVE = 8192
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_long]
+    return libc
+
+
+def _max_map_count() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530
+
+
+def max_chunk_mappings() -> int:
+    """Chunk mappings the process can hold: vm.max_map_count less a reserve for everything else."""
+    return max(1024, _max_map_count() - _MAP_COUNT_RESERVE)
+
+
+class VirtualKVSpace:
+    """The physical chunk pool and every slot's reserved K/V ranges, with the chunk -> range mappings."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, num_slots: int, max_model_len: int) -> None:
+        if not sys.platform.startswith("linux") or not hasattr(os, "memfd_create"):
+            raise ValueError(f"kv_cache_layout='virtual' needs Linux (memfd_create and mmap MAP_FIXED); this is "
+                             f"{sys.platform}: use kv_cache_layout='paged'.")
+        elem = torch.empty((), dtype=dtype).element_size()
+        self.page = mmap.PAGESIZE
+        self.chunk_bytes = block_size * num_kv_heads * head_dim * elem
+        if self.chunk_bytes % self.page:
+            tokens = self.page // math.gcd(self.page, num_kv_heads * head_dim * elem)
+            raise ValueError(f"kv_cache_layout='virtual' maps whole {self.page}-byte pages: one layer's K for "
+                             f"block_size={block_size} tokens is {self.chunk_bytes} bytes; use a block_size that "
+                             f"is a multiple of {tokens}.")
+        self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
+        self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
+        self.num_slots = num_slots
+        self.max_chunks = -(-max_model_len // block_size)
+        self.range_bytes = self.max_chunks * self.chunk_bytes  # one slot's K (or V) of one layer
+        self.slot_bytes = num_layers * 2 * self.range_bytes
+        self._libc = _libc()
+        # Physical pool: shmem pages are allocated on first write, like the paged layout's lazy anonymous mapping.
+        pool_bytes = num_layers * 2 * num_blocks * self.chunk_bytes
+        reserve = num_slots * self.slot_bytes
+        fd = os.memfd_create(_MEMFD_NAME, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, pool_bytes)
+            pool_map = mmap.mmap(fd, pool_bytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            # The reservation: read-only, uncommitted; chunk mappings replace parts of it (MAP_FIXED).
+            reserved = mmap.mmap(-1, reserve, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE,
+                                 prot=mmap.PROT_READ)
+        except OSError as e:
+            os.close(fd)
+            raise ValueError(f"kv_cache_layout='virtual': the OS refused the KV mappings ({e}); use "
+                             "kv_cache_layout='paged'.") from e
+        self.fd = fd
+        weakref.finalize(self, os.close, fd)  # the mappings outlive the descriptor; tensors keep them
+        self.reserve_bytes = reserve
+        # The paged view of the pool (writes by slot mapping, copy-on-write and swap copies use it).
+        self.pool = torch.frombuffer(pool_map, dtype=torch.uint8).view(dtype).view(
+            num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+        with warnings.catch_warnings():  # read-only by design: attention only reads the ranges
+            warnings.simplefilter("ignore")
+            # The tensors own the mmap objects: the reservation (with every chunk mapped into it) is unmapped when
+            # the last view of it is gone.
+            self._flat = torch.frombuffer(reserved, dtype=torch.uint8).view(dtype)
+        self.base = self._flat.data_ptr()
+        # mapped[slot, j]: the block whose chunks are mapped at chunk j of the slot's ranges (-1: none).
+        self.mapped = np.full((num_slots, self.max_chunks), -1, dtype=np.int64)
+        self.live = np.zeros(num_slots, dtype=bool)
+        self.num_map_calls = 0  # mmap calls that mapped chunks (each covers a run of chunks of one layer's K or V)
+        self.num_unmap_calls = 0
+        self._max_vmas = max_chunk_mappings()
+
+    # ---- views ----
+    def range_view(self, layer: int, kv: int) -> torch.Tensor:
+        """Every slot's K (kv=0) or V (kv=1) of `layer`: [num_slots, max_chunks * block_size, kv_heads, head_dim],
+        each slot's tokens contiguous (no copy; only mapped tokens hold data)."""
+        hd = self.num_kv_heads * self.head_dim
+        elem = self._flat.element_size()
+        return self._flat.as_strided(
+            (self.num_slots, self.max_chunks * self.block_size, self.num_kv_heads, self.head_dim),
+            (self.slot_bytes // elem, hd, self.head_dim, 1), (layer * 2 + kv) * self.range_bytes // elem)
+
+    # ---- mappings ----
+    def _mmap(self, addr: int | None, length: int, prot: int, flags: int, fd: int, offset: int) -> int:
+        ptr = self._libc.mmap(addr, length, prot, flags, fd, offset)
+        if ptr is None or ptr == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap: {os.strerror(err)}")
+        return ptr
+
+    def _range_addr(self, slot: int, layer: int, kv: int, chunk: int) -> int:
+        return self.base + slot * self.slot_bytes + (layer * 2 + kv) * self.range_bytes + chunk * self.chunk_bytes
+
+    def _map_run(self, slot: int, chunk: int, block: int, n: int) -> None:
+        """Map blocks block..block+n-1 at chunks chunk..chunk+n-1 of every layer's K and V ranges of `slot`."""
+        length = n * self.chunk_bytes
+        for layer in range(self.num_layers):
+            for kv in (0, 1):
+                offset = ((layer * 2 + kv) * self.num_blocks + block) * self.chunk_bytes
+                try:
+                    self._mmap(self._range_addr(slot, layer, kv, chunk), length, _PROT_READ,
+                               _MAP_FIXED | _MAP_SHARED | _MAP_POPULATE, self.fd, offset)
+                except OSError as e:
+                    raise RuntimeError(f"kv_cache_layout='virtual': mapping a KV chunk failed ({e}); a larger "
+                                       "block_size needs fewer mappings (or raise vm.max_map_count).") from e
+        self.num_map_calls += 2 * self.num_layers
+
+    def _unmap_slot_chunks(self, slot: int, start: int, stop: int) -> None:
+        """Put chunks start..stop-1 of every range of `slot` back to the reserved (zero-reading) state."""
+        length = (stop - start) * self.chunk_bytes
+        for layer in range(self.num_layers):
+            for kv in (0, 1):
+                self._mmap(self._range_addr(slot, layer, kv, start), length, _PROT_READ,
+                           _MAP_FIXED | _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+        self.num_unmap_calls += 2 * self.num_layers
+        self.mapped[slot, start:stop] = -1
+
+    def sync(self, slots: np.ndarray, block_table: np.ndarray, num_blocks: np.ndarray) -> None:
+        """Make each slot's first num_blocks[slot] chunks map block_table[slot]: only the entries that differ from
+        what is mapped are (re)mapped, in runs of consecutive blocks at consecutive chunks."""
+        if len(slots) == 0:
+            return
+        self.live[slots] = True
+        width = int(num_blocks[slots].max())
+        want = block_table[slots, :width]
+        have = self.mapped[slots, :width]
+        stale = (want != have) & (np.arange(width)[None, :] < num_blocks[slots][:, None])
+        if not stale.any():
+            return
+        self._make_room(int(stale.sum()))
+        rows, cols = np.nonzero(stale)
+        blocks = want[rows, cols]
+        # A run continues where the next stale entry is the same slot, the next chunk and the next block.
+        brk = np.ones(len(rows), dtype=bool)
+        brk[1:] = (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1] + 1) | (blocks[1:] != blocks[:-1] + 1)
+        starts = np.flatnonzero(brk)
+        ends = np.append(starts[1:], len(rows))
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            slot = int(slots[rows[s]])
+            self._map_run(slot, int(cols[s]), int(blocks[s]), e - s)
+        self.mapped[slots[rows], cols] = blocks
+
+    def release(self, slot: int) -> None:
+        """The slot's request left (finished or preempted): its mappings stay until reused or trimmed (lazy)."""
+        self.live[slot] = False
+
+    def trim(self) -> None:
+        """Unmap the chunks of every slot that holds no live request."""
+        for slot in np.flatnonzero(~self.live & (self.mapped >= 0).any(axis=1)).tolist():
+            cols = np.flatnonzero(self.mapped[slot] >= 0)
+            self._unmap_slot_chunks(slot, int(cols[0]), int(cols[-1]) + 1)
+
+    def _make_room(self, num_new: int) -> None:
+        """Trim idle slots' mappings when the mappings could near vm.max_map_count."""
+        if (int((self.mapped >= 0).sum()) + num_new) * 2 * self.num_layers > self._max_vmas:
+            self.trim()
+
+    # ---- accounting ----
+    def num_mapped_chunks(self) -> int:
+        """Chunk positions (of every layer's K and V ranges together) that map a physical chunk now."""
+        return int((self.mapped >= 0).sum())
+
+    def mapped_regions(self) -> int:
+        """Mappings of the pool's memfd inside this space's reservation now (/proc/self/maps): 0 when none is left."""
+        lo, hi = self.base, self.base + self.reserve_bytes
+        count = 0
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if f"/memfd:{_MEMFD_NAME}" in line:
+                    start = int(line.split("-", 1)[0], 16)
+                    count += lo <= start < hi
+        return count
+
+    def resident_bytes(self) -> int:
+        """Bytes of the physical pool backed by memory (shmem pages written at least once)."""
+        return os.fstat(self.fd).st_blocks * 512
+
+
+def memfd_mappings() -> int:
+    """Lines of /proc/self/maps that map a pagemill KV memfd (the pool view and every chunk mapping)."""
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if f"/memfd:{_MEMFD_NAME}" in line)

@@ -1,0 +1,73 @@
+"""The model runner for kv_cache_layout="virtual": the KV pool is a memfd whose chunks are mapped into per-request
+contiguous ranges (worker/virtual_kv.py) as block tables grow; everything else is the paged runner's."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from pagemill.config import EngineConfig
+from pagemill.core.sched_output import SchedulerOutput
+from pagemill.worker.model_runner import ModelRunner
+from pagemill.worker.virtual_kv import VirtualKVSpace, max_chunk_mappings
+
+logger = logging.getLogger(__name__)
+
+
+class VirtualKVModelRunner(ModelRunner):
+    """ModelRunner whose KV cache is a VirtualKVSpace: the scheduler's blocks are its physical chunks."""
+
+    kv_space: VirtualKVSpace
+
+    def __init__(self, config: EngineConfig) -> None:
+        try:
+            super().__init__(config)
+        except ValueError as e:
+            if "sliding-window" not in str(e):
+                raise
+            raise ValueError("kv_cache_layout='virtual' supports full-attention models only; this model has "
+                             "sliding-window layers: use kv_cache_layout='paged'.") from e
+        layers = self.model.attention_layers()
+        if len(self.kv_cache_config.group_windows) != 1:
+            raise ValueError("kv_cache_layout='virtual' supports full-attention models only (one KV cache group).")
+        for pos, layer in enumerate(layers):
+            layer.virtual_kv = (self.kv_space.range_view(pos, 0), self.kv_space.range_view(pos, 1))
+
+    def _num_blocks(self) -> int:
+        """The paged count, capped so that one mapping per chunk of every layer's K and V fits under
+        vm.max_map_count (each chunk is its own mapping unless its neighbour holds the next block)."""
+        num_blocks = super()._num_blocks()
+        cap = max_chunk_mappings() // (2 * self.group_size)
+        if self.config.cache_config.num_gpu_blocks_override or num_blocks <= cap:
+            return num_blocks
+        logger.warning("kv_cache_layout='virtual': %d KV blocks instead of %d, so that their mappings (%d layers x "
+                       "K/V each) fit under vm.max_map_count; a larger block_size keeps more tokens.", cap,
+                       num_blocks, self.group_size)
+        return cap
+
+    def _allocate_kv_cache(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """The memfd pool (its paged view) and the reserved per-slot ranges."""
+        mc = self.config.model_config
+        layers, _, num_blocks, block_size, num_kv_heads, head_dim = shape
+        self.kv_space = VirtualKVSpace(layers, num_blocks, block_size, num_kv_heads, head_dim, self.kv_dtype,
+                                       self.config.scheduler_config.max_num_seqs, mc.max_model_len)
+        return self.kv_space.pool
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        """The paged runner's updates, then: rows that left release their ranges (lazily), and the step's rows map
+        the chunks their block tables gained."""
+        ib = self.input_batch
+        space = self.kv_space
+        for rid in (*so.finished_req_ids, *so.preempted_req_ids):
+            row = ib.req_id_to_row.get(rid)
+            if row is not None:
+                space.release(row)
+        super()._update_states(so)
+        if ib.req_id_to_row:
+            rows = np.fromiter((ib.req_id_to_row[r] for r in so.num_scheduled_tokens), dtype=np.int64,
+                               count=len(so.num_scheduled_tokens))
+            space.sync(rows, ib.block_table[0], ib.num_blocks)
+        else:  # idle: nothing reads the ranges, give every mapping back
+            space.trim()
