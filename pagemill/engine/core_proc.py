@@ -22,6 +22,7 @@ import zmq
 from pagemill.config import EngineArgs, EngineConfig
 from pagemill.lora.request import LoRARequest
 from pagemill.messages import EngineCoreOutputs, EngineCoreRequest
+from pagemill.utils.memory import release_free_memory
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +74,13 @@ class EngineCoreProc:
         poller = zmq.Poller()
         poller.register(self.input, zmq.POLLIN)
         last_check = time.monotonic()
+        worked_since_trim = False
         while self.running:
             if not self.core.has_unfinished_requests() and not poller.poll(_IDLE_POLL_MS):
                 last_check = 0.0  # idle: check the parent now
+                if worked_since_trim:  # idle for a whole poll after some work: give freed memory back
+                    release_free_memory()
+                    worked_since_trim = False
             if time.monotonic() - last_check >= _IDLE_POLL_MS / 1000:
                 if os.getppid() != self.parent_pid:
                     logger.warning("Front end process is gone; engine core exits.")
@@ -85,6 +90,7 @@ class EngineCoreProc:
             self._drain_inputs()
             if self.running and self.core.has_unfinished_requests():
                 self._step()
+                worked_since_trim = True
 
     def _drain_inputs(self) -> None:
         while self.running:
