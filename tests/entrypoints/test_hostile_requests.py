@@ -136,6 +136,9 @@ def test_hostile_request(hostile_server, path, body, status, param, text):
     assert not probe.failures, probe.failures
     assert max(probe.latencies, default=0.0) < 1.0, sorted(probe.latencies)[-5:]
     hostile_server.wait_idle()
+    lat = sorted(probe.latencies)
+    print(f"\n/health while {path} ran: {len(lat)} probes, p99 {lat[int(0.99 * (len(lat) - 1))] * 1e3:.1f} ms, "
+          f"max {lat[-1] * 1e3:.1f} ms" if lat else "")
 
 
 def test_runaway_template_is_stopped(server):
