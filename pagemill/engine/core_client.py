@@ -59,11 +59,15 @@ class EngineCoreClient:
         self.input.setsockopt(zmq.SNDHWM, 0)
         self.input.setsockopt(zmq.LINGER, 0)
         self.input.bind(input_address)
-        self._output_sync = self.ctx.socket(zmq.PULL)
-        self._output_sync.setsockopt(zmq.RCVHWM, 0)
-        self._output_sync.setsockopt(zmq.LINGER, 0)
-        self._output_sync.bind(output_address)
-        self._output: zmq.asyncio.Socket | None = None
+        # The asyncio socket owns the output socket; the synchronous one (start-up) is a non-owning shadow of it.
+        # (The other way round, the owner's finalizer would close a handle the shadow had already closed: by then
+        # perhaps another client's socket.)
+        self._output_socket = zmq.asyncio.Socket(self.ctx, zmq.PULL)
+        self._output_socket.setsockopt(zmq.RCVHWM, 0)
+        self._output_socket.setsockopt(zmq.LINGER, 0)
+        self._output_socket.bind(output_address)
+        self._output_sync = zmq.Socket.shadow(self._output_socket.underlying)
+        self._output: zmq.asyncio.Socket | None = None  # set by attach()
         self.encoder = msgspec.msgpack.Encoder()
         self.outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
         self.info: dict[str, Any] = {}
@@ -140,8 +144,7 @@ class EngineCoreClient:
         """Bind the async output socket to `loop`; `on_dead` runs on it if the core dies."""
         self._loop = loop
         self._dead_callbacks.append(on_dead)
-        if self._output is None:
-            self._output = zmq.asyncio.Socket.from_socket(self._output_sync)
+        self._output = self._output_socket
         if self.dead_message is not None:
             loop.call_soon(self._run_dead_callbacks)
 
@@ -172,7 +175,7 @@ class EngineCoreClient:
             if self.proc.is_alive():
                 self.proc.kill()
                 self.proc.join(2.0)
-        for sock in (self.input, self._output or self._output_sync):
+        for sock in (self.input, self._output_socket):
             sock.close(linger=0)
         self.ctx.term()
         shutil.rmtree(self._tmpdir, ignore_errors=True)
