@@ -95,16 +95,20 @@ def test_reset_prefix_cache_and_health(server):
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
 
 
-def test_one_engine_dying_fails_health_and_requests(server):
+def test_one_engine_dying_fails_the_server(server):
+    """One engine's death fails the front end: /health stops answering 200 and the server exits non-zero (so that
+    a supervisor restarts it), saying which engine died."""
     pids = engine_core_pids(server.proc.pid)
     assert len(pids) == 2
     os.kill(pids[1], signal.SIGKILL)
     end = time.monotonic() + 5
-    while httpx.get(server.url + "/health", timeout=5).status_code == 200:
+    while True:
+        try:
+            if httpx.get(server.url + "/health", timeout=5).status_code != 200:
+                break
+        except httpx.ConnectError:  # already gone
+            break
         assert time.monotonic() < end, "/health still 200 five seconds after an engine died"
         time.sleep(0.05)
-    health = httpx.get(server.url + "/health", timeout=5)
-    assert health.status_code == 500 and "Data-parallel engine" in health.json()["error"]["message"]
-    r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 2},
-                   timeout=10)
-    assert r.status_code == 500 and "dead" in r.json()["error"]["message"].lower()
+    assert server.proc.wait(30) not in (0, None)
+    assert "Data-parallel engine" in server.log_tail(20000), server.log_tail()
