@@ -117,6 +117,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=300)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=1, help="measure RSS after each of this many rounds of --requests "
+                    "(growth that levels off is a bounded cache; growth that does not is a leak)")
     ap.add_argument("--serve-args", default="--kv-cache-memory 256MiB --max-model-len 1024")
     args = ap.parse_args()
     port = free_port()
@@ -137,18 +139,20 @@ def main() -> None:
         asyncio.run(soak(url, args.warmup, args.concurrency, args.seed + 1))
         time.sleep(3)
         before = {"api server": rss_kib(proc.pid), "engine core": rss_kib(core)}
-        t0 = time.monotonic()
-        statuses = asyncio.run(soak(url, args.requests, args.concurrency, args.seed))
-        elapsed = time.monotonic() - t0
-        time.sleep(3)
-        after = {"api server": rss_kib(proc.pid), "engine core": rss_kib(core)}
+        for r in range(args.rounds):
+            t0 = time.monotonic()
+            statuses = asyncio.run(soak(url, args.requests, args.concurrency, args.seed + 100 * r))
+            elapsed = time.monotonic() - t0
+            time.sleep(3)  # the engine core trims its heap after a second idle
+            after = {"api server": rss_kib(proc.pid), "engine core": rss_kib(core)}
+            print(f"round {r + 1}: {args.requests} requests in {elapsed:.0f} s ({args.requests / elapsed:.1f} "
+                  f"req/s), statuses {dict(sorted(statuses.items()))}")
+            for name in before:
+                delta = after[name] - before[name]
+                print(f"{name:>11}: RSS {before[name] / 1024:.1f} MiB -> {after[name] / 1024:.1f} MiB "
+                      f"({delta / 1024:+.1f} MiB, {delta * 1024 / args.requests:+.0f} bytes per request)")
+            before = after
         m = httpx.get(url + "/metrics", timeout=10).text
-        print(f"{args.requests} requests in {elapsed:.0f} s ({args.requests / elapsed:.1f} req/s), statuses "
-              f"{dict(sorted(statuses.items()))}")
-        for name in before:
-            delta = after[name] - before[name]
-            print(f"{name:>11}: RSS {before[name] / 1024:.1f} MiB -> {after[name] / 1024:.1f} MiB "
-                  f"({delta / 1024:+.1f} MiB, {delta * 1024 / args.requests:+.0f} bytes per request)")
         free, total = metric(m, "pagemill:kv_cache_free_blocks"), metric(m, "pagemill:kv_cache_total_blocks")
         running = metric(m, "pagemill:num_requests_running")
         print(f"KV pool after: {free:.0f} of {total:.0f} blocks free; requests running: {running:.0f}")
