@@ -25,6 +25,16 @@ MODEL_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/po
                "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize")
 
 
+# One server-sent event of a streamed response (`"stream": true`), as the event's fields.
+SSE_EVENT_SCHEMA = {
+    "type": "object", "required": ["data"],
+    "description": "One server-sent event: `data: <chunk JSON>`; the stream ends with `data: [DONE]`, and an error "
+                   "after the stream started is a `data: {\"error\": ...}` event before it.",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
+                   "retry": {"type": "integer", "minimum": 0}},
+}
+
+
 class HealthResponse(BaseModel):
     """The body of GET /health while the engine runs."""
 
@@ -78,10 +88,7 @@ def truthful_openapi(app: FastAPI, open_paths: frozenset[str]) -> dict[str, Any]
             if path in STREAMED_PATHS:
                 codes.append(503)
                 ok = responses.setdefault("200", {"description": "Successful Response"})
-                ok.setdefault("content", {})["text/event-stream"] = {
-                    "schema": {"type": "string", "description": "With \"stream\": true: server-sent events, each "
-                               "`data: <chunk JSON>`, ending with `data: [DONE]` (an error after the stream "
-                               "started is a `data: {\"error\": ...}` event before it)."}}
+                ok.setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT_SCHEMA}
             if path == "/metrics":
                 ok = responses.setdefault("200", {"description": "Successful Response"})
                 ok["content"] = {"text/plain": {"schema": {"type": "string",
