@@ -29,7 +29,7 @@ def test_schemathesis_finds_nothing(tmp_path):
              "--generation-database", "none", "--no-color"],
             env={**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
                  "PYTHONPATH": f"{FUZZ_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
-            capture_output=True, text=True, timeout=1200)
+            capture_output=True, text=True, timeout=1200, cwd=tmp_path)  # (its .schemathesis cache goes there)
         report = result.stdout[-6000:] + result.stderr[-2000:]
         assert result.returncode == 0, report
         assert "generated" in report and "failure" not in report.rpartition("SUMMARY")[2], report
