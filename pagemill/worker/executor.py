@@ -101,3 +101,24 @@ class UniProcExecutor(Executor):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step on the worker; the runner's section timings come back in the output."""
         return self.model_runner.execute_model(scheduler_output)
+
+
+class WorkerGroupExecutor(Executor):
+    """Base of the executors with worker processes or actors (mp, ray): LoRA is refused there (config check),
+    so the adapter calls only keep the interface."""
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """LoRA is refused with several ranks (config check); kept for the interface."""
+        raise ValueError("enable_lora: LoRA adapters do not run with worker processes yet.")
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """No adapters are ever loaded here."""
+        return False
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """No adapters are ever loaded here."""
+        raise ValueError("enable_lora: LoRA adapters do not run with worker processes yet.")
+
+    def list_loras(self) -> list[int]:
+        """No adapters are ever loaded here."""
+        return []

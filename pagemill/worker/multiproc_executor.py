@@ -25,9 +25,8 @@ from torch import nn
 from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from pagemill.lora.request import LoRARequest
 from pagemill.worker.cpu_binding import rank_cores
-from pagemill.worker.executor import Executor
+from pagemill.worker.executor import WorkerGroupExecutor
 from pagemill.worker.worker_proc import run_worker
 
 logger = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class MultiprocExecutor(Executor):
+class MultiprocExecutor(WorkerGroupExecutor):
     """tensor_parallel_size x pipeline_parallel_size worker processes, started, watched and stopped here."""
 
     def __init__(self, config: EngineConfig) -> None:
@@ -155,22 +154,6 @@ class MultiprocExecutor(Executor):
         """func(model) on every rank's model (func must pickle: a module-level function), in rank order."""
         self._broadcast(("apply_model", func))
         return [self._recv(rank)[1] for rank in range(self.world_size)]
-
-    def add_lora(self, lora_request: LoRARequest) -> bool:
-        """LoRA is refused with several ranks (config check); kept for the interface."""
-        raise ValueError("enable_lora: LoRA adapters do not run with worker processes yet.")
-
-    def remove_lora(self, lora_id: int) -> bool:
-        """No adapters are ever loaded here."""
-        return False
-
-    def pin_lora(self, lora_id: int) -> bool:
-        """No adapters are ever loaded here."""
-        raise ValueError("enable_lora: LoRA adapters do not run with worker processes yet.")
-
-    def list_loras(self) -> list[int]:
-        """No adapters are ever loaded here."""
-        return []
 
     def check_health(self) -> None:
         """Raise WorkerDiedError if any worker process has ended."""

@@ -20,8 +20,7 @@ from torch import nn
 from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from pagemill.lora.request import LoRARequest
-from pagemill.worker.executor import Executor
+from pagemill.worker.executor import WorkerGroupExecutor
 from pagemill.worker.multiproc_executor import ResolvedGrammar, WorkerDiedError, merge_kv_cache_configs
 
 logger = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ class RayWorker:
         return True
 
 
-class RayDistributedExecutor(Executor):
+class RayDistributedExecutor(WorkerGroupExecutor):
     """tensor_parallel_size x pipeline_parallel_size Ray actors, one bundle of `num_threads` CPUs each."""
 
     def __init__(self, config: EngineConfig) -> None:
@@ -144,22 +143,6 @@ class RayDistributedExecutor(Executor):
     def apply_model(self, func: Callable[[nn.Module], Any]) -> list[Any]:
         """func(model) on every rank's model, in rank order."""
         return self._get_all([w.apply_model.remote(func) for w in self.workers])
-
-    def add_lora(self, lora_request: LoRARequest) -> bool:
-        """LoRA is refused with several ranks (config check); kept for the interface."""
-        raise ValueError("enable_lora: LoRA adapters do not run with worker processes yet.")
-
-    def remove_lora(self, lora_id: int) -> bool:
-        """No adapters are ever loaded here."""
-        return False
-
-    def pin_lora(self, lora_id: int) -> bool:
-        """No adapters are ever loaded here."""
-        raise ValueError("enable_lora: LoRA adapters do not run with worker processes yet.")
-
-    def list_loras(self) -> list[int]:
-        """No adapters are ever loaded here."""
-        return []
 
     def check_health(self) -> None:
         """Raise WorkerDiedError if an actor is gone (a ping to each; called while the engine is idle)."""

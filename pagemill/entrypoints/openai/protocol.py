@@ -13,8 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pagemill.entrypoints.openai.errors import OpenAIError
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+from pagemill.sampling_params import INT64_MAX, INT64_MIN
 
 
 def find_unusable_value(body: Any) -> tuple[str, str] | None:
