@@ -111,50 +111,20 @@ class LLM(PoolingLLMMixin):
                     lora_request: LoRARequest | Sequence[LoRARequest] | None = None,
                     use_tqdm: bool = False) -> list["BeamSearchOutput"]:
         """Beam search for each prompt; returns the beam_width best sequences of each, best first."""
-        from pagemill.beam_search import BeamSearchInstance, BeamSearchOutput, BeamSearchSequence, beam_score
+        from pagemill.beam_search import BeamSearcher
 
         tok = self.get_tokenizer()
-        eos = tok.eos_token_id
-        width = params.beam_width
-        step_params = SamplingParams(logprobs=2 * width, max_tokens=1, temperature=params.temperature)
-        instances = [BeamSearchInstance([BeamSearchSequence(self.llm_engine.processor.tokenize_prompt(p)[1], [])])
-                     for p in prompts]
-        loras = dict(zip(map(id, instances), self._lora_requests(lora_request, len(prompts))))
-
-        def key(b: BeamSearchSequence) -> float:
-            return beam_score(b.tokens, b.cum_logprob, eos, params.length_penalty)
-
+        search = BeamSearcher([self.llm_engine.processor.tokenize_prompt(p)[1] for p in prompts], params,
+                              tok.eos_token_id)
+        loras = self._lora_requests(lora_request, len(prompts))
         bar = tqdm(total=params.max_tokens, desc="Beam search", disable=not use_tqdm, dynamic_ncols=True)
-        for _ in range(params.max_tokens):
+        while live := search.live():
             bar.update(1)
-            live = [(inst, beam) for inst in instances for beam in inst.beams]
-            if not live:
-                break
-            outs = self.generate([{"prompt_token_ids": b.tokens} for _, b in live], step_params, use_tqdm=False,
-                                 lora_request=[loras[id(inst)] for inst, _ in live])
-            candidates: dict[int, list[BeamSearchSequence]] = {id(inst): [] for inst in instances}
-            for (inst, beam), out in zip(live, outs):
-                lps = out.outputs[0].logprobs[0]
-                for token_id, lp in lps.items():
-                    new = BeamSearchSequence(beam.tokens + [token_id], beam.logprobs + [lps],
-                                             beam.cum_logprob + lp.logprob)
-                    if token_id == eos and not params.ignore_eos:
-                        new.finish_reason = "stop"
-                        inst.completed.append(new)
-                    else:
-                        candidates[id(inst)].append(new)
-            for inst in instances:
-                inst.beams = sorted(candidates[id(inst)], key=key, reverse=True)[:width]
+            outs = self.generate([{"prompt_token_ids": b.tokens} for _, b in live], search.step_params,
+                                 use_tqdm=False, lora_request=[loras[i] for i, _ in live])
+            search.advance(live, [out.outputs[0].logprobs[0] for out in outs])
         bar.close()
-        results = []
-        for inst in instances:
-            for b in inst.beams:
-                b.finish_reason = b.finish_reason or "length"
-            best = sorted(inst.completed + inst.beams, key=key, reverse=True)[:width]
-            for b in best:
-                b.text = tok.decode(b.tokens, skip_special_tokens=True)
-            results.append(BeamSearchOutput(best))
-        return results
+        return search.results(lambda tokens: tok.decode(tokens, skip_special_tokens=True))
 
     def chat(self, messages: ChatMessages | list[ChatMessages],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagemill.config import EngineArgs, EngineConfig
 from pagemill.engine.core_client import CoreOutputBatch, EngineCoreClient, EngineDeadError
@@ -21,6 +21,9 @@ from pagemill.metrics.stats import FinishedRequestStats, IterationStats, StatLog
 from pagemill.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
 from pagemill.pooling_params import PoolingParams
 from pagemill.sampling_params import RequestOutputKind, SamplingParams
+
+if TYPE_CHECKING:
+    from pagemill.beam_search import BeamSearchParams
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +194,34 @@ class AsyncLLM:
         collector = self.add_request(request_id, prompt, sampling_params, None, priority, cache_salt, lora_request)
         async for out in self.iterate(request_id, collector):
             yield out
+
+    async def beam_search(self, prompt_token_ids: list[int], request_id: str, params: "BeamSearchParams",
+                          lora_request: LoRARequest | None = None) -> RequestOutput:
+        """Beam search over one prompt (vLLM's EngineClient.beam_search): each step runs one one-token request per
+        live beam, concurrently. Returns the `beam_width` best sequences, best first, as one finished RequestOutput
+        (texts and token ids of the generated part only)."""
+        from pagemill.beam_search import BeamSearcher
+
+        tok = self.get_tokenizer()
+        search = BeamSearcher([prompt_token_ids], params, tok.eos_token_id)
+
+        async def one_step(rid: str, tokens: list[int]) -> RequestOutput:
+            final = None
+            async for out in self.generate({"prompt_token_ids": tokens}, search.step_params.clone(), rid,
+                                           lora_request=lora_request):
+                final = out
+            assert final is not None
+            return final
+
+        while live := search.live():
+            outs = await asyncio.gather(*(one_step(f"{request_id}-beam{search.steps}-{k}", beam.tokens)
+                                          for k, (_, beam) in enumerate(live)))
+            search.advance(live, [out.outputs[0].logprobs[0] for out in outs])
+        n = len(prompt_token_ids)
+        best = search.results(lambda tokens: tok.decode(tokens[n:], skip_special_tokens=True))[0].sequences
+        outputs = [CompletionOutput(i, b.text or "", b.tokens[n:], b.cum_logprob, None, b.finish_reason, b.stop_reason)
+                   for i, b in enumerate(best)]
+        return RequestOutput(request_id, None, list(prompt_token_ids), None, outputs, True)
 
     async def encode(self, prompt: PromptType, pooling_params: PoolingParams, request_id: str,
                      priority: int = 0) -> AsyncIterator[PoolingRequestOutput]:

@@ -74,7 +74,12 @@ def test_streaming_chat_reassembles_to_greedy_text(client, greedy):
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == ["stop"]
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
-    assert chunks[-1].usage.model_dump() == full.usage.model_dump()
+    last, first = chunks[-1].usage, full.usage
+    assert (last.prompt_tokens, last.completion_tokens, last.total_tokens) == \
+        (first.prompt_tokens, first.completion_tokens, first.total_tokens)
+    # The same prompt again: its full blocks come from the prefix cache, and usage says so.
+    assert last.prompt_tokens_details.cached_tokens >= first.prompt_tokens_details.cached_tokens
+    assert last.prompt_tokens_details.cached_tokens > 0
     assert all(c.usage is None for c in chunks[:-1])
     assert len({c.id for c in chunks}) == 1
 

@@ -1,19 +1,22 @@
 """Pydantic models of the OpenAI API requests and responses (plus vLLM's extra request fields).
 
-Requests forbid unknown fields, so a misspelt parameter is answered with a 400 naming it instead of
-being silently ignored.
+As in vLLM, a request field this server does not know is ignored with a warning (a log line, and the
+`X-Ignored-Fields` response header naming the top-level ones), so clients written for other servers keep working.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from pagemill.entrypoints.openai.errors import OpenAIError
 from pagemill.sampling_params import INT64_MAX, INT64_MIN
+
+logger = logging.getLogger(__name__)
 
 
 def find_unusable_value(body: Any) -> tuple[str, str] | None:
@@ -48,11 +51,12 @@ def find_unusable_value(body: Any) -> tuple[str, str] | None:
 
 
 class OpenAIBaseModel(BaseModel):
-    """Base of all request models: unknown fields are errors, values must have the documented JSON type (strict:
-    no "true" for a boolean, no 1.0 for an integer), floats must be finite, strings valid Unicode and integers
-    64-bit."""
+    """Base of all request models: unknown fields are ignored with a warning (vLLM's behaviour), values must have
+    the documented JSON type (strict: no "true" for a boolean, no 1.0 for an integer), floats must be finite,
+    strings valid Unicode and integers 64-bit."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
+    _ignored_fields: list[str] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -63,6 +67,32 @@ class OpenAIBaseModel(BaseModel):
             path, problem = found
             raise OpenAIError(f"{path or 'The request'} {problem}.", 400, path or None)
         return data
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _note_ignored_fields(cls, data: Any, handler: Any) -> Any:
+        """Log the keys of `data` that are not fields of this model (they are dropped) and keep their names."""
+        result = handler(data)
+        if isinstance(data, dict) and isinstance(result, OpenAIBaseModel) and cls.model_config.get("extra") == "ignore":
+            known = cls._known_keys()
+            ignored = [str(k) for k in data if k not in known]
+            if ignored:
+                logger.warning("The following fields were present in the request but ignored: %s", ignored)
+                result._ignored_fields = ignored
+        return result
+
+    @classmethod
+    def _known_keys(cls) -> frozenset[str]:
+        keys = cls.__dict__.get("_known_keys_cache")
+        if keys is None:
+            keys = frozenset(n for name, f in cls.model_fields.items() for n in (name, f.alias) if n)
+            cls._known_keys_cache = keys  # type: ignore[attr-defined]
+        return keys
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        """The request's top-level keys that were ignored."""
+        return self._ignored_fields
 
 
 class ResponseModel(BaseModel):
@@ -110,12 +140,25 @@ class ModelList(ResponseModel):
 
 
 # ---- shared pieces ----
+class PromptTokenUsageInfo(ResponseModel):
+    """`usage.prompt_tokens_details`: how many prompt tokens came from the prefix cache."""
+
+    cached_tokens: int = 0
+
+
 class UsageInfo(ResponseModel):
     """Token counts of a request."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
+
+
+def usage_info(num_prompt: int, num_generated: int, num_cached: int) -> UsageInfo:
+    """`usage` with the prompt's prefix-cache hits in prompt_tokens_details.cached_tokens."""
+    return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_generated, total_tokens=num_prompt + num_generated,
+                     prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=num_cached))
 
 
 class StreamOptions(OpenAIBaseModel):
@@ -128,7 +171,7 @@ class StreamOptions(OpenAIBaseModel):
 class JsonSchemaFormat(OpenAIBaseModel):
     """`response_format.json_schema`: a named JSON schema the reply must follow."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
     name: str = "response"
     description: str | None = None
@@ -157,7 +200,7 @@ class StructuredOutputsRequest(OpenAIBaseModel):
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
 
 class SamplingRequest(OpenAIBaseModel):
@@ -174,8 +217,16 @@ class SamplingRequest(OpenAIBaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     # vLLM extra parameters
+    allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = Field(default=None, ge=0)
+    return_token_ids: bool = False  # the prompt's and each choice's token ids in the response
+    return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:<id>" (for tokens that are not text)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)  # keep k prompt tokens (-1: the model's limit)
+    truncation_side: Literal["left", "right"] = "left"  # left: keep the last k tokens
+    use_beam_search: bool = False  # beam search with n beams (vLLM)
+    length_penalty: float = 1.0  # beam search's length penalty
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = None
     repetition_penalty: float | None = None
@@ -205,12 +256,20 @@ class CompletionRequest(SamplingRequest):
     """POST /v1/completions."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
+    max_tokens: int | None = Field(default=16, ge=0)  # 0 only with echo: score the prompt, generate nothing
     echo: bool = False
     suffix: str | None = None
     logprobs: int | None = Field(default=None, ge=0)
     best_of: int | None = None
     add_special_tokens: bool = True
+
+
+class PromptLogprob(ResponseModel):
+    """One candidate of a prompt position (vLLM's prompt_logprobs entry)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
 
 
 class CompletionLogProbs(ResponseModel):
@@ -230,6 +289,9 @@ class CompletionResponseChoice(ResponseModel):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(ResponseModel):
@@ -267,9 +329,15 @@ class ToolCallParam(OpenAIBaseModel):
 
 
 class ChatMessage(OpenAIBaseModel):
-    """One message of a conversation (assistant messages may carry tool calls, tool messages their results)."""
+    """One message of a conversation (assistant messages may carry tool calls, tool messages their results).
 
-    role: Literal["system", "user", "assistant", "tool"]
+    Any role is taken (`developer`, or a custom one such as `ipython`) and rendered by the chat template as it is;
+    keys beyond OpenAI's reach the template too, as vLLM passes them.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(min_length=1)
     content: str | list[TextContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallParam] | None = None
@@ -295,6 +363,8 @@ class ChatMessage(OpenAIBaseModel):
                 for c in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
+        for key, value in (self.model_extra or {}).items():
+            out.setdefault(key, value)
         return out
 
 
@@ -406,6 +476,7 @@ class ChatCompletionResponseChoice(ResponseModel):
     logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
 
 
 class ChatCompletionResponse(ResponseModel):
@@ -417,6 +488,8 @@ class ChatCompletionResponse(ResponseModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class DeltaFunctionCall(ResponseModel):
@@ -451,6 +524,7 @@ class ChatCompletionStreamChoice(ResponseModel):
     logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
 
 
 class ChatCompletionStreamResponse(ResponseModel):
@@ -462,6 +536,7 @@ class ChatCompletionStreamResponse(ResponseModel):
     model: str
     choices: list[ChatCompletionStreamChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 # ---- tokenizer endpoints ----

@@ -11,15 +11,16 @@ from typing import Any
 
 from fastapi.responses import Response, StreamingResponse
 
-from pagemill.engine.async_llm import AsyncLLM, RequestOutputCollector
+from pagemill.engine.async_llm import AsyncLLM
 from pagemill.engine.core_client import EngineDeadError
 from pagemill.entrypoints.openai.errors import OpenAIError
-from pagemill.entrypoints.openai.logprobs import chat_logprobs
+from pagemill.beam_search import BeamSearchParams
+from pagemill.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs_json
 from pagemill.entrypoints.openai.prompt_preparer import PromptPreparer
 from pagemill.entrypoints.openai.protocol import (AssistantMessage, ChatCompletionRequest, ChatCompletionResponse,
                                                   ChatCompletionResponseChoice, ChatCompletionStreamChoice,
                                                   ChatCompletionStreamResponse, DeltaFunctionCall, DeltaMessage,
-                                                  DeltaToolCall, FunctionCall, ToolCall, UsageInfo)
+                                                  DeltaToolCall, FunctionCall, ToolCall, UsageInfo, usage_info)
 from pagemill.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, json_response, random_id, sse,
                                                        sse_error)
 from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
@@ -81,6 +82,8 @@ class OpenAIServingChat(OpenAIServing):
         model = self.models.resolve(request.model)
         lora_request = self.models.lora_request(model)
         self.check_unsupported(request)
+        if request.use_beam_search and request.logprobs:
+            raise OpenAIError("logprobs cannot be combined with use_beam_search.", 400, "logprobs")
         self.check_limits(request, request.top_logprobs if request.logprobs else None, "top_logprobs")
         self.prompts.check_request_template(request.chat_template)
         plan = plan_tools(request, self.auto_tool_parser)
@@ -90,6 +93,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt_ids = await self.prompts.render(self._conversation(request), request.chat_template,
                                                request.add_generation_prompt, request.continue_final_message,
                                                request.chat_template_kwargs, plan.tools)
+        prompt_ids = self.truncate_prompt(prompt_ids, request)
         max_tokens = request.max_completion_tokens or request.max_tokens
         self.check_length(len(prompt_ids), max_tokens, "messages",
                           "max_completion_tokens" if request.max_completion_tokens else "max_tokens")
@@ -99,16 +103,35 @@ class OpenAIServingChat(OpenAIServing):
         params = self.sampling_params(request, max_tokens, top_n, request.stream, {"logprobs": "top_logprobs"},
                                       constraint)
         request_id = random_id("chatcmpl")
-        collector = self.add_request(request_id, prompt_ids, params, request, "messages", constraint=constraint,
-                                     lora_request=lora_request)
+        outputs: AsyncIterator[RequestOutput]
+        if request.use_beam_search:
+            beam = BeamSearchParams(beam_width=request.n, max_tokens=max_tokens or self.max_model_len - len(prompt_ids),
+                                    ignore_eos=request.ignore_eos, temperature=request.temperature or 0.0,
+                                    length_penalty=request.length_penalty,
+                                    include_stop_str_in_output=request.include_stop_str_in_output)
+            outputs = self._beam_search(prompt_ids, request_id, beam, lora_request)
+        else:
+            collector = self.add_request(request_id, prompt_ids, params, request, "messages", constraint=constraint,
+                                         lora_request=lora_request)
+            outputs = self.engine.iterate(request_id, collector)
         created = int(time.time())
         if request.stream:
             stream = self.release_when_dropped(
-                self._stream(request, request_id, collector, model, created, len(prompt_ids), plan.parser,
+                self._stream(request, request_id, outputs, model, created, prompt_ids, plan.parser,
                              constraint), [request_id])
             return StreamingResponse(stream, media_type="text/event-stream")
-        final = await self.final_output(request_id, collector, request, "messages", constraint)
+        final: RequestOutput | None = None
+        try:
+            async for out in outputs:
+                final = out
+        except ValueError as e:
+            raise self.request_error(e, request, "messages", constraint) from e
+        assert final is not None
         return json_response(self._response(request, final, request_id, model, created, plan.parser))
+
+    async def _beam_search(self, prompt_ids: list[int], request_id: str, params: BeamSearchParams,
+                           lora_request: object) -> AsyncIterator[RequestOutput]:
+        yield await self.engine.beam_search(prompt_ids, request_id, params, lora_request)  # type: ignore[arg-type]
 
     @staticmethod
     def _message(c: CompletionOutput, parser: ToolParser | None) -> tuple[AssistantMessage, str | None]:
@@ -126,24 +149,32 @@ class OpenAIServingChat(OpenAIServing):
                   created: int, parser: ToolParser | None) -> ChatCompletionResponse:
         choices = []
         for c in final.outputs:
-            lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0) \
+            lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0, request.return_tokens_as_token_ids) \
                 if request.logprobs and c.logprobs is not None else None
             message, reason = self._message(c, parser)
-            choices.append(ChatCompletionResponseChoice(index=c.index, message=message, logprobs=lps,
-                                                        finish_reason=reason, stop_reason=c.stop_reason))
+            choice = ChatCompletionResponseChoice(index=c.index, message=message, logprobs=lps, finish_reason=reason,
+                                                  stop_reason=c.stop_reason)
+            if request.return_token_ids:
+                choice.token_ids = list(c.token_ids)
+            choices.append(choice)
         num_prompt = len(final.prompt_token_ids)
         num_gen = sum(len(c.token_ids) for c in final.outputs)
-        return ChatCompletionResponse(id=request_id, created=created, model=model, choices=choices,
-                                      usage=UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_gen,
-                                                      total_tokens=num_prompt + num_gen))
+        response = ChatCompletionResponse(id=request_id, created=created, model=model, choices=choices,
+                                          usage=usage_info(num_prompt, num_gen, final.num_cached_tokens))
+        if request.prompt_logprobs is not None:
+            response.prompt_logprobs = prompt_logprobs_json(final.prompt_logprobs)
+        if request.return_token_ids:
+            response.prompt_token_ids = list(final.prompt_token_ids)
+        return response
 
-    async def _stream(self, request: ChatCompletionRequest, request_id: str, collector: RequestOutputCollector,
-                      model: str, created: int, num_prompt: int, parser: ToolParser | None,
+    async def _stream(self, request: ChatCompletionRequest, request_id: str, outputs: AsyncIterator[RequestOutput],
+                      model: str, created: int, prompt_ids: list[int], parser: ToolParser | None,
                       constraint: OutputConstraint | None) -> AsyncIterator[str]:
         """SSE chunks: a role chunk per choice, content and tool-call deltas, optional usage, then [DONE]."""
         include_usage = request.stream_options is not None and request.stream_options.include_usage
         continuous = include_usage and request.stream_options.continuous_usage_stats  # type: ignore[union-attr]
-        num_gen = 0
+        num_prompt = len(prompt_ids)
+        num_gen = num_cached = 0
         streamers = [ToolCallStreamer(parser) for _ in range(request.n)] if parser is not None else []
         texts = [""] * request.n
 
@@ -155,18 +186,27 @@ class OpenAIServingChat(OpenAIServing):
             return sse(resp.model_dump_json(exclude_unset=True))
 
         def usage() -> UsageInfo:
-            return UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_gen, total_tokens=num_prompt + num_gen)
+            return usage_info(num_prompt, num_gen, num_cached)
 
         try:
             for i in range(request.n):
-                yield chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""),
+                first = ChatCompletionStreamResponse(
+                    id=request_id, object="chat.completion.chunk", created=created, model=model,
+                    choices=[ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""),
                                                         logprobs=None, finish_reason=None)])
-            async for out in self.engine.iterate(request_id, collector):
+                if request.return_token_ids:
+                    first.prompt_token_ids = list(prompt_ids)
+                if include_usage:
+                    first.usage = None
+                yield sse(first.model_dump_json(exclude_unset=True))
+            async for out in outputs:
+                num_cached = out.num_cached_tokens
                 for c in out.outputs:
                     num_gen += len(c.token_ids)
                     if not c.text and c.finish_reason is None and not c.token_ids:
                         continue
-                    lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0) \
+                    lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0,
+                                        request.return_tokens_as_token_ids) \
                         if request.logprobs and c.logprobs is not None else None
                     delta, reason = DeltaMessage(content=c.text), c.finish_reason
                     if streamers:
@@ -185,6 +225,8 @@ class OpenAIServingChat(OpenAIServing):
                                                         finish_reason=reason)
                     if c.finish_reason is not None:
                         choice.stop_reason = c.stop_reason
+                    if request.return_token_ids:
+                        choice.token_ids = list(c.token_ids)
                     yield chunk([choice], usage() if continuous else None)
             if include_usage:
                 yield sse(ChatCompletionStreamResponse(id=request_id, object="chat.completion.chunk",

@@ -1,24 +1,33 @@
-"""POST /v1/completions: one engine request per prompt, answered as JSON or as SSE chunks."""
+"""POST /v1/completions: one engine request per prompt, answered as JSON or as SSE chunks; `echo` (with the prompt's
+logprobs, and `max_tokens=0` to score a prompt without generating), prompt logprobs, beam search."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi.responses import Response, StreamingResponse
 
+from pagemill.beam_search import BeamSearchParams
 from pagemill.engine.core_client import EngineDeadError
 from pagemill.entrypoints.openai.errors import OpenAIError
-from pagemill.entrypoints.openai.logprobs import completion_logprobs
-from pagemill.entrypoints.openai.protocol import (CompletionLogProbs, CompletionRequest, CompletionResponse,
-                                                  CompletionResponseChoice, UsageInfo)
+from pagemill.entrypoints.openai.logprobs import completion_logprobs, prompt_logprobs_json
+from pagemill.entrypoints.openai.protocol import (CompletionRequest, CompletionResponse, CompletionResponseChoice,
+                                                  UsageInfo, usage_info)
 from pagemill.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, json_response,
                                                        merge_async_iterators, random_id, sse, sse_error)
 from pagemill.entrypoints.openai.structured_outputs import OutputConstraint, output_constraint
 from pagemill.outputs import CompletionOutput, RequestOutput
 
-Prompt = tuple[str | None, list[int]]  # (text if given as text, token ids)
+
+@dataclass
+class Prompt:
+    """One prompt of a request: its token ids (after truncation) and its text (decoded when given as ids)."""
+
+    text: str
+    token_ids: list[int]
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -26,15 +35,19 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _check_request(self, request: CompletionRequest) -> None:
         self.check_unsupported(request)
-        if request.echo:
-            raise OpenAIError("echo is not supported by this server.", 400, "echo")
         if request.suffix is not None:
             raise OpenAIError("suffix is not supported by this server.", 400, "suffix")
         if request.best_of is not None and request.best_of != request.n:
             raise OpenAIError("best_of other than n is not supported by this server.", 400, "best_of")
+        if request.max_tokens == 0 and not request.echo:
+            raise OpenAIError("max_tokens must be at least 1 unless echo is true (max_tokens=0 with echo scores the "
+                              "prompt without generating).", 400, "max_tokens")
+        if request.use_beam_search and (request.echo or request.logprobs is not None):
+            name = "echo" if request.echo else "logprobs"
+            raise OpenAIError(f"{name} cannot be combined with use_beam_search.", 400, name)
 
     async def _prompts(self, request: CompletionRequest) -> list[Prompt]:
-        """The prompts of the request, tokenized (off the event loop) and length-checked."""
+        """The prompts of the request, tokenized (off the event loop), truncated as asked and length-checked."""
         p = request.prompt
         if isinstance(p, str):
             items: list = [p]
@@ -47,11 +60,24 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts = []
         for item in items:
             if isinstance(item, str):
-                prompts.append((item, await self.prompts.encode(item, request.add_special_tokens, "prompt")))
+                ids = await self.prompts.encode(item, request.add_special_tokens, "prompt")
             else:
-                prompts.append((None, list(item)))
-            self.check_length(len(prompts[-1][1]), request.max_tokens, "prompt")
+                ids = list(item)
+            kept = self.truncate_prompt(ids, request)
+            text = item if isinstance(item, str) and len(kept) == len(ids) else None
+            self.check_length(len(kept), request.max_tokens, "prompt")
+            if text is None:
+                text = self.tokenizer.decode(kept) if request.echo else ""
+            prompts.append(Prompt(text, kept))
         return prompts
+
+    async def _beam_search(self, request_id: str, prompt: Prompt, request: CompletionRequest,
+                           lora_request: object) -> AsyncIterator[RequestOutput]:
+        max_tokens = request.max_tokens or self.max_model_len - len(prompt.token_ids)
+        params = BeamSearchParams(beam_width=request.n, max_tokens=max_tokens, ignore_eos=request.ignore_eos,
+                                  temperature=request.temperature or 0.0, length_penalty=request.length_penalty,
+                                  include_stop_str_in_output=request.include_stop_str_in_output)
+        yield await self.engine.beam_search(prompt.token_ids, request_id, params, lora_request)  # type: ignore[arg-type]
 
     async def create_completion(self, request: CompletionRequest) -> Response:
         """Validate, start one request per prompt, and answer (streamed or not)."""
@@ -61,25 +87,33 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_limits(request, request.logprobs, "logprobs")
         constraint = output_constraint(request)
         prompts = await self._prompts(request)
-        params = self.sampling_params(request, request.max_tokens, request.logprobs, request.stream,
-                                      constraint=constraint)
+        # max_tokens=0 (echo only): one token is generated and dropped, as vLLM does.
+        max_tokens = 1 if request.max_tokens == 0 else request.max_tokens
+        prompt_logprobs = request.prompt_logprobs
+        if request.echo and request.logprobs is not None:
+            prompt_logprobs = max(prompt_logprobs or 0, request.logprobs)
+        params = self.sampling_params(request, max_tokens, request.logprobs, request.stream, constraint=constraint,
+                                      prompt_logprobs=prompt_logprobs)
         base_id = random_id("cmpl")
         ids = [f"{base_id}-{i}" for i in range(len(prompts))]
-        collectors = []
-        try:
-            for rid, (text, tokens) in zip(ids, prompts):
-                collectors.append(self.add_request(rid, tokens, params.clone(), request, "prompt", text,
-                                                   constraint, lora_request))
-        except BaseException:
-            for rid in ids[:len(collectors)]:
-                self.engine.release(rid)
-            raise
-        iterators = [self.engine.iterate(rid, c) for rid, c in zip(ids, collectors)]
+        iterators: list[AsyncIterator[RequestOutput]]
+        if request.use_beam_search:
+            iterators = [self._beam_search(rid, p, request, lora_request) for rid, p in zip(ids, prompts)]
+        else:
+            collectors = []
+            try:
+                for rid, p in zip(ids, prompts):
+                    collectors.append(self.add_request(rid, p.token_ids, params.clone(), request, "prompt",
+                                                       p.text or None, constraint, lora_request))
+            except BaseException:
+                for rid in ids[:len(collectors)]:
+                    self.engine.release(rid)
+                raise
+            iterators = [self.engine.iterate(rid, c) for rid, c in zip(ids, collectors)]
         created = int(time.time())
-        num_prompt = sum(len(t) for _, t in prompts)
         if request.stream:
             stream = self.release_when_dropped(
-                self._stream(request, base_id, iterators, model, created, num_prompt, constraint), ids)
+                self._stream(request, base_id, iterators, prompts, model, created, constraint), ids)
             return StreamingResponse(stream, media_type="text/event-stream")
         finals: dict[int, RequestOutput] = {}
         try:
@@ -87,47 +121,74 @@ class OpenAIServingCompletion(OpenAIServing):
                 finals[i] = out
         except ValueError as e:
             raise self.request_error(e, request, "prompt", constraint) from e
-        choices = [self._choice(request, i * request.n + c.index, c, c.text)
+        choices = [self._choice(request, i * request.n + c.index, c, finals[i], prompts[i], True)
                    for i in sorted(finals) for c in finals[i].outputs]
-        num_gen = sum(len(c.token_ids) for out in finals.values() for c in out.outputs)
-        return json_response(CompletionResponse(
-            id=base_id, created=created, model=model, choices=choices,
-            usage=UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_gen, total_tokens=num_prompt + num_gen)))
+        num_prompt = sum(len(p.token_ids) for p in prompts)
+        num_gen = 0 if request.max_tokens == 0 else sum(len(c.token_ids) for o in finals.values() for c in o.outputs)
+        num_cached = sum(o.num_cached_tokens for o in finals.values())
+        return json_response(CompletionResponse(id=base_id, created=created, model=model, choices=choices,
+                                                usage=usage_info(num_prompt, num_gen, num_cached)))
 
-    @staticmethod
-    def _choice(request: CompletionRequest, index: int, c: CompletionOutput, text: str,
-                text_offset: int = 0) -> CompletionResponseChoice:
-        lps: CompletionLogProbs | None = None
-        if request.logprobs is not None and c.logprobs is not None:
-            lps = completion_logprobs(c.token_ids, c.logprobs, request.logprobs, text_offset)
-        return CompletionResponseChoice(index=index, text=text, logprobs=lps, finish_reason=c.finish_reason,
-                                        stop_reason=c.stop_reason)
+    def _choice(self, request: CompletionRequest, index: int, c: CompletionOutput, out: RequestOutput,
+                prompt: Prompt, first: bool, text_offset: int = 0) -> CompletionResponseChoice:
+        """One choice (or one streamed piece of it); `first`: the choice's first piece, which carries the echoed
+        prompt and the prompt-level fields."""
+        text, token_ids, logprobs = c.text, c.token_ids, c.logprobs
+        if request.max_tokens == 0:  # the generated token only made the engine compute the prompt
+            text, token_ids, logprobs = "", [], []
+        echo = request.echo and first
+        choice = CompletionResponseChoice(index=index, text=prompt.text + text if echo else text,
+                                          finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+        if request.logprobs is not None and (logprobs is not None or echo):
+            lp_ids, lps = list(token_ids), list(logprobs or [])
+            if echo:
+                prompt_lps = out.prompt_logprobs or [None] * len(prompt.token_ids)
+                lp_ids, lps = prompt.token_ids + lp_ids, list(prompt_lps) + lps
+            choice.logprobs = completion_logprobs(lp_ids, lps, request.logprobs, text_offset,
+                                                  request.return_tokens_as_token_ids, self._token_text)
+        if first and request.prompt_logprobs is not None:
+            choice.prompt_logprobs = prompt_logprobs_json(out.prompt_logprobs)
+        if request.return_token_ids:
+            if first:
+                choice.prompt_token_ids = prompt.token_ids
+            choice.token_ids = list(token_ids)
+        return choice
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
 
     async def _stream(self, request: CompletionRequest, request_id: str, iterators: list[AsyncIterator[RequestOutput]],
-                      model: str, created: int, num_prompt: int,
+                      prompts: list[Prompt], model: str, created: int,
                       constraint: OutputConstraint | None = None) -> AsyncIterator[str]:
         """SSE chunks of text deltas (choice index = prompt index * n + sequence index), usage, [DONE]."""
-        include_usage = request.stream_options is not None and request.stream_options.include_usage
+        opts = request.stream_options
+        include_usage = opts is not None and opts.include_usage
+        continuous = include_usage and opts.continuous_usage_stats  # type: ignore[union-attr]
+        num_prompt = sum(len(p.token_ids) for p in prompts)
         offsets: dict[int, int] = {}
+        cached: dict[int, int] = {}
         num_gen = 0
         try:
             async for i, out in merge_async_iterators(iterators):
+                cached[i] = out.num_cached_tokens
                 for c in out.outputs:
-                    num_gen += len(c.token_ids)
+                    if request.max_tokens != 0:
+                        num_gen += len(c.token_ids)
                     if not c.text and c.finish_reason is None and not c.token_ids:
                         continue
                     index = i * request.n + c.index
-                    choice = self._choice(request, index, c, c.text, offsets.get(index, 0))
-                    if choice.logprobs is not None and choice.logprobs.tokens:
-                        offsets[index] = choice.logprobs.text_offset[-1] + len(choice.logprobs.tokens[-1])
+                    choice = self._choice(request, index, c, out, prompts[i], index not in offsets,
+                                          offsets.get(index, 0))
+                    offsets[index] = offsets.get(index, 0) + len(choice.text)
                     resp = CompletionResponse(id=request_id, object="text_completion", created=created, model=model,
                                               choices=[choice])
-                    if include_usage:
+                    if continuous:
+                        resp.usage = usage_info(num_prompt, num_gen, sum(cached.values()))
+                    elif include_usage:
                         resp.usage = None
                     yield sse(resp.model_dump_json(exclude_unset=True))
             if include_usage:
-                usage = UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_gen,
-                                  total_tokens=num_prompt + num_gen)
+                usage: UsageInfo = usage_info(num_prompt, num_gen, sum(cached.values()))
                 yield sse(CompletionResponse(id=request_id, object="text_completion", created=created, model=model,
                                              choices=[], usage=usage).model_dump_json(exclude_unset=True))
         except EngineDeadError as e:

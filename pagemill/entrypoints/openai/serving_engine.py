@@ -76,9 +76,10 @@ async def merge_async_iterators(iterators: list[AsyncIterator[T]]) -> AsyncItera
 
 
 def request_sampling_params(request: SamplingRequest, max_tokens: int | None, logprobs: int | None, stream: bool,
-                            constraint: OutputConstraint | None = None) -> SamplingParams:
+                            constraint: OutputConstraint | None = None,
+                            prompt_logprobs: int | None = None) -> SamplingParams:
     """SamplingParams of a completions or chat request (OpenAI's fields, vLLM's extras, speculative_decoding);
-    raises SamplingParams' ValueError for bad values."""
+    raises SamplingParams' ValueError for bad values. `prompt_logprobs`: overrides the request's (echo needs them)."""
     return SamplingParams(
         n=request.n, temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p, top_k=request.top_k or 0,
@@ -91,7 +92,9 @@ def request_sampling_params(request: SamplingRequest, max_tokens: int | None, lo
         include_stop_str_in_output=request.include_stop_str_in_output,
         output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         structured_outputs=constraint.params if constraint is not None else None,
-        speculative_decoding=request.speculative_decoding, expected_output_tokens=request.expected_output_tokens)
+        speculative_decoding=request.speculative_decoding, expected_output_tokens=request.expected_output_tokens,
+        allowed_token_ids=request.allowed_token_ids, logit_bias=request.logit_bias,
+        prompt_logprobs=request.prompt_logprobs if prompt_logprobs is None else prompt_logprobs)
 
 
 class OpenAIServing:
@@ -123,10 +126,27 @@ class OpenAIServing:
                 f"{max_tokens} in the completion). Please reduce {max_tokens_param} or the length of the "
                 f"{prompt_param}.", 400, max_tokens_param)
 
+    def truncate_prompt(self, prompt_ids: list[int], request: SamplingRequest) -> list[int]:
+        """The prompt cut to `truncate_prompt_tokens` tokens (-1: the model's context length minus one) from the
+        `truncation_side` ("left" keeps the last ones); unchanged when no truncation is asked for."""
+        k = request.truncate_prompt_tokens
+        if k is None:
+            return prompt_ids
+        if k == -1:
+            k = self.max_model_len - 1
+        if k >= self.max_model_len:
+            raise OpenAIError(f"truncate_prompt_tokens ({k}) must be less than the model's maximum context length "
+                              f"({self.max_model_len}).", 400, "truncate_prompt_tokens")
+        if len(prompt_ids) <= k:
+            return prompt_ids
+        return prompt_ids[-k:] if request.truncation_side == "left" else prompt_ids[:k]
+
     def check_unsupported(self, request: SamplingRequest) -> None:
         """400 for fields this server accepts but cannot honour, or that contradict each other."""
-        if request.logit_bias:
-            raise OpenAIError("logit_bias is not supported by this server.", 400, "logit_bias")
+        if request.truncate_prompt_tokens == 0:
+            raise OpenAIError("truncate_prompt_tokens must be -1 or at least 1.", 400, "truncate_prompt_tokens")
+        if request.use_beam_search:
+            self.check_beam_search(request)
         if request.stream_options is not None and not request.stream:
             raise OpenAIError("stream_options can only be given when stream is true.", 400, "stream_options")
         if request.priority != 0 and self.engine.config.scheduler_config.policy != "priority":
@@ -141,17 +161,26 @@ class OpenAIServing:
             name = "best_of" if best_of > request.n else "n"
             raise OpenAIError(f"{name} must be at most {mc.max_n} (--max-n), got {getattr(request, name)}.", 400,
                               name)
-        if num_logprobs is not None and 0 <= mc.max_logprobs < num_logprobs:
-            raise OpenAIError(f"{logprobs_param} must be at most {mc.max_logprobs} (--max-logprobs), got "
-                              f"{num_logprobs}.", 400, logprobs_param)
+        for param, k in ((logprobs_param, num_logprobs), ("prompt_logprobs", request.prompt_logprobs)):
+            if k is not None and 0 <= mc.max_logprobs < k:
+                raise OpenAIError(f"{param} must be at most {mc.max_logprobs} (--max-logprobs), got {k}.", 400, param)
+
+    @staticmethod
+    def check_beam_search(request: SamplingRequest) -> None:
+        """400 for sampling fields that mean nothing to beam search (it scores beams by their logprobs)."""
+        for name in ("structured_outputs", "response_format", "guided_json", "guided_regex", "guided_choice",
+                     "guided_grammar", "logit_bias", "allowed_token_ids", "prompt_logprobs"):
+            if getattr(request, name) is not None:
+                raise OpenAIError(f"{name} cannot be combined with use_beam_search.", 400, name)
 
     def sampling_params(self, request: SamplingRequest, max_tokens: int | None, logprobs: int | None,
                         stream: bool, field_aliases: dict[str, str] | None = None,
-                        constraint: OutputConstraint | None = None) -> SamplingParams:
+                        constraint: OutputConstraint | None = None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """SamplingParams from the request (with its output constraint); a ValueError becomes a 400 naming the
         field."""
         try:
-            return request_sampling_params(request, max_tokens, logprobs, stream, constraint)
+            return request_sampling_params(request, max_tokens, logprobs, stream, constraint, prompt_logprobs)
         except (ValueError, TypeError) as e:
             err = from_value_error(ValueError(str(e)), type(request).model_fields)
             if err.param and field_aliases and err.param in field_aliases:
