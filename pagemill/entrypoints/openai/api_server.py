@@ -28,8 +28,8 @@ from pagemill.entrypoints.openai.lora_modules import LoRAModulePath, runtime_lor
 from pagemill.entrypoints.openai.openapi_docs import HealthResponse, document_api, error_responses
 from pagemill.entrypoints.openai.prompt_preparer import PromptPreparer
 from pagemill.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                                  EmbeddingRequest, PoolingRequest, RerankRequest, ScoreRequest,
-                                                  TokenizeRequest)
+                                                  EmbeddingRequest, OpenAIBaseModel, PoolingRequest, RerankRequest,
+                                                  ScoreRequest, TokenizeRequest)
 from pagemill.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagemill.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagemill.entrypoints.openai.serving_engine import json_response
@@ -75,6 +75,17 @@ async def _wait_for_disconnect(request: Request) -> None:
             return
 
 
+IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
+
+
+def _note_ignored_fields(response: Any, arguments: Any) -> Any:
+    """Name the request's ignored top-level fields in a response header (they were also logged)."""
+    for arg in arguments:
+        if isinstance(arg, OpenAIBaseModel) and arg.ignored_fields and isinstance(response, Response):
+            response.headers[IGNORED_FIELDS_HEADER] = ",".join(arg.ignored_fields)
+    return response
+
+
 def with_cancellation(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """Cancel the handler (which aborts its engine requests) if the client disconnects before the answer."""
 
@@ -86,7 +97,7 @@ def with_cancellation(handler: Callable[..., Awaitable[Any]]) -> Callable[..., A
         for task in pending:
             task.cancel()
         if handler_task in done:
-            return handler_task.result()
+            return _note_ignored_fields(handler_task.result(), kwargs.values())
         logger.info("Client disconnected; request cancelled.")
         return Response(status_code=499)
 
