@@ -35,10 +35,13 @@ class LogprobsLists(msgspec.Struct, array_like=True):
     token_ids: list[list[int]]
     logprobs: list[list[float]]
     ranks: list[int]  # rank of the chosen token at each position
+    # Ranks of the tokens asked for by id (SamplingParams.logprob_token_ids), which end each position's list.
+    extra_ranks: list[list[int]] = []
 
     def slice(self, start: int, stop: int | None = None) -> "LogprobsLists":
         """The positions [start, stop)."""
-        return LogprobsLists(self.token_ids[start:stop], self.logprobs[start:stop], self.ranks[start:stop])
+        return LogprobsLists(self.token_ids[start:stop], self.logprobs[start:stop], self.ranks[start:stop],
+                             self.extra_ranks[start:stop])
 
 
 class EngineCoreEventType(enum.IntEnum):

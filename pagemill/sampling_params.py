@@ -103,6 +103,7 @@ class SamplingParams:
     guided_decoding: StructuredOutputsParams | None = None  # vLLM's older spelling of structured_outputs
     speculative_decoding: bool = True  # False: this request never gets draft tokens (when the engine speculates)
     allowed_token_ids: list[int] | None = None  # sample only among these tokens
+    logprob_token_ids: list[int] | None = None  # with `logprobs`: also these tokens' logprobs at every position
     logit_bias: dict[int, float] | None = None  # token id -> value added to its logit (OpenAI: [-100, 100])
     truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens (-1: max_model_len - 1)
     # srtf / two-level scheduling: the output length to expect (a hint, capped by max_tokens; None: max_tokens).
@@ -174,6 +175,11 @@ class SamplingParams:
         if self.allowed_token_ids is not None and (
                 not self.allowed_token_ids or any(not isinstance(t, int) or t < 0 for t in self.allowed_token_ids)):
             raise bad("allowed_token_ids", "must be a non-empty list of non-negative token ids")
+        if self.logprob_token_ids is not None:
+            if any(not isinstance(t, int) or t < 0 for t in self.logprob_token_ids):
+                raise bad("logprob_token_ids", "must be a list of non-negative token ids")
+            if self.logprobs is None:
+                self.logprobs = 0  # the chosen token's logprob comes with them, as with logprobs=0
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise bad("logit_bias", "must map token ids to biases")

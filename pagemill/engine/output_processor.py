@@ -141,9 +141,14 @@ class OutputProcessor:
 
     def _to_dicts(self, lists: LogprobsLists) -> list[dict[int, Logprob]]:
         out = []
-        for ids, lps, rank in zip(lists.token_ids, lists.logprobs, lists.ranks):
+        for pos, (ids, lps, rank) in enumerate(zip(lists.token_ids, lists.logprobs, lists.ranks)):
             d = {ids[0]: Logprob(lps[0], rank, self._decode_token(ids[0]))}
-            for r, (t, lp) in enumerate(zip(ids[1:], lps[1:]), start=1):
+            extra = lists.extra_ranks[pos] if lists.extra_ranks else []
+            num_top = len(ids) - 1 - len(extra)
+            for r, (t, lp) in enumerate(zip(ids[1:1 + num_top], lps[1:1 + num_top]), start=1):
+                if t not in d:
+                    d[t] = Logprob(lp, r, self._decode_token(t))
+            for t, lp, r in zip(ids[1 + num_top:], lps[1 + num_top:], extra):
                 if t not in d:
                     d[t] = Logprob(lp, r, self._decode_token(t))
             out.append(d)

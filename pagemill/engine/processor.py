@@ -84,6 +84,7 @@ class Processor:
                 ids = ids[-keep:] if truncation_side == "left" else ids[:keep]
                 text = None
         for name, tokens in (("allowed_token_ids", params.allowed_token_ids or []),
+                             ("logprob_token_ids", params.logprob_token_ids or []),
                              ("logit_bias", params.logit_bias or {})):
             if any(t >= self.vocab_size for t in tokens):
                 raise ValueError(f"{name} must be token ids in [0, {self.vocab_size}).")

@@ -532,9 +532,20 @@ class ModelRunner:
         ids, lps, ranks = gather_logprobs(raw_lp, tokens, k)
         ids, lps, ranks = ids.tolist(), lps.tolist(), ranks.tolist()
         for j, (i, r) in enumerate(zip(sample_idx, sample_rows)):
-            n = ib.params[r].logprobs
-            if n is not None:
-                out.logprobs[req_ids[i]] = LogprobsLists([ids[j][:n + 1]], [lps[j][:n + 1]], [ranks[j]])
+            p = ib.params[r]
+            n = p.logprobs
+            if n is None:
+                continue
+            lists = LogprobsLists([ids[j][:n + 1]], [lps[j][:n + 1]], [ranks[j]])
+            if p.logprob_token_ids:  # rare: per-row work only for the requests that ask
+                wanted = torch.tensor(p.logprob_token_ids)
+                row = raw_lp[j]
+                extra_lp = row[wanted]
+                extra_ranks = (row.unsqueeze(0) > extra_lp.unsqueeze(1)).sum(-1) + 1
+                lists.token_ids[0] += p.logprob_token_ids
+                lists.logprobs[0] += extra_lp.tolist()
+                lists.extra_ranks = [extra_ranks.tolist()]
+            out.logprobs[req_ids[i]] = lists
 
     def _prompt_logprobs(self, out: ModelRunnerOutput, req_ids: list[str], rows: np.ndarray, computed: np.ndarray,
                          counts: np.ndarray, starts: np.ndarray, hidden: torch.Tensor) -> None:

@@ -200,3 +200,20 @@ def test_default_max_tokens_is_per_prompt_and_leaves_params_untouched(smol_llm):
     assert short.sampling_params.max_tokens == max_len - len(short.prompt_token_ids)
     assert long.sampling_params.max_tokens == max_len - len(long.prompt_token_ids)
     assert shared.max_tokens is None
+
+
+def test_logprob_token_ids_give_those_tokens_logprobs_and_ranks(smol_llm, smol_hf):
+    prompt = _ids(smol_hf, SMOL_PROMPTS[0])
+    wanted = [5, 1000, 20000]
+    out = smol_llm.generate({"prompt_token_ids": prompt},
+                            SamplingParams(temperature=0, max_tokens=4, logprobs=2, logprob_token_ids=wanted,
+                                           ignore_eos=True), use_tqdm=False)[0]
+    toks = out.outputs[0].token_ids
+    with torch.inference_mode():
+        ref = smol_hf[0](torch.tensor([prompt + toks])).logits[0].float().log_softmax(-1)
+    for i, position in enumerate(out.outputs[0].logprobs):
+        row = ref[len(prompt) - 1 + i]
+        assert len(position) <= 1 + 2 + len(wanted)
+        for t in wanted:
+            assert position[t].logprob == pytest.approx(row[t].item(), abs=1e-3)
+            assert position[t].rank == pytest.approx(int((row > row[t]).sum()) + 1, abs=2)  # near-ties may swap

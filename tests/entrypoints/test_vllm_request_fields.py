@@ -129,3 +129,24 @@ def test_beam_search_returns_the_offline_best_beams(http, server, smol_path):
     prompt_ids = r.json()["choices"][0]["prompt_token_ids"]
     offline = llm.beam_search([{"prompt_token_ids": prompt_ids}], BeamSearchParams(beam_width=2, max_tokens=6))[0]
     assert [c["token_ids"] for c in choices] == [s.tokens[len(prompt_ids):] for s in offline.sequences]
+
+
+def test_logprob_token_ids_return_those_tokens_logprobs(http):
+    wanted = http.post("/tokenize", json={"prompt": " red blue", "add_special_tokens": False}).json()["tokens"]
+    body = {"messages": HI, "max_tokens": 3, "temperature": 0, "logprobs": True, "top_logprobs": 1,
+            "return_tokens_as_token_ids": True}
+    full = http.post(CHAT, json={**body, "top_logprobs": 20}).json()["choices"][0]["logprobs"]["content"]
+    got = http.post(CHAT, json={**body, "logprob_token_ids": wanted}).json()["choices"][0]["logprobs"]["content"]
+    for pos, ref in zip(got, full):
+        tops = {t["token"]: t["logprob"] for t in pos["top_logprobs"]}
+        assert {f"token_id:{w}" for w in wanted} <= set(tops) and len(tops) <= 1 + len(wanted)
+        ref_tops = {t["token"]: t["logprob"] for t in ref["top_logprobs"]}
+        for w in wanted:  # where the top 20 also has them, the values agree
+            if f"token_id:{w}" in ref_tops:
+                assert tops[f"token_id:{w}"] == pytest.approx(ref_tops[f"token_id:{w}"], abs=1e-5)
+        assert pos["top_logprobs"][0] == ref["top_logprobs"][0]
+    r = http.post(COMPLETIONS, json={"prompt": "Hi", "max_tokens": 2, "logprobs": 0, "logprob_token_ids": wanted,
+                                     "return_tokens_as_token_ids": True})
+    assert all({f"token_id:{w}" for w in wanted} <= set(t) for t in r.json()["choices"][0]["logprobs"]["top_logprobs"])
+    bad = http.post(CHAT, json={"messages": HI, "logprob_token_ids": wanted})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprob_token_ids"

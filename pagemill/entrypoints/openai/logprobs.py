@@ -15,11 +15,15 @@ def _finite(x: float) -> float:
     return max(x, -9999.0) if not math.isnan(x) else -9999.0
 
 
-def _top(position: dict[int, Logprob], top_n: int) -> list[tuple[int, Logprob]]:
-    """The top-N candidates of a position, best first."""
+def _top(position: dict[int, Logprob], top_n: int, wanted: frozenset[int] = frozenset()) -> list[tuple[int, Logprob]]:
+    """The top-N candidates of a position, best first, then the tokens asked for by id (logprob_token_ids)."""
     ranked = [(t, lp) for t, lp in position.items() if lp.rank is not None and lp.rank <= top_n]
     ranked.sort(key=lambda x: x[1].rank)  # type: ignore[arg-type, return-value]
-    return ranked[:top_n]
+    ranked = ranked[:top_n]
+    if wanted:
+        seen = {t for t, _ in ranked}
+        ranked += [(t, position[t]) for t in sorted(wanted) if t in position and t not in seen]
+    return ranked
 
 
 def _label(token_id: int, lp: Logprob | None, as_ids: bool, token_text: Callable[[int], str] | None) -> str:
@@ -32,14 +36,14 @@ def _label(token_id: int, lp: Logprob | None, as_ids: bool, token_text: Callable
 
 
 def chat_logprobs(token_ids: list[int], logprobs: SampleLogprobs, top_n: int,
-                  as_ids: bool = False) -> ChatCompletionLogProbs:
+                  as_ids: bool = False, wanted: frozenset[int] = frozenset()) -> ChatCompletionLogProbs:
     """`choices[i].logprobs` of a chat completion (or of one streamed chunk)."""
     content = []
     for tok, position in zip(token_ids, logprobs):
         chosen = position[tok]
         text = _label(tok, chosen, as_ids, None)
         top = [ChatLogProb(token=(t := _label(tid, lp, as_ids, None)), logprob=_finite(lp.logprob),
-                           bytes=list(t.encode())) for tid, lp in _top(position, top_n)]
+                           bytes=list(t.encode())) for tid, lp in _top(position, top_n, wanted)]
         content.append(ChatLogProbsContent(token=text, logprob=_finite(chosen.logprob), bytes=list(text.encode()),
                                            top_logprobs=top))
     return ChatCompletionLogProbs(content=content)
@@ -47,7 +51,8 @@ def chat_logprobs(token_ids: list[int], logprobs: SampleLogprobs, top_n: int,
 
 def completion_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob] | None], top_n: int,
                         text_offset: int = 0, as_ids: bool = False,
-                        token_text: Callable[[int], str] | None = None) -> CompletionLogProbs:
+                        token_text: Callable[[int], str] | None = None,
+                        wanted: frozenset[int] = frozenset()) -> CompletionLogProbs:
     """`choices[i].logprobs` of a legacy completion; offsets start at `text_offset`. A position without logprobs
     (the prompt's first token under echo) gets None, its text from `token_text`."""
     tokens: list[str] = []
@@ -66,8 +71,8 @@ def completion_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob] 
             tops.append(None)
             continue
         token_logprobs.append(_finite(chosen.logprob))
-        top = {_label(t, lp, as_ids, token_text): _finite(lp.logprob) for t, lp in _top(position, top_n)} \
-            if top_n else {}
+        top = {_label(t, lp, as_ids, token_text): _finite(lp.logprob) for t, lp in _top(position, top_n, wanted)} \
+            if top_n or wanted else {}
         top.setdefault(text, _finite(chosen.logprob))
         tops.append(top)
     # Built with every field set, so that exclude_unset (streamed chunks) keeps them.

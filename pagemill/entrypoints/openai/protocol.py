@@ -220,6 +220,7 @@ class SamplingRequest(OpenAIBaseModel):
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     # vLLM extra parameters
     allowed_token_ids: list[int] | None = None
+    logprob_token_ids: list[int] | None = None  # with logprobs: these tokens' logprobs too, at every position
     prompt_logprobs: int | None = Field(default=None, ge=0)
     return_token_ids: bool = False  # the prompt's and each choice's token ids in the response
     return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:<id>" (for tokens that are not text)

@@ -149,7 +149,8 @@ class OpenAIServingChat(OpenAIServing):
                   created: int, parser: ToolParser | None) -> ChatCompletionResponse:
         choices = []
         for c in final.outputs:
-            lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0, request.return_tokens_as_token_ids) \
+            lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0, request.return_tokens_as_token_ids,
+                                frozenset(request.logprob_token_ids or ())) \
                 if request.logprobs and c.logprobs is not None else None
             message, reason = self._message(c, parser)
             choice = ChatCompletionResponseChoice(index=c.index, message=message, logprobs=lps, finish_reason=reason,
@@ -206,7 +207,7 @@ class OpenAIServingChat(OpenAIServing):
                     if not c.text and c.finish_reason is None and not c.token_ids:
                         continue
                     lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0,
-                                        request.return_tokens_as_token_ids) \
+                                        request.return_tokens_as_token_ids, frozenset(request.logprob_token_ids or ())) \
                         if request.logprobs and c.logprobs is not None else None
                     delta, reason = DeltaMessage(content=c.text), c.finish_reason
                     if streamers:

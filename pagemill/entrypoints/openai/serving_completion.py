@@ -145,7 +145,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 prompt_lps = out.prompt_logprobs or [None] * len(prompt.token_ids)
                 lp_ids, lps = prompt.token_ids + lp_ids, list(prompt_lps) + lps
             choice.logprobs = completion_logprobs(lp_ids, lps, request.logprobs, text_offset,
-                                                  request.return_tokens_as_token_ids, self._token_text)
+                                                  request.return_tokens_as_token_ids, self._token_text,
+                                                  frozenset(request.logprob_token_ids or ()))
         if first and request.prompt_logprobs is not None:
             choice.prompt_logprobs = prompt_logprobs_json(out.prompt_logprobs)
         if request.return_token_ids:

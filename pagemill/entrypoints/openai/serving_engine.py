@@ -94,6 +94,7 @@ def request_sampling_params(request: SamplingRequest, max_tokens: int | None, lo
         structured_outputs=constraint.params if constraint is not None else None,
         speculative_decoding=request.speculative_decoding, expected_output_tokens=request.expected_output_tokens,
         allowed_token_ids=request.allowed_token_ids, logit_bias=request.logit_bias,
+        logprob_token_ids=request.logprob_token_ids,
         prompt_logprobs=request.prompt_logprobs if prompt_logprobs is None else prompt_logprobs)
 
 
@@ -143,6 +144,10 @@ class OpenAIServing:
 
     def check_unsupported(self, request: SamplingRequest) -> None:
         """400 for fields this server accepts but cannot honour, or that contradict each other."""
+        logprobs = getattr(request, "logprobs", None)  # chat: a bool; completions: top-N or None
+        if request.logprob_token_ids is not None and (logprobs is None or logprobs is False):
+            raise OpenAIError("logprob_token_ids needs logprobs (their values are returned with the logprobs).", 400,
+                              "logprob_token_ids")
         if request.truncate_prompt_tokens == 0:
             raise OpenAIError("truncate_prompt_tokens must be -1 or at least 1.", 400, "truncate_prompt_tokens")
         if request.use_beam_search:
