@@ -160,6 +160,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="LoRA adapters served from start-up (needs --enable-lora): name=path or JSON "
                              "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; clients select one by "
                              "its name in `model`.")
+    server.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                        help="Serve GET /tokenizer_info (the tokenizer's configuration and chat template, as vLLM).")
+    server.add_argument("--serve-tokenizer-files", action=argparse.BooleanOptionalAction, default=True,
+                        help="Serve the tokenizer's files (tokenizer.json, tokenizer_config.json, chat_template.jinja; "
+                             "nothing else) by the Hugging Face Hub's protocol under the served model names, so that "
+                             "clients load it with HF_ENDPOINT=http://HOST:PORT.")
     add_limit_args(server)
     add_cors_args(server)
     server.add_argument("--uvicorn-log-level", default="info",
