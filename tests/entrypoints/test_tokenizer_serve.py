@@ -130,6 +130,19 @@ def test_tokenizer_argument_is_checked(tiny_llama, tmp_path):
         EngineArgs(model=tiny_llama, tokenizer=str(tmp_path)).create_engine_config()
 
 
+def test_tokenizer_argument_may_be_another_gguf(tiny_llama, smol_path):
+    from transformers import AutoTokenizer
+
+    from pagemill.loader.model_files import resolve_model
+    from pagemill.loader.tokenizer import load_tokenizer
+
+    resolved = resolve_model(tiny_llama, smol_path)
+    assert resolved.tokenizer_path == smol_path and resolved.gguf_file is None
+    tok = load_tokenizer(resolved.tokenizer_path, resolved.gguf_file, resolved.hf_config)
+    text = "Hello <|im_start|>user\nwörld<|im_end|>"
+    assert tok.encode(text) == AutoTokenizer.from_pretrained(tiny_llama).encode(text)  # tiny_llama has SmolLM2's
+
+
 # -- the server ------------------------------------------------------------------------------------------------
 
 def test_tokenizer_info_endpoint(http, tokenizer_dir):
