@@ -19,7 +19,7 @@ from pagemill.loader.default_model import DEFAULT_MODEL_NAME
 
 _ENGINE_HELP = {
     "model": "HF model directory or .gguf file (None: the embedded SmolLM2-135M-Instruct).",
-    "tokenizer": "Tokenizer directory if not the model's.",
+    "tokenizer": "A local HF tokenizer directory (or .gguf file) to use instead of the model's own tokenizer.",
     "dtype": "Weight and activation dtype: auto (float32), float32, bfloat16, float16.",
     "max_model_len": "Context length (None: the model's).",
     "max_num_seqs": "Most sequences in one batch.",
