@@ -67,5 +67,19 @@ def resolve_model(model: str | None, tokenizer: str | None = None) -> ResolvedMo
         hf_config = gguf_hf_config(model)
     else:
         hf_config = AutoConfig.from_pretrained(model)
-    tok = tokenizer or model
-    return ResolvedModel(model, tok, gguf_file, hf_config, display or model)
+    return ResolvedModel(model, _tokenizer_path(tokenizer) or model, gguf_file, hf_config, display or model)
+
+
+def _tokenizer_path(tokenizer: str | None) -> str | None:
+    """A `tokenizer` argument checked: a local HF tokenizer directory or a .gguf file (None: the model's)."""
+    if tokenizer is None:
+        return None
+    path = os.path.expanduser(tokenizer)
+    if os.path.isdir(path):
+        if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+            raise ValueError(f"tokenizer directory {tokenizer!r} has neither tokenizer.json nor tokenizer_config.json.")
+        return path
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        return path
+    raise ValueError(f"tokenizer {tokenizer!r} does not exist: give a local Hugging Face tokenizer directory or a "
+                     ".gguf file (tokenizers are never downloaded).")

@@ -7,9 +7,15 @@ from typing import Any
 
 
 def load_tokenizer(tokenizer_path: str, gguf_file: str | None = None, hf_config: Any = None) -> Any:
-    """A transformers fast tokenizer; for GGUF it is built from the file's metadata."""
+    """A transformers fast tokenizer; for GGUF it is built from the file's metadata.
+
+    `tokenizer_path`: a HF tokenizer directory, or a .gguf file (the model's, `gguf_file`, or another one).
+    """
     from transformers import AutoTokenizer
 
+    if tokenizer_path.endswith(".gguf") and os.path.isfile(tokenizer_path) and (
+            gguf_file is None or os.path.abspath(tokenizer_path) != os.path.abspath(gguf_file)):
+        gguf_file, hf_config = tokenizer_path, None  # another GGUF's tokenizer: its own config picks the class
     if gguf_file is not None and os.path.abspath(tokenizer_path) == os.path.abspath(gguf_file):
         directory, name = os.path.dirname(gguf_file), os.path.basename(gguf_file)
         cls = _gguf_tokenizer_class(directory, gguf_file, hf_config)

@@ -19,7 +19,8 @@ MAX_EXAMPLES = int(os.environ.get("PAGEMILL_FUZZ_EXAMPLES", "60"))  # per operat
 @pytest.mark.slow
 def test_schemathesis_finds_nothing(tmp_path):
     srv = RemoteServer(["--kv-cache-memory", "128MiB", "--max-model-len", "512", "--disable-uvicorn-access-log",
-                        "--max-request-body-bytes", str(2**20)], tmp_path / "server.log")
+                        "--max-request-body-bytes", str(2**20), "--enable-tokenizer-info-endpoint"],
+                       tmp_path / "server.log")
     try:
         srv.wait_healthy()
         cli = Path(sys.executable).with_name("schemathesis")

@@ -33,6 +33,7 @@ from pagemill.entrypoints.openai.protocol import (ChatCompletionRequest, Complet
 from pagemill.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagemill.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagemill.entrypoints.openai.serving_engine import json_response
+from pagemill.entrypoints.openai.serving_invocations import add_invocations_route
 from pagemill.entrypoints.openai.serving_lora import LoRAAdapters, add_lora_routes
 from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
 from pagemill.entrypoints.openai.serving_pooling import OpenAIServingEmbedding, check_generate_model
@@ -40,6 +41,7 @@ from pagemill.entrypoints.openai.serving_score import OpenAIServingScore
 from pagemill.entrypoints.openai.server_lifecycle import GracefulServer
 from pagemill.entrypoints.openai.server_limits import BodySizeLimitMiddleware, ServerLimits
 from pagemill.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from pagemill.entrypoints.openai.serving_tokenizer_files import add_tokenizer_routes
 from pagemill.metrics.per_engine import PerEngineStatLogger
 from pagemill.metrics.prometheus import PrometheusStatLogger
 
@@ -137,13 +139,15 @@ def _register_error_handlers(app: FastAPI) -> None:
 def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[str] | None = None,
               chat_template: str | None = None, shutdown_engine: bool = True,
               auto_tool_parser: str | None = None, lora_modules: list[LoRAModulePath] | None = None,
-              limits: ServerLimits | None = None, cors: CORSOptions | None = None) -> FastAPI:
+              limits: ServerLimits | None = None, cors: CORSOptions | None = None,
+              enable_tokenizer_info: bool = False, serve_tokenizer_files: bool = True) -> FastAPI:
     """The FastAPI app serving `engine` (with its own Prometheus registry, so several apps can coexist).
 
     `auto_tool_parser`: the tool-call parser of tool_choice="auto" (--enable-auto-tool-choice --tool-call-parser).
     `lora_modules`: LoRA adapters loaded at start-up (a bad one fails the start-up; the reason is left in
     app.state.startup_error). `limits`: what one request may cost (body size, request chat templates).
-    `cors`: CORS headers for browsers (None: none).
+    `cors`: CORS headers for browsers (None: none). `enable_tokenizer_info`: GET /tokenizer_info (vLLM's
+    --enable-tokenizer-info-endpoint); `serve_tokenizer_files`: the Hub file routes of serving_tokenizer_files.
     """
     limits = limits or ServerLimits()
 
@@ -257,6 +261,9 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
         logger.warning("Runtime LoRA updating is allowed: POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
                        "load adapters from any path the server can read.")
         add_lora_routes(app, lora)
+    add_invocations_route(app, engine, chat, completion, OpenAIServingEmbedding(engine, models, prompts))
+    add_tokenizer_routes(app, engine.get_tokenizer(), served_model_names, chat_template, enable_tokenizer_info,
+                         serve_tokenizer_files)
     document_api(app, OPEN_PATHS)
     return app
 
@@ -316,7 +323,9 @@ def run_server(args: argparse.Namespace) -> None:
     try:
         limits = ServerLimits.from_args(args)
         app = build_app(engine, names, args.api_key, chat_template, auto_tool_parser=auto_tool_parser,
-                        lora_modules=lora_modules, limits=limits, cors=CORSOptions.from_args(args))
+                        lora_modules=lora_modules, limits=limits, cors=CORSOptions.from_args(args),
+                        enable_tokenizer_info=args.enable_tokenizer_info_endpoint,
+                        serve_tokenizer_files=args.serve_tokenizer_files)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                                 access_log=not args.disable_uvicorn_access_log)
         logger.info("Serving %s on http://%s:%d", ", ".join(names), args.host, args.port)

@@ -19,7 +19,7 @@ from pagemill.loader.default_model import DEFAULT_MODEL_NAME
 
 _ENGINE_HELP = {
     "model": "HF model directory or .gguf file (None: the embedded SmolLM2-135M-Instruct).",
-    "tokenizer": "Tokenizer directory if not the model's.",
+    "tokenizer": "A local HF tokenizer directory (or .gguf file) to use instead of the model's own tokenizer.",
     "dtype": "Weight and activation dtype: auto (float32), float32, bfloat16, float16.",
     "max_model_len": "Context length (None: the model's).",
     "max_num_seqs": "Most sequences in one batch.",
@@ -160,6 +160,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="LoRA adapters served from start-up (needs --enable-lora): name=path or JSON "
                              "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; clients select one by "
                              "its name in `model`.")
+    server.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                        help="Serve GET /tokenizer_info (the tokenizer's configuration and chat template, as vLLM).")
+    server.add_argument("--serve-tokenizer-files", action=argparse.BooleanOptionalAction, default=True,
+                        help="Serve the tokenizer's files (tokenizer.json, tokenizer_config.json, chat_template.jinja; "
+                             "nothing else) by the Hugging Face Hub's protocol under the served model names, so that "
+                             "clients load it with HF_ENDPOINT=http://HOST:PORT.")
     add_limit_args(server)
     add_cors_args(server)
     server.add_argument("--uvicorn-log-level", default="info",
