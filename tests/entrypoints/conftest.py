@@ -125,7 +125,7 @@ def server(tmp_path_factory) -> RemoteServer:
     """One server for the entrypoint test modules; teardown checks the graceful SIGTERM shutdown."""
     srv = RemoteServer(["--kv-cache-memory", "256MiB", "--max-model-len", str(MAX_MODEL_LEN),
                         "--api-key", API_KEY, "--disable-uvicorn-access-log", "--trust-request-chat-template",
-                        "--chat-template-timeout", "2"],
+                        "--chat-template-timeout", "2", "--enable-tokenizer-info-endpoint"],
                        tmp_path_factory.mktemp("server") / "server.log")
     try:
         srv.wait_healthy()
