@@ -3,7 +3,7 @@
 
 import schemathesis
 
-CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "n": 2, "best_of": 2, "min_tokens": 0}
+CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "max_output_tokens": 4, "n": 2, "best_of": 2, "min_tokens": 0}
 GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions")
 
 
@@ -14,6 +14,8 @@ def map_body(ctx, body):
         if ctx.operation.path in GENERATE_PATHS and body.get("max_tokens") is None \
                 and body.get("max_completion_tokens") is None:
             body["max_tokens"] = CAPS["max_tokens"]
+        if ctx.operation.path == "/v1/responses" and body.get("max_output_tokens") is None:
+            body["max_output_tokens"] = CAPS["max_output_tokens"]
         for key, cap in CAPS.items():
             value = body.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > cap:
