@@ -41,12 +41,8 @@ class ResponsesStore:
             self._entries.popitem(last=False)
 
     def get(self, response_id: str) -> StoredResponse | None:
-        """The stored response, or None (never stored, dropped, or deleted)."""
+        """The stored response, or None (never stored, or dropped)."""
         entry = self._entries.get(response_id)
         if entry is not None:
             self._entries.move_to_end(response_id)
         return entry
-
-    def delete(self, response_id: str) -> bool:
-        """Forget a response; False if it was not stored."""
-        return self._entries.pop(response_id, None) is not None

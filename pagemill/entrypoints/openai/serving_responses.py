@@ -1,6 +1,6 @@
 """POST /v1/responses (OpenAI's Responses API, the text-only subset vLLM serves without tools): the input items are
 rendered with the chat template, generated like a chat completion, and answered as a response object or as its
-stream of named events; GET and DELETE /v1/responses/{id} reach the responses kept in memory."""
+stream of named events; GET /v1/responses/{id} reads the responses kept in memory."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from pagemill.engine.async_llm import AsyncLLM, RequestOutputCollector
 from pagemill.engine.core_client import EngineDeadError
@@ -111,7 +111,7 @@ class EventWriter:
 
 
 class OpenAIServingResponses(OpenAIServing):
-    """Handles /v1/responses: create (streamed or not), retrieve and delete."""
+    """Handles /v1/responses: create (streamed or not) and retrieve."""
 
     def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, prompts: PromptPreparer,
                  store: ResponsesStore | None = None) -> None:
@@ -125,7 +125,7 @@ class OpenAIServingResponses(OpenAIServing):
             stored = self.store.get(request.previous_response_id)
             if stored is None:
                 raise OpenAIError(f"Response with id '{request.previous_response_id}' not found (it was not stored, "
-                                  "or the server dropped or deleted it).", 404, "previous_response_id")
+                                  "or the server dropped it to keep its limit).", 404, "previous_response_id")
             history = list(stored.conversation)
         if isinstance(request.input, str):
             return history + [{"role": "user", "content": request.input}]
@@ -260,16 +260,10 @@ class OpenAIServingResponses(OpenAIServing):
             raise OpenAIError(f"Response with id '{rid}' not found.", 404, "response_id")
         return json_response(stored.response)
 
-    def delete(self, rid: str) -> Response:
-        """DELETE /v1/responses/{id}: forget a stored response, or a 404."""
-        if not self.store.delete(rid):
-            raise OpenAIError(f"Response with id '{rid}' not found.", 404, "response_id")
-        return JSONResponse({"id": rid, "object": "response", "deleted": True})
-
 
 def add_responses_routes(app: FastAPI, engine: AsyncLLM, models: OpenAIServingModels, prompts: PromptPreparer,
                          store: ResponsesStore | None = None) -> OpenAIServingResponses:
-    """Register POST /v1/responses and GET / DELETE /v1/responses/{response_id} on the app."""
+    """Register POST /v1/responses and GET /v1/responses/{response_id} on the app."""
     # api_server imports this module, so its decorator is imported when the routes are built
     from pagemill.entrypoints.openai.api_server import with_cancellation
     from pagemill.entrypoints.openai.serving_pooling import check_generate_model
@@ -288,10 +282,5 @@ def add_responses_routes(app: FastAPI, engine: AsyncLLM, models: OpenAIServingMo
     async def retrieve_response(response_id: str) -> Response:
         """A response kept with `store: true` (in memory, the least recently used dropped first)."""
         return serving.retrieve(response_id)
-
-    @app.delete("/v1/responses/{response_id}", include_in_schema=generates, responses=error_responses(404))
-    async def delete_response(response_id: str) -> Response:
-        """Forget a stored response."""
-        return serving.delete(response_id)
 
     return serving
