@@ -172,6 +172,7 @@ def test_previous_response_id_continues_the_conversation(client):
     ({"input": [{"role": "robot", "content": "Hi"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
     ({"input": 3}, "input"),
+    ({"input": [{"role": "user", "content": "a\ud800b"}]}, "input.0.content"),
     ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "Hi", "max_output_tokens": 10**6}, "max_output_tokens"),
     ({"input": "Hi", "temperature": -1.0}, "temperature"),
@@ -185,7 +186,8 @@ def test_previous_response_id_continues_the_conversation(client):
     ({"input": "Hi", "store": "yes"}, "store"),
 ])
 def test_bad_input_names_the_field(http, body, param):
-    r = http.post("/v1/responses", json={"model": MODEL, **body})
+    r = http.post("/v1/responses", content=json.dumps({"model": MODEL, **body}),  # (escapes lone surrogates)
+                  headers={"Content-Type": "application/json"})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and error["type"] == "BadRequestError", error

@@ -43,6 +43,11 @@ def response_id() -> str:
     return f"resp_{uuid.uuid4().hex}"
 
 
+def message_id(rid: str) -> str:
+    """The id of a response's output message: 'msg_' and the response's hex digits."""
+    return "msg_" + rid.removeprefix("resp_")
+
+
 def _rename(param: str | None) -> str | None:
     if param is None:
         return None
@@ -192,7 +197,7 @@ class OpenAIServingResponses(OpenAIServing):
         """The finished response: completed, or incomplete when the output hit the token limit."""
         incomplete = finish_reason == "length"
         status = "incomplete" if incomplete else "completed"
-        message = ResponseOutputMessage(id=f"msg_{base.id[len('resp_'):]}", status=status,
+        message = ResponseOutputMessage(id=message_id(base.id), status=status,
                                         content=[ResponseOutputText(text=text, logprobs=lps)])
         usage = ResponseUsage(input_tokens=num_in, output_tokens=num_out, total_tokens=num_in + num_out,
                               input_tokens_details=InputTokensDetails(cached_tokens=max(num_cached, 0)))
@@ -213,14 +218,16 @@ class OpenAIServingResponses(OpenAIServing):
         """The events of a streamed response: lifecycle, one output_text.delta per text delta, then the done
         events and response.completed (response.incomplete when cut off); an `error` event if generation fails."""
         event = EventWriter()
-        item_id = f"msg_{base.id[len('resp_'):]}"
+        item_id = message_id(base.id)
         at = dict(item_id=item_id, output_index=0, content_index=0)
         yield event("response.created", response=base)
         yield event("response.in_progress", response=base)
         yield event("response.output_item.added", output_index=0,
                     item=ResponseOutputMessage(id=item_id, status="in_progress"))
         yield event("response.content_part.added", **at, part=ResponseOutputText(text=""))
-        text, lps, num_out = "", [], 0
+        pieces: list[str] = []
+        lps: list[ChatLogProbsContent] = []
+        num_out = 0
         last: RequestOutput | None = None
         finish_reason: str | None = None
         try:
@@ -231,7 +238,7 @@ class OpenAIServingResponses(OpenAIServing):
                 if not c.text and not c.token_ids:
                     continue
                 delta_lps = self._logprobs(request, c)
-                text += c.text
+                pieces.append(c.text)
                 lps += delta_lps
                 if c.text or delta_lps:
                     yield event("response.output_text.delta", **at, delta=c.text,
@@ -244,6 +251,7 @@ class OpenAIServingResponses(OpenAIServing):
             yield event("error", code=str(err.status), message=err.message, param=_rename(err.param))
             return
         assert last is not None
+        text = "".join(pieces)
         part = ResponseOutputText(text=text, logprobs=lps)
         yield event("response.output_text.done", **at, text=text, logprobs=[lp.model_dump(mode="json") for lp in lps])
         yield event("response.content_part.done", **at, part=part)
