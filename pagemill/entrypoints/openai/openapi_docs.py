@@ -29,7 +29,9 @@ MODEL_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/po
 SSE_EVENT_SCHEMA = {
     "type": "object", "required": ["data"],
     "description": "One server-sent event: `data: <chunk JSON>`; the stream ends with `data: [DONE]`, and an error "
-                   "after the stream started is a `data: {\"error\": ...}` event before it.",
+                   "after the stream started is a `data: {\"error\": ...}` event before it. /v1/responses names "
+                   "each event (`event: <type>`), ends with response.completed or response.incomplete (no [DONE]) "
+                   "and reports an error as an `error` event.",
     "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
                    "retry": {"type": "integer", "minimum": 0}},
 }

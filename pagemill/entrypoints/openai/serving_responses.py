@@ -5,7 +5,6 @@ stream of named events; GET /v1/responses/{id} reads the responses kept in memor
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -19,9 +18,8 @@ from pagemill.engine.core_client import EngineDeadError
 from pagemill.entrypoints.chat_utils import ChatTemplateError
 from pagemill.entrypoints.openai.errors import OpenAIError
 from pagemill.entrypoints.openai.logprobs import chat_logprobs
-from pagemill.entrypoints.openai.openapi_docs import error_responses
 from pagemill.entrypoints.openai.prompt_preparer import PromptPreparer
-from pagemill.entrypoints.openai.protocol import ChatLogProbsContent, SamplingRequest
+from pagemill.entrypoints.openai.protocol import ChatLogProbsContent, ErrorResponse, SamplingRequest
 from pagemill.entrypoints.openai.protocol_responses import (INCLUDE_LOGPROBS, IncompleteDetails,
                                                             InputTokensDetails, ResponseOutputMessage,
                                                             ResponseOutputText, ResponsesRequest, ResponsesResponse,
@@ -286,7 +284,9 @@ def add_responses_routes(app: FastAPI, engine: AsyncLLM, models: OpenAIServingMo
         check_generate_model(engine, "/v1/responses")
         return await serving.create_response(request)
 
-    @app.get("/v1/responses/{response_id}", include_in_schema=generates, responses=error_responses(404))
+    not_found = {404: {"model": ErrorResponse, "description": "No stored response has this id."}}
+
+    @app.get("/v1/responses/{response_id}", include_in_schema=generates, responses=not_found)
     async def retrieve_response(response_id: str) -> Response:
         """A response kept with `store: true` (in memory, the least recently used dropped first)."""
         return serving.retrieve(response_id)
