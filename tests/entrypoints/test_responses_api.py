@@ -205,3 +205,17 @@ def test_openapi_documents_the_routes(http):
     paths = http.get("/openapi.json").json()["paths"]
     assert "text/event-stream" in paths["/v1/responses"]["post"]["responses"]["200"]["content"]
     assert "404" in paths["/v1/responses/{response_id}"]["get"]["responses"]
+
+
+def test_dropped_stream_frees_its_request(server, http):
+    """A client that leaves a stream early aborts its request: nothing runs and the KV pool is free again."""
+    body = {"model": MODEL, "input": "Write a long story.", "max_output_tokens": 1900, "ignore_eos": True,
+            "stream": True, "store": False}
+    with http.stream("POST", "/v1/responses", json=body) as resp:
+        deltas = 0
+        for line in resp.iter_lines():
+            deltas += line == "event: response.output_text.delta"
+            if deltas == 3:
+                break
+    assert deltas == 3
+    server.wait_idle(timeout_s=5)  # (the whole reply would take far longer)
