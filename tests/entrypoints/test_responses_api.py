@@ -160,6 +160,11 @@ def test_previous_response_id_continues_the_conversation(client):
                         {"role": "user", "content": "Name another one."}], 12)
     assert second.output_text == ref.choices[0].message.content
     assert second.usage.input_tokens == ref.usage.prompt_tokens
+    # the same conversation sent by hand, the first response's output items passed back as input
+    manual = client.responses.create(model=MODEL, input=[{"role": "user", "content": "Name a fruit."}, *first.output,
+                                                         {"role": "user", "content": "Name another one."}],
+                                     max_output_tokens=12, temperature=0)
+    assert manual.output_text == second.output_text
     with pytest.raises(openai.NotFoundError) as exc:
         client.responses.create(model=MODEL, previous_response_id="resp_unknown", input="Hi", max_output_tokens=2)
     assert exc.value.body["param"] == "previous_response_id"
