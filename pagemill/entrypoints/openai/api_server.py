@@ -37,6 +37,7 @@ from pagemill.entrypoints.openai.serving_invocations import add_invocations_rout
 from pagemill.entrypoints.openai.serving_lora import LoRAAdapters, add_lora_routes
 from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
 from pagemill.entrypoints.openai.serving_pooling import OpenAIServingEmbedding, check_generate_model
+from pagemill.entrypoints.openai.serving_responses import add_responses_routes
 from pagemill.entrypoints.openai.serving_score import OpenAIServingScore
 from pagemill.entrypoints.openai.server_lifecycle import GracefulServer
 from pagemill.entrypoints.openai.server_limits import BodySizeLimitMiddleware, ServerLimits
@@ -241,6 +242,7 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
         return await chat.create_chat_completion(request)
 
     add_pooling_routes(app, engine, models, prompts)
+    add_responses_routes(app, engine, models, prompts)
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> JSONResponse:

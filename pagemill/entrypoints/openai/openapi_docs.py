@@ -19,17 +19,19 @@ _DESCRIPTIONS = {400: "Bad request: the error's `param` names the field at fault
                  500: "The engine is not running.",
                  503: "The server is shutting down and the request did not finish in time."}
 # Paths whose POST may answer a stream of server-sent events (`"stream": true`).
-STREAMED_PATHS = ("/v1/chat/completions", "/v1/completions")
+STREAMED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 # Paths that resolve a `model` field (404 for an unknown one).
 MODEL_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/pooling", "/score", "/v1/score",
-               "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize")
+               "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize", "/v1/responses")
 
 
 # One server-sent event of a streamed response (`"stream": true`), as the event's fields.
 SSE_EVENT_SCHEMA = {
     "type": "object", "required": ["data"],
     "description": "One server-sent event: `data: <chunk JSON>`; the stream ends with `data: [DONE]`, and an error "
-                   "after the stream started is a `data: {\"error\": ...}` event before it.",
+                   "after the stream started is a `data: {\"error\": ...}` event before it. /v1/responses names "
+                   "each event (`event: <type>`), ends with response.completed or response.incomplete (no [DONE]) "
+                   "and reports an error as an `error` event.",
     "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
                    "retry": {"type": "integer", "minimum": 0}},
 }
