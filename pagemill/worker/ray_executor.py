@@ -29,6 +29,21 @@ _START_TIMEOUT_S = 900.0
 _PLACEMENT_TIMEOUT_S = 60.0
 
 
+def bind_gloo_to(ip: str) -> None:
+    """Make gloo use the network interface that holds `ip` (the address Ray advertises for this node), unless
+    GLOO_SOCKET_IFNAME says otherwise: by default gloo binds to what the hostname resolves to, often loopback, which
+    the ranks on other nodes cannot reach."""
+    import psutil  # Ray ships it (ray/thirdparty_files, on the path once ray is imported)
+
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+            return
+    logger.warning("No network interface holds this node's address %s; gloo picks its own.", ip)
+
+
 class RayWorker:
     """One rank inside a Ray actor: the same start-up and step as a `mp` worker process."""
 
@@ -48,8 +63,11 @@ class RayWorker:
 
     def init_worker(self, init_method: str) -> KVCacheConfig:
         """Join the process group and load this rank's share of the model; returns its KV cache."""
+        import ray
+
         from pagemill.worker.worker_proc import start_worker
 
+        bind_gloo_to(ray.util.get_node_ip_address())
         self.runner, self.parallel = start_worker(self.config, self.rank, init_method, None)
         return self.runner.kv_cache_config
 
