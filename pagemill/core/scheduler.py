@@ -326,7 +326,8 @@ class Scheduler:
                               scheduled_spec_decode_tokens=spec_tokens, num_spec_tokens_to_propose=to_propose)
         self.finished_req_ids = set()
         self._swap_out = []
-        self.in_flight.update(num_scheduled)
+        if self.max_concurrent_batches > 1:  # (one batch at a time: its output is back before the next schedule)
+            self.in_flight.update(num_scheduled)
         return out
 
     def _batch_share(self) -> int:
