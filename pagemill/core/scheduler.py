@@ -167,7 +167,8 @@ class Scheduler:
     # ---- one step ----
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget every cached block hash. Blocks in use keep it from happening, unless `reset_running_requests`
-        preempts the running requests first (the runner learns of it in the next step's output)."""
+        preempts the running requests first (the runner learns of it in the next step's output; requests of a batch
+        in flight keep their blocks, so the reset fails while there are any)."""
         if reset_running_requests:
             for req in [r for r in reversed(self.running) if r.request_id not in self.in_flight]:
                 self.running.remove(req)
