@@ -13,13 +13,13 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,7 +92,8 @@ def _wait_for_port(ns: str, ip: str, port: int, timeout_s: float) -> None:
     probe = f"import socket; socket.create_connection(({ip!r}, {port}), 0.5).close()"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", probe], capture_output=True).returncode == 0:
+        cmd = ["ip", "netns", "exec", ns, sys.executable, "-c", probe]
+        if subprocess.run(cmd, capture_output=True).returncode == 0:
             return
         time.sleep(0.2)
     raise TimeoutError(f"nothing listens on {ip}:{port} in {ns} after {timeout_s:.0f} s")
@@ -110,19 +111,24 @@ def two_node_cluster() -> Iterator[tuple[TwoNamespaces, dict[str, str]]]:
         nets.destroy()
         detail = e.stderr.strip() if isinstance(e, subprocess.CalledProcessError) else str(e)
         pytest.skip(f"cannot create network namespaces here (needs root and `ip netns`): {detail}")
-    tmp = [tempfile.mkdtemp(prefix="pmray") for _ in range(2)]  # short: Ray's socket paths live under it
-    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
-               RAY_ADDRESS=f"{nets.head_ip}:{GCS_PORT}", RAY_USAGE_STATS_ENABLED="0",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    env.pop("GLOO_SOCKET_IFNAME", None)
-    env["PM_RAY_LOGS"] = os.pathsep.join(os.path.join(t, "ray_start.log") for t in tmp)
-    common = ["--block", "--num-cpus=1", "--disable-usage-stats"]
-    logs = [open(os.path.join(t, "ray_start.log"), "w") for t in tmp]
+    tmp: list[str] = []
+    logs: list[Any] = []
     try:
+        tmp = [tempfile.mkdtemp(prefix="pmray") for _ in range(2)]  # short: Ray's socket paths live under it
+        env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
+                   RAY_ADDRESS=f"{nets.head_ip}:{GCS_PORT}", RAY_USAGE_STATS_ENABLED="0",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        env.pop("GLOO_SOCKET_IFNAME", None)
+        env["PM_RAY_LOGS"] = os.pathsep.join(os.path.join(t, "ray_start.log") for t in tmp)
+        common = ["--block", "--num-cpus=1", "--disable-usage-stats"]
+        logs = [open(os.path.join(t, "ray_start.log"), "w") for t in tmp]
         subprocess.Popen(["ip", "netns", "exec", nets.head, RAY, "start", "--head", f"--port={GCS_PORT}",
                           f"--node-ip-address={nets.head_ip}", "--include-dashboard=false", f"--temp-dir={tmp[0]}",
                           *common], env=env, stdout=logs[0], stderr=subprocess.STDOUT, start_new_session=True)
-        _wait_for_port(nets.head, nets.head_ip, GCS_PORT, 60)
+        try:
+            _wait_for_port(nets.head, nets.head_ip, GCS_PORT, 60)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}; the head's log:{_logs(env)}") from None
         subprocess.Popen(["ip", "netns", "exec", nets.worker, RAY, "start", f"--address={nets.head_ip}:{GCS_PORT}",
                           f"--node-ip-address={nets.worker_ip}", f"--temp-dir={tmp[1]}", *common], env=env,
                          stdout=logs[1], stderr=subprocess.STDOUT, start_new_session=True)
