@@ -8,6 +8,7 @@ after preemption all follow from that).
 from __future__ import annotations
 
 import heapq
+import sys
 import time
 from collections import deque
 
@@ -97,6 +98,10 @@ class Scheduler:
         self.waiting = (make_policy_queue(scheduler_config, self.kv_cache_manager)
                         if scheduler_config.policy in SRTF_POLICIES else _WaitingQueue(scheduler_config.policy))
         self.running: list[Request] = []
+        # Requests of batches whose output is not back yet; with a batch queue (pipeline micro-batches) they are not
+        # scheduled again, nor preempted, until it is. `max_concurrent_batches` such batches share the requests.
+        self.in_flight: set[str] = set()
+        self.max_concurrent_batches = 1
         self.pending_forks: dict[str, list[Request]] = {}  # parent id -> siblings waiting for its prefill
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
@@ -162,29 +167,36 @@ class Scheduler:
     # ---- one step ----
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget every cached block hash. Blocks in use keep it from happening, unless `reset_running_requests`
-        preempts the running requests first (the runner learns of it in the next step's output)."""
+        preempts the running requests first (the runner learns of it in the next step's output; requests of a batch
+        in flight keep their blocks, so the reset fails while there are any)."""
         if reset_running_requests:
-            while self.running:
-                req = self.running.pop()
+            for req in [r for r in reversed(self.running) if r.request_id not in self.in_flight]:
+                self.running.remove(req)
                 self._preempt(req)
                 self._reset_preempted.add(req.request_id)
         return self.kv_cache_manager.reset_prefix_cache()
 
     def _preempt_victim(self) -> Request:
+        """A running request to preempt; never one in flight (the request being scheduled is not)."""
+        candidates = [r for r in self.running if r.request_id not in self.in_flight] if self.in_flight \
+            else self.running
         if self.config.policy == "priority":
-            victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
-            self.running.remove(victim)
-            return victim
-        if self.config.policy in SRTF_POLICIES:  # the running request the policy would serve last
-            victim = self.waiting.victim(self.running)
-            self.running.remove(victim)
-            return victim
-        return self.running.pop()
+            victim = max(candidates, key=lambda r: (r.priority, r.arrival_time))
+        elif self.config.policy in SRTF_POLICIES:  # the running request the policy would serve last
+            victim = self.waiting.victim(candidates)
+        else:
+            return self.running.pop() if candidates is self.running else self._remove_running(candidates[-1])
+        return self._remove_running(victim)
+
+    def _remove_running(self, req: Request) -> Request:
+        self.running.remove(req)
+        return req
 
     def schedule(self) -> SchedulerOutput:
         """Plan one step within the token budget, preempting by recompute when blocks run out."""
         budget = self.config.max_num_batched_tokens
         max_len = self.config.max_model_len
+        max_reqs = self._batch_share()
         num_scheduled: dict[str, int] = {}
         new_reqs: list[NewRequestData] = []
         cached_reqs: list[CachedRequestData] = []
@@ -195,8 +207,11 @@ class Scheduler:
             self.waiting.order_running(self.running, budget)
 
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget > 0 and len(num_scheduled) < max_reqs:
             req = self.running[i]
+            if req.request_id in self.in_flight:  # its batch's output is not back
+                i += 1
+                continue
             num_new = min(req.num_tokens_with_spec - req.num_computed_tokens, budget,
                           max_len - req.num_computed_tokens)
             if (self.config.policy in SRTF_POLICIES and req.num_tokens - req.num_computed_tokens > 1 and not preempted
@@ -243,7 +258,8 @@ class Scheduler:
         now = time.monotonic()
         skipped: list[Request] = []  # waiting for their grammar or an adapter slot: they keep their place
         loras = {r.lora_int_id for r in self.running if r.lora_int_id} if self.max_loras else set()
-        while not preempted and len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while (not preempted and len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs
+               and len(num_scheduled) < max_reqs):
             req = self.waiting.peek()
             if req.lora_int_id and req.lora_int_id not in loras and len(loras) >= self.max_loras:
                 skipped.append(self.waiting.pop())  # every slot is taken by running requests' adapters
@@ -311,7 +327,17 @@ class Scheduler:
                               scheduled_spec_decode_tokens=spec_tokens, num_spec_tokens_to_propose=to_propose)
         self.finished_req_ids = set()
         self._swap_out = []
+        if self.max_concurrent_batches > 1:  # (one batch at a time: its output is back before the next schedule)
+            self.in_flight.update(num_scheduled)
         return out
+
+    def _batch_share(self) -> int:
+        """The most requests one batch takes: all, or with several batches in flight (pipeline micro-batches)
+        an even share of the requests that could run, so that every stage has work."""
+        if self.max_concurrent_batches == 1:
+            return sys.maxsize
+        runnable = min(self.config.max_num_seqs, len(self.running) + len(self.waiting))
+        return max(1, -(-runnable // self.max_concurrent_batches))
 
     def _num_drafts_wanted(self, req: Request) -> int:
         """Draft tokens to propose for the request's next step: none when it opted out or is backing off after poor
@@ -442,6 +468,7 @@ class Scheduler:
     def update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Append sampled tokens, check stop conditions, free finished requests; one output per request."""
         outputs, self._failed_outputs = self._failed_outputs, []
+        self.in_flight.difference_update(sched.num_scheduled_tokens)
         if out.draft_cost is not None:
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * out.draft_cost
         for rid in sched.num_scheduled_tokens:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -16,7 +17,9 @@ from pagemill.metrics.kv_cache import KV_STATS_INTERVAL_S, hit_rate, kv_log_line
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.request import Request, RequestStatus
 from pagemill.structured_output.manager import StructuredOutputManager
+from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.worker.executor import Executor
+from pagemill.worker.step_queue import StepFuture
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -43,6 +46,13 @@ class EngineCore:
         # Grammars for structured output (tokenizer: the front end's when in-process, else loaded on first use).
         self.structured_output_manager = StructuredOutputManager(config, tokenizer)
         self._retiring_loras: set[int] = set()  # unloaded adapters that unfinished requests still use
+        # vLLM's batch queue: with several steps in flight (pipeline micro-batches) a new batch is scheduled while
+        # earlier ones are still in the executor.
+        self.batch_queue_size = self.executor.max_concurrent_batches
+        self.batch_queue: deque[tuple[StepFuture, SchedulerOutput]] | None = None
+        if self.batch_queue_size > 1:
+            self.batch_queue = deque()
+            self.scheduler.max_concurrent_batches = self.batch_queue_size
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request for scheduling; a bad structured-output constraint raises ValueError before queuing."""
@@ -63,27 +73,64 @@ class EngineCore:
         return [EngineCoreOutput(r.request_id, [], finish_reason="abort") for r in done]
 
     def has_unfinished_requests(self) -> bool:
-        """True while requests are running or waiting."""
-        return self.scheduler.has_unfinished_requests()
+        """True while requests are running or waiting, or batches are in flight."""
+        return self.scheduler.has_unfinished_requests() or bool(self.batch_queue)
 
     def step(self) -> EngineCoreOutputs:
-        """One engine step."""
+        """One engine step (with a batch queue: `step_with_batch_queue`)."""
+        if self.batch_queue is not None:
+            return self.step_with_batch_queue()
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs([], self.make_stats(), time.monotonic())
+        self.profiler.steps += 1
+        so = self._schedule()
+        out = self.executor.execute_model(so)
+        outputs = self._update(so, out)
+        if so.total_num_scheduled_tokens == 0 and self.structured_output_manager.num_live:
+            self.structured_output_manager.wait_for_compiles(0.01)  # only grammar-waiting requests: do not spin
+        return self._step_outputs(outputs)
+
+    def step_with_batch_queue(self) -> EngineCoreOutputs:
+        """vLLM's step with a batch queue: while the queue has room, schedule a batch and submit it without
+        waiting; only when no batch could be submitted, take the oldest batch's output (its requests can then be
+        scheduled again)."""
+        queue = self.batch_queue
+        assert queue is not None
+        scheduled, outputs = False, []
+        if len(queue) < self.batch_queue_size and self.scheduler.has_unfinished_requests():
+            self.profiler.steps += 1
+            so = self._schedule()
+            scheduled = so.total_num_scheduled_tokens > 0
+            if scheduled or _changes_workers(so):
+                queue.append((self.executor.execute_model(so, non_block=True), so))
+            elif not queue:  # nothing to run anywhere: report failed grammars, wait for compiles
+                outputs = self._update(so, ModelRunnerOutput({}))
+                if self.structured_output_manager.num_live:
+                    self.structured_output_manager.wait_for_compiles(0.01)
+        if not scheduled and queue:
+            future, so = queue.popleft()
+            outputs = self._update(so, future.result())
+        return self._step_outputs(outputs)
+
+    def _schedule(self) -> SchedulerOutput:
         prof = self.profiler
-        prof.steps += 1
         with prof.section("schedule"):
             so = self.scheduler.schedule()
         with prof.section("grammar"):  # starts the bitmask fill; the runner joins it before sampling
             so.grammar = self.structured_output_manager.start_bitmask(so, self.scheduler.requests)
-        out = self.executor.execute_model(so)
+        return so
+
+    def _update(self, so: SchedulerOutput, out: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        prof = self.profiler
         prof.add(out.timings)
         with prof.section("update"):
             outputs = self.scheduler.update_from_output(so, out)
         if self._retiring_loras:
             self._retire_loras()
-        if so.total_num_scheduled_tokens == 0 and self.structured_output_manager.num_live:
-            self.structured_output_manager.wait_for_compiles(0.01)  # only grammar-waiting requests: do not spin
+        return outputs
+
+    def _step_outputs(self, outputs: list[EngineCoreOutput]) -> EngineCoreOutputs:
+        """The step's outputs with the scheduler's stats (and the periodic log lines)."""
         now = time.monotonic()
         log_now = self.config.log_stats and now - self._last_log > 5.0
         # The KV accounting (O(requests)) for /metrics and the logs: every KV_STATS_INTERVAL_S, and once drained.
@@ -115,7 +162,7 @@ class EngineCore:
         return self.executor.apply_model(func)
 
     def shutdown(self) -> None:
-        """Stop the executor's workers."""
+        """Stop the executor's workers (batches still in flight are dropped)."""
         self.executor.shutdown()
 
     def check_health(self) -> None:
@@ -164,3 +211,9 @@ class EngineCore:
         if self.config.lora_config is None:
             raise ValueError("LoRA is not enabled.")
         return self.executor.pin_lora(lora_id)
+
+
+def _changes_workers(so: SchedulerOutput) -> bool:
+    """Whether a step with no tokens to compute still carries what the workers must apply (in order)."""
+    return bool(so.finished_req_ids or so.preempted_req_ids or so.blocks_to_copy or so.blocks_to_swap_out
+                or so.blocks_to_swap_in)

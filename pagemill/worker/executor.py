@@ -15,6 +15,7 @@ from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.lora.request import LoRARequest
 from pagemill.worker.pooling_runner import make_model_runner
+from pagemill.worker.step_queue import InFlightSteps, StepFuture
 
 
 class Executor(ABC):
@@ -36,9 +37,16 @@ class Executor(ABC):
             return RayDistributedExecutor
         return UniProcExecutor
 
+    @property
+    def max_concurrent_batches(self) -> int:
+        """How many steps may be in flight at once: the engine core keeps a batch queue when more than one."""
+        return 1
+
     @abstractmethod
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step on the workers; the sampled tokens (and the runner's section timings) come back."""
+    def execute_model(self, scheduler_output: SchedulerOutput,
+                      non_block: bool = False) -> ModelRunnerOutput | StepFuture:
+        """Run one step on the workers; the sampled tokens (and the runner's section timings) come back, or with
+        `non_block` a future of them (vLLM's interface)."""
 
     @abstractmethod
     def apply_model(self, func: Callable[[nn.Module], Any]) -> list[Any]:
@@ -98,14 +106,42 @@ class UniProcExecutor(Executor):
         """Ids of the adapters loaded (on the first worker)."""
         return self.model_runner.lora_manager.list_adapters()
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step on the worker; the runner's section timings come back in the output."""
-        return self.model_runner.execute_model(scheduler_output)
+    def execute_model(self, scheduler_output: SchedulerOutput,
+                      non_block: bool = False) -> ModelRunnerOutput | StepFuture:
+        """Run one step on the worker; the runner's section timings come back in the output (with `non_block`: a
+        future that is already done)."""
+        out = self.model_runner.execute_model(scheduler_output)
+        return StepFuture.completed(out) if non_block else out
 
 
 class WorkerGroupExecutor(Executor):
-    """Base of the executors with worker processes or actors (mp, ray): LoRA is refused there (config check),
-    so the adapter calls only keep the interface."""
+    """Base of the executors with worker processes or actors (mp, ray): steps go to every rank and the driver
+    rank's output comes back, up to one step per pipeline stage in flight. LoRA is refused there (config check), so
+    the adapter calls only keep the interface."""
+
+    pipeline_parallel_size: int
+    steps: InFlightSteps
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """One micro-batch per pipeline stage (vLLM)."""
+        return self.pipeline_parallel_size
+
+    @abstractmethod
+    def _send_step(self, scheduler_output: SchedulerOutput,
+                   sampled: dict[str, list[int]]) -> Callable[[], ModelRunnerOutput]:
+        """Start the step on every rank, with the engine's tokens the other ranks lack; returns what waits for the
+        driver rank's output."""
+
+    def execute_model(self, scheduler_output: SchedulerOutput,
+                      non_block: bool = False) -> ModelRunnerOutput | StepFuture:
+        """Send the step to every rank; the driver rank's output, or with `non_block` its future."""
+        if scheduler_output.grammar is not None:
+            from pagemill.worker.multiproc_executor import ResolvedGrammar
+
+            scheduler_output.grammar = ResolvedGrammar(scheduler_output.grammar)
+        future = self.steps.submit(lambda sampled: self._send_step(scheduler_output, sampled))
+        return future if non_block else future.result()
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """LoRA is refused with several ranks (config check); kept for the interface."""

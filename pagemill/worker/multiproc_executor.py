@@ -1,10 +1,12 @@
 """The `mp` executor: one spawned worker process per tensor x pipeline rank, joined in a gloo process group on
 loopback (vLLM's `MultiprocExecutor`).
 
-Each step's SchedulerOutput is pickled once and written to every worker's pipe; the driver rank (the last pipeline
-stage's first tensor-parallel rank) answers with the sampled tokens, which go to the other ranks with the next step
-so that every worker's persistent batch holds the same tokens. A worker that dies fails the step at once: the
-executor waits on the driver's pipe and on every worker's process sentinel together, never on a collective.
+Each step's SchedulerOutput is pickled once and written to every worker's pipe (by one writer thread, in order, so
+a full pipe never blocks the engine while the driver waits to hand back an earlier step's output); the driver rank
+(the last pipeline stage's first tensor-parallel rank) answers with the sampled tokens, which go to the other ranks
+with the next step so that every worker's persistent batch holds the same tokens. With pipeline parallelism up to
+one step per stage is in flight (`step_queue`). A worker that dies fails the step at once: the executor waits on
+the driver's pipe and on every worker's process sentinel together, never on a collective.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pickle
 import socket
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -27,6 +30,7 @@ from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.worker.cpu_binding import rank_cores
 from pagemill.worker.executor import WorkerGroupExecutor
+from pagemill.worker.step_queue import InFlightSteps
 from pagemill.worker.worker_proc import run_worker
 
 logger = logging.getLogger(__name__)
@@ -74,7 +78,10 @@ class MultiprocExecutor(WorkerGroupExecutor):
     def __init__(self, config: EngineConfig) -> None:
         pc = config.parallel_config
         self.world_size = pc.world_size
+        self.pipeline_parallel_size = pc.pipeline_parallel_size
         self.driver_rank = (pc.pipeline_parallel_size - 1) * pc.tensor_parallel_size
+        self.steps = InFlightSteps()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagemill-send")
         ctx = multiprocessing.get_context("spawn")
         init_method = f"tcp://127.0.0.1:{free_port()}"
         self.procs: list[multiprocessing.process.BaseProcess] = []
@@ -87,9 +94,8 @@ class MultiprocExecutor(WorkerGroupExecutor):
             child_conn.close()
             self.procs.append(proc)
             self.conns.append(parent_conn)
-        self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.conns)
+        self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.conns, self._writer)
         self._dead: str | None = None
-        self._sampled: dict[str, list[int]] = {}  # the previous step's tokens, for the non-driver ranks
         try:
             configs = [self._start_reply(rank) for rank in range(self.world_size)]
             self.kv_cache_config = merge_kv_cache_configs(configs)
@@ -133,25 +139,21 @@ class MultiprocExecutor(WorkerGroupExecutor):
             raise WorkerDiedError(self._dead)
 
     def _broadcast(self, msg: tuple) -> None:
-        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        try:
-            for conn in self.conns:
-                conn.send_bytes(data)
-        except (BrokenPipeError, ConnectionResetError, OSError):
-            self.check_health()
-            raise
+        """Queue `msg` for every worker (pickled here, written in order by the writer thread; a worker that died
+        meanwhile is seen by the next _recv)."""
+        if self._dead is not None:
+            raise WorkerDiedError(self._dead)
+        self._writer.submit(_write_all, self.conns, pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Send the step to every rank; the driver rank's output comes back."""
-        if scheduler_output.grammar is not None:
-            scheduler_output.grammar = ResolvedGrammar(scheduler_output.grammar)
-        self._broadcast(("execute_model", scheduler_output, self._sampled))
-        out = self._recv(self.driver_rank)
-        self._sampled = out.sampled
-        return out
+    def _send_step(self, scheduler_output: SchedulerOutput,
+                   sampled: dict[str, list[int]]) -> Callable[[], ModelRunnerOutput]:
+        """Queue the step for every rank; the driver rank's output is the next reply on its pipe."""
+        self._broadcast(("execute_model", scheduler_output, sampled))
+        return lambda: self._recv(self.driver_rank)
 
     def apply_model(self, func: Callable[[nn.Module], Any]) -> list[Any]:
         """func(model) on every rank's model (func must pickle: a module-level function), in rank order."""
+        self.steps.drain()  # the driver's pending step outputs come first on its pipe
         self._broadcast(("apply_model", func))
         return [self._recv(rank)[1] for rank in range(self.world_size)]
 
@@ -172,14 +174,23 @@ class MultiprocExecutor(WorkerGroupExecutor):
         self._finalizer()
 
 
-def _stop_workers(procs: list[multiprocessing.process.BaseProcess], conns: list[Connection]) -> None:
+def _write_all(conns: list[Connection], data: bytes) -> None:
+    for conn in conns:
+        try:
+            conn.send_bytes(data)
+        except OSError:  # that worker is gone (its sentinel tells the reader) or the executor is shutting down
+            pass
+
+
+def _stop_workers(procs: list[multiprocessing.process.BaseProcess], conns: list[Connection],
+                  writer: ThreadPoolExecutor) -> None:
     data = pickle.dumps(("shutdown",))
-    for proc, conn in zip(procs, conns):
-        if proc.is_alive():
-            try:
-                conn.send_bytes(data)
-            except OSError:
-                pass
+    live = [conn for proc, conn in zip(procs, conns) if proc.is_alive()]
+    try:  # after the steps already queued, through the writer (two writers would interleave their bytes)
+        writer.submit(_write_all, live, data)
+    except RuntimeError:  # the interpreter is exiting: the writer takes no more work
+        _write_all(live, data)
+    writer.shutdown(wait=False)
     for proc in procs:
         proc.join(_SHUTDOWN_GRACE_S / max(1, len(procs)))
     for proc in procs:

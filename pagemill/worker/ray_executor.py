@@ -2,8 +2,9 @@
 Ray cluster this process is connected to (or a local one it starts), joined in a gloo process group (vLLM's
 `RayDistributedExecutor`).
 
-Steps reach every actor as remote calls; the driver rank's result is the step's output. A dead actor fails the step
-at once: the executor waits on every rank's call, so a rank that died while the others sit in a collective is seen.
+Steps reach every actor as remote calls (an actor runs its calls in submission order, so with pipeline parallelism
+one step per stage is in flight); the driver rank's result is the step's output. A dead actor fails the step at
+once: the executor waits on every rank's call, so a rank that died while the others sit in a collective is seen.
 """
 
 from __future__ import annotations
@@ -21,12 +22,28 @@ from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.worker.executor import WorkerGroupExecutor
-from pagemill.worker.multiproc_executor import ResolvedGrammar, WorkerDiedError, merge_kv_cache_configs
+from pagemill.worker.multiproc_executor import WorkerDiedError, merge_kv_cache_configs
+from pagemill.worker.step_queue import InFlightSteps
 
 logger = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 900.0
 _PLACEMENT_TIMEOUT_S = 60.0
+
+
+def bind_gloo_to(ip: str) -> None:
+    """Make gloo use the network interface that holds `ip` (the address Ray advertises for this node), unless
+    GLOO_SOCKET_IFNAME says otherwise: by default gloo binds to what the hostname resolves to, often loopback, which
+    the ranks on other nodes cannot reach."""
+    import psutil  # Ray ships it (ray/thirdparty_files, on the path once ray is imported)
+
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+            return
+    logger.warning("No network interface holds this node's address %s; gloo picks its own.", ip)
 
 
 class RayWorker:
@@ -48,8 +65,11 @@ class RayWorker:
 
     def init_worker(self, init_method: str) -> KVCacheConfig:
         """Join the process group and load this rank's share of the model; returns its KV cache."""
+        import ray
+
         from pagemill.worker.worker_proc import start_worker
 
+        bind_gloo_to(ray.util.get_node_ip_address())
         self.runner, self.parallel = start_worker(self.config, self.rank, init_method, None)
         return self.runner.kv_cache_config
 
@@ -80,13 +100,14 @@ class RayDistributedExecutor(WorkerGroupExecutor):
             ray.init(address=os.environ.get("RAY_ADDRESS"), ignore_reinit_error=True, log_to_driver=True)
         pc = config.parallel_config
         self.world_size = pc.world_size
+        self.pipeline_parallel_size = pc.pipeline_parallel_size
         self.driver_rank = (pc.pipeline_parallel_size - 1) * pc.tensor_parallel_size
+        self.steps = InFlightSteps()
         cpus = config.num_threads or 1
         config = dataclasses.replace(config, num_threads=cpus)  # each rank's threads: its bundle's CPUs
         self.placement_group = placement_group([{"CPU": cpus}] * self.world_size, strategy="PACK")
         self.workers: list[Any] = []
         self._dead: str | None = None
-        self._sampled: dict[str, list[int]] = {}
         try:
             ready, _ = ray.wait([self.placement_group.ready()], timeout=_PLACEMENT_TIMEOUT_S)
             if not ready:
@@ -131,14 +152,13 @@ class RayDistributedExecutor(WorkerGroupExecutor):
             self.shutdown()
             raise WorkerDiedError(self._dead) from e
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Every rank runs the step; the driver rank's output comes back."""
-        if scheduler_output.grammar is not None:
-            scheduler_output.grammar = ResolvedGrammar(scheduler_output.grammar)
-        out = self._get_all([w.execute_model.remote(scheduler_output, self._sampled)
-                             for w in self.workers])[self.driver_rank]
-        self._sampled = out.sampled
-        return out
+    def _send_step(self, scheduler_output: SchedulerOutput,
+                   sampled: dict[str, list[int]]) -> Callable[[], ModelRunnerOutput]:
+        """Every rank's call; what waits for them all and returns the driver rank's output."""
+        if self._dead is not None:
+            raise WorkerDiedError(self._dead)
+        refs = [w.execute_model.remote(scheduler_output, sampled) for w in self.workers]
+        return lambda: self._get_all(refs)[self.driver_rank]
 
     def apply_model(self, func: Callable[[nn.Module], Any]) -> list[Any]:
         """func(model) on every rank's model, in rank order."""

@@ -1,6 +1,6 @@
 """The `ray` executor on a local Ray instance (real actors, gloo on loopback): TP=2 gives the single-process engine's
-greedy tokens and logprobs, and a killed actor fails the engine within 5 s. (The two-node set-up with network
-namespaces is not covered here.)"""
+greedy tokens and logprobs, a killed actor fails the engine within 5 s, and PP=2 keeps two micro-batches in flight
+with the same tokens. (Two real nodes: test_ray_two_nodes.py.)"""
 
 from __future__ import annotations
 
@@ -58,3 +58,18 @@ def test_ray_tp2_matches_single_process_and_fails_fast_on_a_dead_actor(local_ray
     assert killed_at and time.monotonic() - killed_at[0] < 5
     with pytest.raises(WorkerDiedError):
         core.check_health()
+
+
+def test_ray_pp2_keeps_two_micro_batches_in_flight(local_ray, tiny_llama):
+    engine = dict(ENGINE, max_num_batched_tokens=16)  # chunked prefills too
+    prompts = PROMPTS + ["Water boils at", "1, 2, 3"]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    want = LLM(tiny_llama, **engine).generate(prompts, params, use_tqdm=False)
+    llm = LLM(tiny_llama, pipeline_parallel_size=2, distributed_executor_backend="ray", **engine)
+    core = llm.llm_engine.engine_core
+    try:
+        got = llm.generate(prompts, params, use_tqdm=False)
+        assert core.executor.steps.max_in_flight == 2
+    finally:
+        core.shutdown()
+    assert [g.outputs[0].token_ids for g in got] == [w.outputs[0].token_ids for w in want]
