@@ -102,6 +102,12 @@ class UniProcExecutor(Executor):
         """Run one step on the worker; the runner's section timings come back in the output."""
         return self.model_runner.execute_model(scheduler_output)
 
+    def shutdown(self) -> None:
+        """Release the runner's KV connector (its sockets and threads), if it has one."""
+        connector = getattr(self.model_runner, "kv_connector", None)
+        if connector is not None:
+            connector.shutdown()
+
 
 class WorkerGroupExecutor(Executor):
     """Base of the executors with worker processes or actors (mp, ray): LoRA is refused there (config check),
