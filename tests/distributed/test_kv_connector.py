@@ -116,3 +116,22 @@ def test_bad_kv_transfer_config(tiny_llama):
         _llm(tiny_llama, kv_transfer_config='{"kv_connector": "ZmqConnector", "kv_role": "kv_both", "kv_rnak": 1}')
     with pytest.raises(ValueError, match="kv_role: ZmqConnector"):
         _llm(tiny_llama, kv_transfer_config={"kv_connector": "ZmqConnector", "kv_role": "kv_both"})
+
+
+def test_kv_transfer_config_flag():
+    from pagemill.entrypoints.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--kv-transfer-config",
+                              '{"kv_connector": "ZmqConnector", "kv_role": "kv_consumer", "kv_port": 9000}'])
+    assert args.kv_transfer_config == {"kv_connector": "ZmqConnector", "kv_role": "kv_consumer", "kv_port": 9000}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--kv-transfer-config", '{"kv_connector": "ZmqConnector", "kv_port": 9000}'])
+
+
+def test_proxy_prefill_request():
+    from pagemill.distributed.kv_transfer.disagg_proxy import prefill_body
+
+    body = {"model": "m", "messages": [], "max_completion_tokens": 50, "stream": True, "n": 2,
+            "stream_options": {"include_usage": True}}
+    assert prefill_body(body) == {"model": "m", "messages": [], "max_completion_tokens": 1, "max_tokens": 1, "n": 1}

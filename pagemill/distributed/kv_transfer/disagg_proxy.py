@@ -51,7 +51,21 @@ def build_proxy_app(prefill_urls: Sequence[str], decode_urls: Sequence[str], tim
     app = FastAPI(title="pagemill disaggregated prefill proxy", lifespan=lifespan)
 
     async def route(request: Request, path: str) -> Response:
-        body = await request.json()
+        try:
+            return await forward(request, path)
+        except httpx.HTTPError as e:  # an instance is down or hung up: a gateway error, not a proxy crash
+            return JSONResponse({"error": {"message": f"upstream instance failed: {e!r}", "type": "BadGateway",
+                                           "code": 502}}, 502)
+
+    async def forward(request: Request, path: str) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return JSONResponse({"error": {"message": "the request body must be JSON", "type": "BadRequestError",
+                                           "code": 400}}, 400)
+        if not isinstance(body, dict):
+            return JSONResponse({"error": {"message": "the request body must be a JSON object",
+                                           "type": "BadRequestError", "code": 400}}, 400)
         headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS}
         client = clients["http"]
         prefill = await client.post(next(prefills) + path, json=prefill_body(body), headers=headers)

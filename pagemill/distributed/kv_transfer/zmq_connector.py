@@ -66,7 +66,10 @@ class ZmqBlockStoreServer(KVBlockStore):
             while not self._stop.is_set():
                 if not sock.poll(100):
                     continue
-                ident, empty, op, payload = sock.recv_multipart()
+                frames = sock.recv_multipart()
+                if len(frames) != 4:  # not a request of ours (a REQ envelope, op, keys): dropped
+                    continue
+                ident, empty, op, payload = frames
                 keys = _unpack_keys(payload)
                 if op == _HAS:
                     reply = [_OK, str(self.num_leading_present(keys)).encode()]
