@@ -609,6 +609,10 @@ def check_kv_transfer(args: EngineArgs, pooling: bool) -> None:
         raise ValueError("kv_transfer_config: KV connectors move paged KV blocks (kv_cache_layout='paged').")
     if pooling:
         raise ValueError("kv_transfer_config: a pooling model keeps no KV to transfer.")
+    spec = SpeculativeConfig.from_user(args.speculative_config)
+    if spec is not None and spec.method == "draft_model":
+        raise ValueError("kv_transfer_config: KV connectors do not move a draft model's KV cache yet "
+                         "(speculative_config method draft_model).")
 
 
 def _resolve_pooling(args: EngineArgs, model_path: str, hf_config: Any) -> Any:

@@ -18,9 +18,9 @@ from pagemill.core.kv_cache_manager import KVCacheManager, SwapLayout, cdiv
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_policy import SRTF_POLICIES, make_policy_queue
 from pagemill.core.swap_space import SwapSpace
-from pagemill.distributed.kv_transfer.base import KVConnectorBase_V1
 from pagemill.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                         SchedulerOutput)
+from pagemill.distributed.kv_transfer.base import KVConnectorBase_V1
 from pagemill.messages import EngineCoreEventType, EngineCoreOutput, LogprobsLists
 from pagemill.metrics.stats import SchedulerStats, SpecDecodingStats
 from pagemill.request import Request, RequestStatus

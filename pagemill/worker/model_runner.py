@@ -135,11 +135,11 @@ class ModelRunner:
         # Speculative decoding: what proposes the next step's draft tokens (None: no speculation).
         self.proposer = make_proposer(config.speculative_config, self) if config.speculative_config else None
         # The worker side of a KV connector: loads external KV before the forward, saves computed KV after it.
+        if config.kv_transfer_config is not None and len(groups) != 1:
+            raise ValueError("kv_transfer_config: KV connectors move models with one KV cache group (no "
+                             "sliding-window layers) yet.")
         self.kv_connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER)
         if self.kv_connector is not None:
-            if len(groups) != 1:
-                raise ValueError("kv_transfer_config: KV connectors move models with one KV cache group (no "
-                                 "sliding-window layers) yet.")
             self.kv_connector.register_kv_caches(self.kv_cache)
 
     def _allocate_kv_cache(self, shape: tuple[int, ...]) -> torch.Tensor:

@@ -110,11 +110,19 @@ def test_pd_servers_behind_the_proxy(tiny_llama, reference, tmp_path):
         with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
             chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
         assert "".join(c["choices"][0]["text"] for c in chunks) == reference[-1].outputs[0].text
+        # a chat request through the proxy answers as the prefill instance alone does (it computes everything)
+        chat = {"model": model, "messages": [{"role": "user", "content": "Tell me about the sea. " * 8}],
+                "max_completion_tokens": 10, "temperature": 0, "ignore_eos": True}
+        via_proxy = httpx.post(url + "/v1/chat/completions", json=chat, timeout=60).json()
+        alone = httpx.post(prefill.url + "/v1/chat/completions", json=chat, timeout=60).json()
+        assert via_proxy["choices"][0]["message"] == alone["choices"][0]["message"]
+        assert via_proxy["usage"]["completion_tokens"] == 10
+        chat_tokens = (via_proxy["usage"]["prompt_tokens"] - 1) // BLOCK * BLOCK
         m = decode.wait_idle()  # and no KV block leaked on either side
         prefill.wait_idle()
         # the decode instance loaded every full prompt block instead of computing it (the streamed repeat of the
         # last prompt: from its own prefix cache)
-        assert m["pagemill:external_prefix_cache_hits_total"] == loadable_tokens()
+        assert m["pagemill:external_prefix_cache_hits_total"] == loadable_tokens() + chat_tokens
         assert m["pagemill:prefix_cache_hits_total"] == loadable_tokens(PROMPTS[-1:])
     finally:
         proxy.terminate()
