@@ -135,3 +135,18 @@ def test_proxy_prefill_request():
     body = {"model": "m", "messages": [], "max_completion_tokens": 50, "stream": True, "n": 2,
             "stream_options": {"include_usage": True}}
     assert prefill_body(body) == {"model": "m", "messages": [], "max_completion_tokens": 1, "max_tokens": 1, "n": 1}
+
+
+def test_consumer_preempted_loads_again(tiny_llama, reference, tmp_path):
+    # a pool too small for the batch: requests are preempted by recompute and load their prompts' KV again
+    producer = _llm(tiny_llama, kv_transfer_config=_storage(tmp_path, "kv_producer"))
+    producer.generate(_prompts(), SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    del producer
+    consumer = LLM(tiny_llama, max_model_len=128, block_size=BLOCK, num_gpu_blocks_override=12,
+                   enable_prefix_caching=False, kv_transfer_config=_storage(tmp_path, "kv_consumer"))
+    out = consumer.generate(_prompts(), GREEDY, use_tqdm=False)
+    assert_same_outputs(out, reference)
+    stats = consumer.get_stats()
+    assert stats.num_preemptions > 0
+    assert stats.external_prefix_cache_hits > loadable_tokens()  # the preempted ones loaded twice
+    assert_no_leak(consumer)
