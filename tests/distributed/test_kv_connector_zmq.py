@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from pagemill import LLM, SamplingParams
+from pagemill import SamplingParams
 from tests.distributed.test_kv_connector import (BLOCK, GREEDY, PROMPTS, _llm, _prompts, assert_no_leak,
                                                  assert_same_outputs, loadable_tokens)
 from tests.entrypoints.conftest import RemoteServer, free_port
