@@ -116,6 +116,9 @@ def test_bad_kv_transfer_config(tiny_llama):
         _llm(tiny_llama, kv_transfer_config='{"kv_connector": "ZmqConnector", "kv_role": "kv_both", "kv_rnak": 1}')
     with pytest.raises(ValueError, match="kv_role: ZmqConnector"):
         _llm(tiny_llama, kv_transfer_config={"kv_connector": "ZmqConnector", "kv_role": "kv_both"})
+    with pytest.raises(ValueError, match="extra_config.producers"):
+        _llm(tiny_llama, kv_transfer_config={"kv_connector": "ZmqConnector", "kv_role": "kv_consumer",
+                                             "kv_connector_extra_config": {"producers": "127.0.0.1:9"}})
     ok = _storage("/tmp/unused", "kv_both")
     with pytest.raises(ValueError, match="kv_transfer_config: KV connectors run with one rank"):
         _llm(tiny_llama, kv_transfer_config=ok, tensor_parallel_size=2)

@@ -36,17 +36,26 @@ def reference(tiny_llama):
     return _llm(tiny_llama).generate(_prompts(), GREEDY, use_tqdm=False)
 
 
-def test_zmq_disaggregated_prefill_between_processes(tiny_llama, reference):
-    port = free_port()
+@pytest.mark.parametrize("num_producers", [1, 2])
+def test_zmq_disaggregated_prefill_between_processes(tiny_llama, reference, num_producers):
+    # 2: two prefill engines, each prefilling every other prompt; the consumer reads from both (2P1D)
+    ports = [free_port() for _ in range(num_producers)]
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Queue(), ctx.Event()
-    producer = ctx.Process(target=_run_producer, args=(tiny_llama, port, PROMPTS, ready, stop), daemon=True)
-    producer.start()
+    producers = [ctx.Process(target=_run_producer, args=(tiny_llama, port, PROMPTS[i::num_producers], ready, stop),
+                             daemon=True) for i, port in enumerate(ports)]
+    for p in producers:
+        p.start()
     try:
-        first_tokens, producer_freed_all = ready.get(timeout=120)
-        assert first_tokens == [o.outputs[0].token_ids[0] for o in reference]
-        assert producer_freed_all  # its blocks went back to its pool: the served copies live in the buffer
-        consumer = _llm(tiny_llama, kv_transfer_config=_zmq("kv_consumer", port))
+        for _ in producers:
+            first_tokens, producer_freed_all = ready.get(timeout=120)
+            assert producer_freed_all  # its blocks went back to its pool: the served copies live in the buffer
+        if num_producers == 1:
+            assert first_tokens == [o.outputs[0].token_ids[0] for o in reference]
+            kv = _zmq("kv_consumer", ports[0])
+        else:
+            kv = _zmq("kv_consumer", ports[0], producers=[f"tcp://127.0.0.1:{p}" for p in ports])
+        consumer = _llm(tiny_llama, kv_transfer_config=kv)
         out = consumer.generate(_prompts(), GREEDY, use_tqdm=False)
         assert_same_outputs(out, reference)
         stats = consumer.get_stats()
@@ -55,9 +64,10 @@ def test_zmq_disaggregated_prefill_between_processes(tiny_llama, reference):
         assert_no_leak(consumer)
     finally:
         stop.set()
-        producer.join(30)
-        if producer.is_alive():
-            producer.kill()
+        for p in producers:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
 
 
 def test_zmq_consumer_without_producer_computes_the_prompt(tiny_llama, reference):

@@ -211,7 +211,8 @@ class BlockStoreConnector(KVConnectorBase_V1):
 
         ids = [b for t in meta.loads for b in t.block_ids]
         keys = [k for t in meta.loads for k in t.keys]
-        buffers = self.store.load(keys)
+        # one load per request: each request's blocks come from one place (a store may be several producers)
+        buffers = [buf for t in meta.loads for buf in self.store.load(t.keys)]
         data = np.empty((len(keys), self.block_nbytes), dtype=np.uint8)
         for i, buf in enumerate(buffers):
             view = np.frombuffer(buf, dtype=np.uint8)

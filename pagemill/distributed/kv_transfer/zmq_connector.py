@@ -166,9 +166,40 @@ class ZmqBlockStoreClient(KVBlockStore):
         self._ctx.term()
 
 
+class ZmqProducersClient(KVBlockStore):
+    """A consumer fed by several producers (xPyD): a request's blocks come from the producer holding most of them."""
+
+    def __init__(self, addresses: list[str], timeout_s: float) -> None:
+        self.clients = [ZmqBlockStoreClient(a, timeout_s) for a in addresses]
+
+    def num_leading_present(self, keys: list[str]) -> int:
+        """The longest run of leading keys one producer holds."""
+        return max(c.num_leading_present(keys) for c in self.clients)
+
+    def load(self, keys: list[str]) -> list[Any]:
+        """The blocks from the first producer that holds them all."""
+        for client in self.clients:
+            try:
+                return client.load(keys)
+            except (RuntimeError, TimeoutError):
+                continue
+        raise RuntimeError(f"ZmqConnector: none of the KV producers {[c.address for c in self.clients]} holds the "
+                           "blocks announced (evicted: raise their kv_transfer_config.kv_buffer_size).")
+
+    def save(self, keys: list[str], blocks: np.ndarray) -> None:
+        """(A consumer saves nothing.)"""
+        raise RuntimeError("ZmqConnector: a kv_consumer does not save KV blocks.")
+
+    def close(self) -> None:
+        """Close every client."""
+        for c in self.clients:
+            c.close()
+
+
 class ZmqConnector(BlockStoreConnector):
-    """Producer -> consumer KV over ZMQ/TCP. kv_connector_extra_config: {"timeout_s": 10} bounds each request to
-    the producer."""
+    """Producer -> consumer KV over ZMQ/TCP. A producer serves on tcp://kv_ip:kv_port; a consumer reads from there,
+    or from every address in kv_connector_extra_config "producers" (several prefill instances). "timeout_s"
+    (default 10) bounds each request to a producer."""
 
     def __init__(self, config: EngineConfig, role: KVConnectorRole) -> None:
         super().__init__(config, role)
@@ -177,8 +208,15 @@ class ZmqConnector(BlockStoreConnector):
             raise ValueError("kv_transfer_config.kv_role: ZmqConnector runs as kv_producer (prefill) or "
                              "kv_consumer (decode), not kv_both.")
         address = f"tcp://{tc.kv_ip}:{tc.kv_port}"
-        timeout_s = float(tc.kv_connector_extra_config.get("timeout_s", 10.0))
+        extra = tc.kv_connector_extra_config
+        timeout_s = float(extra.get("timeout_s", 10.0))
+        producers = extra.get("producers", [address])
+        if (not isinstance(producers, list) or not producers
+                or not all(isinstance(p, str) and p.startswith("tcp://") for p in producers)):
+            raise ValueError("kv_transfer_config.kv_connector_extra_config.producers must be a list of "
+                             f"'tcp://host:port' addresses, got {producers!r}.")
         if self.is_producer and role == KVConnectorRole.WORKER:
             self.store = ZmqBlockStoreServer(address, int(tc.kv_buffer_size))
         elif self.is_consumer:
-            self.store = ZmqBlockStoreClient(address, timeout_s)
+            self.store = (ZmqBlockStoreClient(producers[0], timeout_s) if len(producers) == 1
+                          else ZmqProducersClient(producers, timeout_s))
