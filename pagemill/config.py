@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+from pagemill.distributed.kv_transfer.kv_transfer_config import KVTransferConfig
+
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": "float32", "float": "float32", "fp32": "float32", "bfloat16": "bfloat16",
@@ -363,6 +365,7 @@ class EngineConfig:
     batch_invariant: bool = False  # fixed reduction orders: a request's logits do not depend on the batch
     data_parallel_config: DataParallelConfig = field(default_factory=DataParallelConfig)
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    kv_transfer_config: KVTransferConfig | None = None  # a KV connector (disaggregated prefill, KV offload)
 
 
 @dataclass
@@ -421,6 +424,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1  # ranks each layer's weights and heads are split over
     pipeline_parallel_size: int = 1  # stages the layers are split over
     distributed_executor_backend: str | None = None  # uni | mp | ray (None: uni for one rank, else mp processes)
+    kv_transfer_config: dict[str, Any] | str | None = None  # KVTransferConfig's fields, as a dict or JSON text
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -479,6 +483,9 @@ class EngineArgs:
             raise ValueError("data_parallel_size > 1 cannot be combined with tensor_parallel_size or "
                              "pipeline_parallel_size > 1 yet (each engine core would need its own worker group).")
         check_kv_cache_layout(self)
+        kv_transfer_config = KVTransferConfig.from_user(self.kv_transfer_config)
+        if kv_transfer_config is not None:
+            check_kv_transfer(self, pooler is not None)
         max_batched = self.max_num_batched_tokens or max(2048, 0)
         if pooler is not None and pooler.encoder_only and max_batched < max_model_len:  # one step per prompt
             if self.max_num_batched_tokens is not None:
@@ -528,7 +535,7 @@ class EngineArgs:
                             structured_outputs_config=so_config,
                             speculative_config=spec_config, lora_config=lora_config,
                             batch_invariant=self.batch_invariant, data_parallel_config=dp_config,
-                            parallel_config=parallel_config)
+                            parallel_config=parallel_config, kv_transfer_config=kv_transfer_config)
 
 
 def check_batch_invariant(args: EngineArgs) -> None:
@@ -590,6 +597,21 @@ def check_kv_cache_layout(args: EngineArgs) -> None:
     spec = SpeculativeConfig.from_user(args.speculative_config)
     if spec is not None and spec.method == "draft_model":
         raise ValueError("kv_cache_layout='virtual' does not cover a draft model's KV cache "
+                         "(speculative_config method draft_model).")
+
+
+def check_kv_transfer(args: EngineArgs, pooling: bool) -> None:
+    """Raise a ValueError naming what kv_transfer_config cannot be combined with (yet)."""
+    if args.tensor_parallel_size * args.pipeline_parallel_size * args.data_parallel_size > 1:
+        raise ValueError("kv_transfer_config: KV connectors run with one rank and one engine yet (tensor, pipeline "
+                         "and data parallel sizes 1); scale out with several prefill / decode instances instead.")
+    if args.kv_cache_layout != "paged":
+        raise ValueError("kv_transfer_config: KV connectors move paged KV blocks (kv_cache_layout='paged').")
+    if pooling:
+        raise ValueError("kv_transfer_config: a pooling model keeps no KV to transfer.")
+    spec = SpeculativeConfig.from_user(args.speculative_config)
+    if spec is not None and spec.method == "draft_model":
+        raise ValueError("kv_transfer_config: KV connectors do not move a draft model's KV cache yet "
                          "(speculative_config method draft_model).")
 
 

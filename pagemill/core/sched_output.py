@@ -58,6 +58,8 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     # ... and how many draft tokens to propose for each request's next step (absent: none).
     num_spec_tokens_to_propose: dict[str, int] = field(default_factory=dict)
+    # A KV connector's loads and saves for the step (distributed/kv_transfer), or None.
+    kv_connector_metadata: Any = None
 
 
 @dataclass

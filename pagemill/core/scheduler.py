@@ -21,6 +21,7 @@ from pagemill.core.sched_policy import SRTF_POLICIES, make_policy_queue
 from pagemill.core.swap_space import SwapSpace
 from pagemill.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                         SchedulerOutput)
+from pagemill.distributed.kv_transfer.base import KVConnectorBase_V1
 from pagemill.messages import EngineCoreEventType, EngineCoreOutput, LogprobsLists
 from pagemill.metrics.stats import SchedulerStats, SpecDecodingStats
 from pagemill.request import Request, RequestStatus
@@ -72,8 +73,13 @@ class Scheduler:
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  kv_cache_config: KVCacheConfig, speculative_config: SpeculativeConfig | None = None,
-                 max_loras: int = 0) -> None:
+                 max_loras: int = 0, kv_connector: KVConnectorBase_V1 | None = None) -> None:
         self.config = scheduler_config
+        # The scheduler side of a KV connector: prompt blocks found outside count as computed (disaggregated
+        # prefill, KV offload) and are loaded by the worker before the step's forward.
+        self.connector = kv_connector
+        self.external_prefix_cache_queries = 0  # tokens looked up in the connector (counter)
+        self.external_prefix_cache_hits = 0  # tokens loaded through it instead of computed (counter)
         self.max_loras = max_loras  # adapters one step may mix (the runner's LoRA slots; 0: LoRA disabled)
         self._reset_preempted: set[str] = set()  # preempted outside schedule() (reset_prefix_cache): for the runner
         self.spec_config = speculative_config
@@ -154,6 +160,8 @@ class Scheduler:
 
     def _free(self, req: Request) -> None:
         self._cut_tables.pop(req.request_id, None)
+        if self.connector is not None:  # (its saves are synchronous: the blocks can go back at once)
+            self.connector.request_finished(req, self.kv_cache_manager.get_block_ids(req.request_id)[0])
         if req.structured_output is not None:
             req.structured_output.free()
         self.kv_cache_manager.free(req)
@@ -272,26 +280,35 @@ class Scheduler:
                     self._fail_grammar(self.waiting.pop())
                     continue
                 req.status = RequestStatus.WAITING
-            hit_blocks, num_hit = None, 0
+            hit_blocks, num_hit, num_external = None, 0, 0
             if req.swapped_blocks is not None:
                 if not self._swap_in(req, min(req.num_tokens - req.num_computed_tokens, budget), swap_in):
                     break
             elif req.num_computed_tokens == 0:
                 hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(req)
-            num_new = min(req.num_tokens - req.num_computed_tokens - num_hit, budget)
+                if self.connector is not None:
+                    num_external, _ = self.connector.get_num_new_matched_tokens(req, num_hit)
+            num_new = min(req.num_tokens - req.num_computed_tokens - num_hit - num_external, budget)
             if not self.kv_cache_config.has_kv_cache and num_new < req.num_tokens:
                 break  # an encoder-only model has no KV cache to resume from: the whole prompt waits for room
-            new_blocks = self.kv_cache_manager.allocate_slots(req, num_new, num_hit, hit_blocks,
+            # (externally computed tokens take blocks but no budget: they are loaded, not computed)
+            new_blocks = self.kv_cache_manager.allocate_slots(req, num_new + num_external, num_hit, hit_blocks,
                                                               num_lookahead_tokens=self.num_lookahead_tokens)
             if new_blocks is None:
                 break
             self.waiting.pop()
             self.waiting.admitted(req)
+            if self.connector is not None:
+                self.connector.update_state_after_alloc(req, self.kv_cache_manager.get_block_ids(req.request_id)[0],
+                                                        num_external)
+                if req.num_computed_tokens == 0:
+                    self.external_prefix_cache_queries += req.num_tokens - num_hit
+                    self.external_prefix_cache_hits += num_external
             if req.num_cached_tokens < 0:
-                req.num_cached_tokens = num_hit
+                req.num_cached_tokens = num_hit + num_external
             req.record_event(EngineCoreEventType.SCHEDULED, now)
             req.status = RequestStatus.RUNNING
-            req.num_computed_tokens += num_hit
+            req.num_computed_tokens += num_hit + num_external
             self.running.append(req)
             num_scheduled[req.request_id] = num_new
             new_reqs.append(NewRequestData(req.request_id, list(req.all_token_ids), req.num_prompt_tokens,
@@ -325,6 +342,8 @@ class Scheduler:
                               preempted_req_ids=preempted | self._take_reset_preempted(),
                               blocks_to_copy=copies, blocks_to_swap_out=self._swap_out, blocks_to_swap_in=swap_in,
                               scheduled_spec_decode_tokens=spec_tokens, num_spec_tokens_to_propose=to_propose)
+        if self.connector is not None:
+            out.kv_connector_metadata = self.connector.build_connector_meta(out)
         self.finished_req_ids = set()
         self._swap_out = []
         if self.max_concurrent_batches > 1:  # (one batch at a time: its output is back before the next schedule)
@@ -563,5 +582,7 @@ class Scheduler:
             prefix_cache_queries=self.kv_cache_manager.prefix_cache_queries,
             prefix_cache_hits=self.kv_cache_manager.prefix_cache_hits, num_preemptions=self.num_preemptions,
             num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens,
+            external_prefix_cache_queries=self.external_prefix_cache_queries,
+            external_prefix_cache_hits=self.external_prefix_cache_hits,
             spec_decoding=self.spec_stats and msgspec.structs.replace(
                 self.spec_stats, num_accepted_tokens_per_pos=list(self.spec_stats.num_accepted_tokens_per_pos)))

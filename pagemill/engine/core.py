@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 
 from pagemill.config import EngineConfig
 from pagemill.core.scheduler import Scheduler
+from pagemill.distributed.kv_transfer.base import KVConnectorRole
+from pagemill.distributed.kv_transfer.factory import KVConnectorFactory
 from pagemill.engine.step_profiler import StepProfiler
 from pagemill.lora.request import LoRARequest
 from pagemill.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
@@ -40,7 +42,8 @@ class EngineCore:
                 f"max_model_len ({sc.max_model_len}) needs ({needed}): raise kv_cache_memory or lower max_model_len.")
         lora = config.lora_config
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.kv_cache_config,
-                                   config.speculative_config, lora.max_loras if lora is not None else 0)
+                                   config.speculative_config, lora.max_loras if lora is not None else 0,
+                                   KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER))
         self._last_log = self._last_memory = time.monotonic()
         self.profiler = StepProfiler(config.profile)
         # Grammars for structured output (tokenizer: the front end's when in-process, else loaded on first use).
@@ -162,8 +165,10 @@ class EngineCore:
         return self.executor.apply_model(func)
 
     def shutdown(self) -> None:
-        """Stop the executor's workers (batches still in flight are dropped)."""
+        """Stop the executor's workers (batches still in flight are dropped) and the scheduler's KV connector."""
         self.executor.shutdown()
+        if self.scheduler.connector is not None:
+            self.scheduler.connector.shutdown()
 
     def check_health(self) -> None:
         """Raise if a worker is dead (the core process checks while idle, so /health fails without traffic)."""

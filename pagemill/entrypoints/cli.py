@@ -77,6 +77,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     run_server(args)
 
 
+def cmd_disagg_proxy(args: argparse.Namespace) -> None:
+    """Run the disaggregated prefill proxy."""
+    from pagemill.distributed.kv_transfer.disagg_proxy import run_proxy
+
+    run_proxy(args)
+
+
 def cmd_env(args: argparse.Namespace) -> None:
     """Print the machine, ISA, kernel and library facts (like `vllm collect-env`), or the supported models."""
     if args.models:
@@ -92,7 +99,8 @@ def cmd_env(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The full `pagemill` argument parser."""
     parser = argparse.ArgumentParser(prog="pagemill", description="pagemill: LLM inference and serving on CPUs.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,generate,chat,env,bench}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{serve,generate,chat,env,disagg-proxy,bench}")
     fmt = argparse.ArgumentDefaultsHelpFormatter
 
     serve = sub.add_parser("serve", help="run the OpenAI-compatible server", formatter_class=fmt)
@@ -113,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(chat, max_tokens=256)
     add_engine_args(chat)
     chat.set_defaults(func=cmd_chat)
+
+    proxy = sub.add_parser("disagg-proxy", help="route requests through prefill then decode instances "
+                           "(disaggregated prefill, --kv-transfer-config)", formatter_class=fmt)
+    from pagemill.distributed.kv_transfer.disagg_proxy import add_proxy_args
+
+    add_proxy_args(proxy)
+    proxy.set_defaults(func=cmd_disagg_proxy)
 
     env = sub.add_parser("env", help="print the CPU, ISA flags, kernel variant and library versions")
     env.add_argument("--json", action="store_true", help="print JSON instead of text")

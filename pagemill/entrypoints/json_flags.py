@@ -8,10 +8,12 @@ from collections.abc import Callable
 from typing import Any
 
 from pagemill.config import SpeculativeConfig
+from pagemill.distributed.kv_transfer.kv_transfer_config import KVTransferConfig
 
 # Config-object fields of EngineArgs and the check that builds their config (a ValueError names the field).
 JSON_FIELD_VALIDATORS: dict[str, Callable[[dict[str, Any]], object]] = {
     "speculative_config": SpeculativeConfig.from_user,
+    "kv_transfer_config": KVTransferConfig.from_user,
 }
 
 

@@ -37,7 +37,8 @@ def metric_labels(model_name: str, engine_index: int | None) -> dict[str, str]:
 
 
 # Counters that SchedulerStats carries as running totals (each feeds the metric of the same name).
-_CUMULATIVE = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions")
+_CUMULATIVE = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "external_prefix_cache_queries",
+               "external_prefix_cache_hits")
 
 
 class SpecDecodingCounters:
@@ -107,6 +108,10 @@ class PrometheusStatLogger:
             "prefix_cache_queries": counter("prefix_cache_queries", "Prefix-cache queries, in tokens."),
             "prefix_cache_hits": counter("prefix_cache_hits", "Prefix-cache hits, in tokens."),
             "num_preemptions": counter("num_preemptions", "Cumulative number of preemptions."),
+            "external_prefix_cache_queries": counter("external_prefix_cache_queries",
+                                                     "KV connector queries, in tokens."),
+            "external_prefix_cache_hits": counter("external_prefix_cache_hits",
+                                                  "KV connector hits (KV loaded instead of computed), in tokens."),
         }
         self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")

@@ -42,6 +42,8 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     num_cow_copies: int = 0  # copy-on-write block copies (counter)
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
+    external_prefix_cache_queries: int = 0  # KV connector lookups, in tokens (counter)
+    external_prefix_cache_hits: int = 0  # tokens whose KV a connector loaded instead of computing them (counter)
     spec_decoding: SpecDecodingStats | None = None  # with speculative decoding on
 
 

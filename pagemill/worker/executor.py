@@ -113,6 +113,12 @@ class UniProcExecutor(Executor):
         out = self.model_runner.execute_model(scheduler_output)
         return StepFuture.completed(out) if non_block else out
 
+    def shutdown(self) -> None:
+        """Release the runner's KV connector (its sockets and threads), if it has one."""
+        connector = getattr(self.model_runner, "kv_connector", None)
+        if connector is not None:
+            connector.shutdown()
+
 
 class WorkerGroupExecutor(Executor):
     """Base of the executors with worker processes or actors (mp, ray): steps go to every rank and the driver

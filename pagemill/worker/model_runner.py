@@ -19,6 +19,8 @@ from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig, kv_cache_groups
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagemill.distributed.kv_transfer.base import ALL_LAYERS, KVConnectorRole
+from pagemill.distributed.kv_transfer.factory import KVConnectorFactory
 from pagemill.distributed.parallel_state import ParallelContext
 from pagemill.forward_context import set_forward_context
 from pagemill.kernels.ops import select_layer_ops
@@ -132,6 +134,13 @@ class ModelRunner:
         self.profiler = StepTimer(config.profile)  # its timings go back in ModelRunnerOutput.timings
         # Speculative decoding: what proposes the next step's draft tokens (None: no speculation).
         self.proposer = make_proposer(config.speculative_config, self) if config.speculative_config else None
+        # The worker side of a KV connector: loads external KV before the forward, saves computed KV after it.
+        if config.kv_transfer_config is not None and len(groups) != 1:
+            raise ValueError("kv_transfer_config: KV connectors move models with one KV cache group (no "
+                             "sliding-window layers) yet.")
+        self.kv_connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER)
+        if self.kv_connector is not None:
+            self.kv_connector.register_kv_caches(self.kv_cache)
 
     def _allocate_kv_cache(self, shape: tuple[int, ...]) -> torch.Tensor:
         """The KV tensor of every layer position, [group_size, *backend shape] (committed page by page)."""
@@ -195,6 +204,11 @@ class ModelRunner:
         prof = self.profiler
         with prof.section("prepare"):
             self._update_states(so)
+        connector = self.kv_connector if so.kv_connector_metadata is not None else None
+        if connector is not None:  # the step's external KV into its blocks, before anything reads them
+            with prof.section("kv_load"):
+                connector.bind_connector_metadata(so.kv_connector_metadata)
+                connector.start_load_kv()
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput({})
         with prof.section("prepare"):
@@ -203,6 +217,11 @@ class ModelRunner:
         start = time.perf_counter()
         with prof.section("forward"), set_forward_context(metadata, self.lora_mapping(step.rows, step.counts)):
             hidden = self.model(step.input_ids, step.positions)
+        if connector is not None:  # (our models never see block tables: every layer is saved at once, after)
+            with prof.section("kv_save"):
+                connector.save_kv_layer(ALL_LAYERS, self.kv_cache)
+                connector.wait_for_save()
+                connector.clear_connector_metadata()
         if not self.parallel.is_last_stage:  # the hidden states went on to the next pipeline stage
             return ModelRunnerOutput({})
         out = self._sample(hidden, step, so)

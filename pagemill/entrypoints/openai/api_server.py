@@ -10,6 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -85,7 +86,9 @@ def _note_ignored_fields(response: Any, arguments: Any) -> Any:
     """Name the request's ignored top-level fields in a response header (they were also logged)."""
     for arg in arguments:
         if isinstance(arg, OpenAIBaseModel) and arg.ignored_fields and isinstance(response, Response):
-            response.headers[IGNORED_FIELDS_HEADER] = ",".join(arg.ignored_fields)
+            # Percent-encoded: a header is Latin-1, and a field name may hold any character (or a comma).
+            value = ",".join(quote(name, safe="") for name in arg.ignored_fields)
+            response.headers[IGNORED_FIELDS_HEADER] = value if len(value) <= 1024 else value[:1021] + "..."
     return response
 
 

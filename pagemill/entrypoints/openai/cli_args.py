@@ -75,6 +75,9 @@ _ENGINE_HELP = {
     "distributed_executor_backend": "What runs the workers: uni (one, in the engine process), mp (one process "
                                     "per rank; the default when tensor x pipeline parallel size > 1) or ray (one "
                                     "Ray actor per rank, on the nodes of a Ray cluster).",
+    "kv_transfer_config": "A KV connector as JSON (vLLM's fields), e.g. '{\"kv_connector\": \"ZmqConnector\", "
+                          "\"kv_role\": \"kv_producer\", \"kv_port\": 14579}'; SharedStorageConnector or "
+                          "ZmqConnector, kv_role kv_producer (prefill), kv_consumer (decode) or kv_both.",
 }
 _ALIASES = {"data_parallel_size": ["-dp"], "tensor_parallel_size": ["-tp"],  # vLLM's short flags
             "pipeline_parallel_size": ["-pp"]}
