@@ -198,7 +198,6 @@ BAD = [
     ("bad_encoding_format", "/v1/embeddings", {"input": "hi", "encoding_format": "int8"}, "encoding_format", ""),
     ("token_out_of_vocab", "/v1/embeddings", {"input": [[101, 10**6]]}, "input", "prompt_token_ids"),
     ("missing_input", "/v1/embeddings", {"model": EMBED_MODEL}, "input", "required"),
-    ("unknown_field", "/v1/embeddings", {"input": "hi", "encoding": "float"}, "encoding", "encoding"),
     ("priority_without_policy", "/v1/embeddings", {"input": "hi", "priority": 3}, "priority", "priority"),
     ("score_mismatch", "/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_1", "text_1 has 2"),
     ("score_empty", "/score", {"text_1": "a", "text_2": []}, "text_2", "empty"),
@@ -219,6 +218,12 @@ def test_bad_input_is_a_400_naming_the_field(embed_server, case):
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["param"] == param and text in err["message"] and err["code"] == status
+
+
+def test_unknown_field_is_ignored_with_a_header(embed_server):
+    r = post(embed_server, "/v1/embeddings", {"input": "hi", "encoding": "float"})
+    assert r.status_code == 200 and r.headers["x-ignored-fields"] == "encoding"
+    assert len(r.json()["data"][0]["embedding"]) == 384
 
 
 def test_server_is_fine_after_bad_input(embed_server):
