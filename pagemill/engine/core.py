@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from pagemill.config import EngineConfig
+from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.core.scheduler import Scheduler
 from pagemill.engine.step_profiler import StepProfiler
 from pagemill.lora.request import LoRARequest
@@ -20,6 +23,8 @@ from pagemill.worker.executor import Executor
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+MAX_STEPS_IN_FLIGHT = 2  # async scheduling: the step running plus the one scheduled behind it (vLLM's batch queue)
 
 
 class EngineCore:
@@ -39,7 +44,10 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.kv_cache_config,
                                    config.speculative_config, lora.max_loras if lora is not None else 0)
         self._last_log = self._last_memory = time.monotonic()
-        self.profiler = StepProfiler(config.profile)
+        # Async scheduling: the steps submitted and not yet applied, oldest first (None: synchronous steps).
+        self.batch_queue: deque[tuple[Future[ModelRunnerOutput], SchedulerOutput]] | None = (
+            deque() if config.scheduler_config.async_scheduling else None)
+        self.profiler = StepProfiler(config.profile, overlapped_runner=self.batch_queue is not None)
         # Grammars for structured output (tokenizer: the front end's when in-process, else loaded on first use).
         self.structured_output_manager = StructuredOutputManager(config, tokenizer)
         self._retiring_loras: set[int] = set()  # unloaded adapters that unfinished requests still use
@@ -63,20 +71,55 @@ class EngineCore:
         return [EngineCoreOutput(r.request_id, [], finish_reason="abort") for r in done]
 
     def has_unfinished_requests(self) -> bool:
-        """True while requests are running or waiting."""
-        return self.scheduler.has_unfinished_requests()
+        """True while requests are running or waiting, or a step is in flight (async scheduling)."""
+        return self.scheduler.has_unfinished_requests() or bool(self.batch_queue)
 
     def step(self) -> EngineCoreOutputs:
         """One engine step."""
+        if self.batch_queue is not None:
+            return self.step_with_batch_queue()
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs([], self.make_stats(), time.monotonic())
+        so = self._schedule()
+        return self._update(so, self.executor.execute_model(so))
+
+    def step_with_batch_queue(self) -> EngineCoreOutputs:
+        """Async scheduling: submit steps until MAX_STEPS_IN_FLIGHT are in flight, then apply the oldest's output.
+
+        Step N+1 is scheduled while the model runs step N: a request that samples in step N holds an output
+        placeholder, and the runner feeds step N's token into step N+1 itself. While a structured-output request is
+        live, the next step waits for the one in flight (its bitmask needs the real previous token): synchronous.
+        """
+        queue = self.batch_queue
+        while (len(queue) < MAX_STEPS_IN_FLIGHT and self.scheduler.has_unfinished_requests()
+               and (not queue or not self.structured_output_manager.num_live)):
+            so = self._schedule()
+            queue.append((self.executor.execute_model_async(so), so))
+        if not queue:
+            return EngineCoreOutputs([], self.make_stats(), time.monotonic())
+        future, so = queue.popleft()
+        with self.profiler.section("wait"):  # the engine thread idle until the oldest step's output is there
+            out = future.result()
+        return self._update(so, out)
+
+    def _drain(self) -> None:
+        """Wait until no step is in flight (outputs stay queued): for calls that touch the workers' state."""
+        for future, _ in self.batch_queue or ():
+            future.result()
+
+    def _schedule(self) -> SchedulerOutput:
+        """Plan one step and start its structured-output bitmask."""
         prof = self.profiler
         prof.steps += 1
         with prof.section("schedule"):
             so = self.scheduler.schedule()
         with prof.section("grammar"):  # starts the bitmask fill; the runner joins it before sampling
             so.grammar = self.structured_output_manager.start_bitmask(so, self.scheduler.requests)
-        out = self.executor.execute_model(so)
+        return so
+
+    def _update(self, so: SchedulerOutput, out: ModelRunnerOutput) -> EngineCoreOutputs:
+        """Apply a step's output to the requests; the outputs and the stats."""
+        prof = self.profiler
         prof.add(out.timings)
         with prof.section("update"):
             outputs = self.scheduler.update_from_output(so, out)
@@ -112,11 +155,16 @@ class EngineCore:
     def apply_model(self, func: Callable[[Any], T]) -> list[T]:
         """func(model) on every worker's model, as vLLM's `LLM.apply_model` (with worker processes: a picklable
         module-level function)."""
+        self._drain()
         return self.executor.apply_model(func)
 
     def shutdown(self) -> None:
-        """Stop the executor's workers."""
-        self.executor.shutdown()
+        """Stop the executor's workers (after the steps in flight)."""
+        try:
+            self._drain()
+        finally:
+            self.executor.stop_step_thread()
+            self.executor.shutdown()
 
     def check_health(self) -> None:
         """Raise if a worker is dead (the core process checks while idle, so /health fails without traffic)."""
@@ -134,6 +182,7 @@ class EngineCore:
         if not isinstance(lora_request, LoRARequest):
             raise ValueError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}.")
         self._retiring_loras.discard(lora_request.lora_int_id)
+        self._drain()  # (the in-process worker's adapter slots are not swapped under a running forward)
         return self.executor.add_lora(lora_request)
 
     def remove_lora(self, lora_id: int) -> bool:
@@ -143,24 +192,32 @@ class EngineCore:
             return False
         if any(r.lora_int_id == lora_id for r in self.scheduler.requests.values()):
             self._retiring_loras.add(lora_id)
+            self._drain()
             if lora_id in self.executor.list_loras():
                 self.executor.pin_lora(lora_id)
             return True
+        self._drain()
         return self.executor.remove_lora(lora_id)
 
     def _retire_loras(self) -> None:
         """Drop the unloaded adapters no unfinished request uses any more."""
         in_use = {r.lora_int_id for r in self.scheduler.requests.values()}
+        if self._retiring_loras - in_use:
+            self._drain()
         for lora_id in self._retiring_loras - in_use:
             self.executor.remove_lora(lora_id)
         self._retiring_loras &= in_use
 
     def list_loras(self) -> list[int]:
         """Ids of the adapters loaded on the worker."""
-        return self.executor.list_loras() if self.config.lora_config is not None else []
+        if self.config.lora_config is None:
+            return []
+        self._drain()
+        return self.executor.list_loras()
 
     def pin_lora(self, lora_id: int) -> bool:
         """Keep an adapter loaded whatever the LRU says."""
         if self.config.lora_config is None:
             raise ValueError("LoRA is not enabled.")
+        self._drain()
         return self.executor.pin_lora(lora_id)
