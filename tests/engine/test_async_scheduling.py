@@ -19,7 +19,7 @@ from pagemill.engine.core import EngineCore
 from pagemill.entrypoints.cli import build_parser
 from pagemill.entrypoints.openai.cli_args import engine_args_from_namespace
 from pagemill.messages import EngineCoreRequest
-from pagemill.sampling_params import RequestOutputKind, SamplingParams
+from pagemill.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 # name -> engine arguments: chunked prefill, a KV pool small enough to preempt (recompute / swap), srtf order.
 CONFIGS = {
@@ -126,7 +126,8 @@ def test_greedy_tokens_equal_sync(tiny_llama, name):
 
 def test_max_tokens_and_stop_tokens(tiny_llama):
     """A request at max_tokens gets no step beyond it; one that stops on a token gets at most one (discarded)."""
-    kwargs = dict(max_num_batched_tokens=64, enable_prefix_caching=False)  # (every prompt token is scheduled)
+    kwargs = dict(max_num_batched_tokens=64, num_gpu_blocks_override=200,
+                  enable_prefix_caching=False)  # (every prompt token is scheduled)
     free = Run(_core(tiny_llama, False, **kwargs), _requests(1, ignore_eos=False))
     stops = {rid: toks[len(toks) // 2] for rid, toks in free.tokens.items() if int(rid[1:]) % 2 == 0}
 
@@ -255,3 +256,21 @@ def test_engine_core_process(tiny_llama):
         temperature=0, max_tokens=len(gone), ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids)
     assert stats["num_blocks_free"] == stats["num_blocks_total"]
     assert stats.get("num_running_reqs", 0) == stats.get("num_waiting_reqs", 0) == 0
+
+
+def test_structured_output_steps_run_synchronously(tiny_llama):
+    """While a constrained request is live the engine does not schedule ahead (its bitmask needs the real previous
+    token): the constrained outputs keep to their grammar and every output is the synchronous one."""
+    rng = random.Random(5)
+    prompts = [{"prompt_token_ids": [rng.randrange(100, 5000) for _ in range(rng.randrange(5, 30))]}
+               for _ in range(4)]
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=8,
+                             structured_outputs=StructuredOutputsParams(choice=["yes", "no"])),
+              SamplingParams(temperature=0.8, seed=2, max_tokens=10,
+                             structured_outputs=StructuredOutputsParams(regex="[a-c]{2,6}")),
+              SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)]
+    sync = _llm_outputs(tiny_llama, False, prompts, params)
+    run = _llm_outputs(tiny_llama, True, prompts, params)
+    _assert_same(run, sync)
+    assert run[1][0][1] in ("yes", "no") and 2 <= len(run[2][0][1]) <= 6
