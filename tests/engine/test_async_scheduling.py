@@ -51,7 +51,7 @@ class Run:
     """Drives an EngineCore to the end: tokens and finish reasons per request, the steps seen in flight."""
 
     def __init__(self, core: EngineCore, requests: list[EngineCoreRequest],
-                 aborts: dict[int, list[str]] | None = None) -> None:
+                 aborts: dict[int, list[str]] | None = None, resets: set[int] = frozenset()) -> None:
         self.tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
         self.finish: dict[str, str] = {}
         self.scheduled: dict[str, int] = {}  # tokens scheduled per request over the steps submitted (async)
@@ -73,6 +73,8 @@ class Run:
                 self._record(o)
             step += 1
             self.overlapped += bool(core.batch_queue)
+            if step in resets:  # preempts every running request, two steps of some of them in flight
+                core.reset_prefix_cache(reset_running_requests=True)
             for rid in (aborts or {}).get(step, []):
                 if any(rid in so.num_scheduled_tokens for so in self._in_flight(core)):
                     self.aborted_in_flight.add(rid)
@@ -156,10 +158,12 @@ def test_max_tokens_and_stop_tokens(tiny_llama):
 
 
 def test_aborts_in_flight_lose_or_duplicate_no_token(tiny_llama):
+    """Aborts, and preemptions outside the scheduler (reset_prefix_cache(reset_running_requests=True)), of requests
+    with steps in flight."""
     kwargs = CONFIGS["preempt"]
     sync = Run(_core(tiny_llama, False, **kwargs), _requests(2, n=12))
     aborts = {3: ["r0", "r4"], 6: ["r1", "r9"], 9: ["r7"], 14: ["r2", "r11"]}
-    run = Run(_core(tiny_llama, True, **kwargs), _requests(2, n=12), aborts)
+    run = Run(_core(tiny_llama, True, **kwargs), _requests(2, n=12), aborts, resets={5, 11, 20})
     aborted = {rid for ids in aborts.values() for rid in ids}
     assert run.aborted_in_flight, "no abort hit a request with a step in flight"
     for rid, toks in run.tokens.items():
