@@ -278,3 +278,21 @@ def test_structured_output_steps_run_synchronously(tiny_llama):
     run = _llm_outputs(tiny_llama, True, prompts, params)
     _assert_same(run, sync)
     assert run[1][0][1] in ("yes", "no") and 2 <= len(run[2][0][1]) <= 6
+
+
+@pytest.mark.slow
+def test_worker_process_executor(tiny_llama):
+    """distributed_executor_backend='mp' with one rank: the step thread waits on the worker process, which runs the
+    forward while the engine schedules the next step."""
+    rng = random.Random(6)
+    prompts = [{"prompt_token_ids": [rng.randrange(100, 5000) for _ in range(rng.randrange(5, 30))]}
+               for _ in range(5)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 12, 7, 15, 9)]
+    args = dict(max_model_len=128, block_size=4, kv_cache_memory="16MiB", max_num_batched_tokens=32)
+    expected = [o.outputs[0].token_ids for o in LLM(tiny_llama, **args).generate(prompts, params, use_tqdm=False)]
+    llm = LLM(tiny_llama, distributed_executor_backend="mp", async_scheduling=True, **args)
+    try:
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == expected
+        assert type(llm.llm_engine.engine_core.executor).__name__ == "MultiprocExecutor"
+    finally:
+        llm.llm_engine.engine_core.shutdown()
