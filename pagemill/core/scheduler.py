@@ -312,7 +312,8 @@ class Scheduler:
             prompt_left = max(0, req.num_prompt_tokens - req.num_computed_tokens)
             self.num_prompt_tokens += min(n, prompt_left)
             req.num_computed_tokens += n
-            if self.async_scheduling and req.num_computed_tokens >= req.num_tokens + req.num_output_placeholders:
+            if (self.async_scheduling and req.pooling_params is None
+                    and req.num_computed_tokens >= req.num_tokens + req.num_output_placeholders):
                 req.num_output_placeholders += 1  # it samples this step: the token is known when the step ends
             if speculate and req.num_computed_tokens >= req.num_tokens:  # it samples this step
                 k = self._num_drafts_wanted(req)

@@ -296,3 +296,16 @@ def test_worker_process_executor(tiny_llama):
         assert type(llm.llm_engine.engine_core.executor).__name__ == "MultiprocExecutor"
     finally:
         llm.llm_engine.engine_core.shutdown()
+
+
+def test_pooling_requests(tiny_llama):
+    """A pooling request never samples: it gets no placeholder and no step after its prompt (chunked here)."""
+    texts = ["hello there " * k for k in range(1, 8)]
+    embeddings = []
+    for async_scheduling in (False, True):
+        llm = LLM(tiny_llama, runner="pooling", max_model_len=128, kv_cache_memory="16MiB", max_num_batched_tokens=16,
+                  async_scheduling=async_scheduling)
+        embeddings.append([o.outputs.embedding for o in llm.embed(texts, use_tqdm=False)])
+        stats = llm.llm_engine.get_stats()
+        assert stats.num_blocks_free == stats.num_blocks_total
+    assert embeddings[1] == embeddings[0]
