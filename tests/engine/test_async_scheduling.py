@@ -301,11 +301,21 @@ def test_worker_process_executor(tiny_llama):
 def test_pooling_requests(tiny_llama):
     """A pooling request never samples: it gets no placeholder and no step after its prompt (chunked here)."""
     texts = ["hello there " * k for k in range(1, 8)]
-    embeddings = []
+    embeddings, computed = [], []
     for async_scheduling in (False, True):
         llm = LLM(tiny_llama, runner="pooling", max_model_len=128, kv_cache_memory="16MiB", max_num_batched_tokens=16,
                   async_scheduling=async_scheduling)
+        executor, tokens = llm.llm_engine.engine_core.executor, []
+        run_step = executor.execute_model
+
+        def counted(so: SchedulerOutput, run_step=run_step, tokens=tokens):  # the real step, its tokens counted
+            tokens.append(so.total_num_scheduled_tokens)
+            return run_step(so)
+
+        executor.execute_model = counted
         embeddings.append([o.outputs.embedding for o in llm.embed(texts, use_tqdm=False)])
+        computed.append(sum(tokens))
         stats = llm.llm_engine.get_stats()
         assert stats.num_blocks_free == stats.num_blocks_total
     assert embeddings[1] == embeddings[0]
+    assert computed[1] == computed[0]  # the prompts' tokens, nothing after them
