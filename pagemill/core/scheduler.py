@@ -110,6 +110,8 @@ class Scheduler:
         self.num_generation_tokens = 0
         self._failed_outputs: list[EngineCoreOutput] = []  # requests whose grammar failed to compile
         self._cut_tables: dict[str, int] = {}  # request -> table length after freeing rejected drafts' blocks
+        # Async scheduling: finished requests' tokens still in flight (their id may be reused meanwhile): how many.
+        self._stale_tokens: dict[str, int] = {}
 
     # ---- requests in and out ----
     def add_request(self, request: Request) -> None:
@@ -155,6 +157,8 @@ class Scheduler:
             del self._swap_layouts[req.request_id]
 
     def _free(self, req: Request) -> None:
+        if req.num_output_placeholders:
+            self._stale_tokens[req.request_id] = req.num_output_placeholders
         self._cut_tables.pop(req.request_id, None)
         if req.structured_output is not None:
             req.structured_output.free()
@@ -471,6 +475,11 @@ class Scheduler:
         if out.draft_cost is not None:
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * out.draft_cost
         for rid in sched.num_scheduled_tokens:
+            if rid in self._stale_tokens and rid in out.sampled:  # a finished request's extra token: discarded
+                self._stale_tokens[rid] -= 1
+                if not self._stale_tokens[rid]:
+                    del self._stale_tokens[rid]
+                continue
             req = self.requests.get(rid)
             if req is None:
                 continue

@@ -319,3 +319,20 @@ def test_pooling_requests(tiny_llama):
         assert stats.num_blocks_free == stats.num_blocks_total
     assert embeddings[1] == embeddings[0]
     assert computed[1] == computed[0]  # the prompts' tokens, nothing after them
+
+
+def test_request_id_reused_while_the_aborted_requests_step_is_in_flight(tiny_llama):
+    """The token of the aborted request's step in flight must not reach the new request under the same id."""
+    first, second = _requests(7, n=2)
+    second.request_id = first.request_id
+    alone = Run(_core(tiny_llama, False, num_gpu_blocks_override=100), _requests(7, n=2)[1:])
+    core = _core(tiny_llama, True, num_gpu_blocks_override=100)
+    core.add_request(first)
+    got = []
+    while len(got) < 3:
+        got += [t for o in core.step().outputs for t in o.new_token_ids]
+    assert any(first.request_id in so.num_scheduled_tokens for _, so in core.batch_queue)  # a step is in flight
+    core.abort_requests([first.request_id])
+    run = Run(core, [second])
+    assert run.tokens[first.request_id] == alone.tokens["r1"] and run.finish[first.request_id] == "length"
+    _assert_all_free(run)
