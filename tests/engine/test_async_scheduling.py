@@ -215,20 +215,22 @@ def test_llm_n_seeded_logprobs_and_stop_strings(tiny_llama):
 
 
 def test_engine_core_process(tiny_llama):
-    """AsyncLLM: the engine core process schedules ahead too; a client abort mid-stream loses no block."""
+    """AsyncLLM: the engine core process schedules ahead too; a stop string (the front end aborts the request in
+    the core) and a client abort mid-stream lose no token and no block."""
     rng = random.Random(4)
     prompts = [[rng.randrange(100, 5000) for _ in range(rng.randrange(5, 40))] for _ in range(8)]
     lengths = [rng.randrange(5, 25) for _ in prompts]
     args = dict(max_model_len=128, block_size=4, kv_cache_memory="16MiB", max_num_batched_tokens=32)
     llm = LLM(tiny_llama, **args)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+    text = llm.generate([{"prompt_token_ids": prompts[1]}], params[1], use_tqdm=False)[0].outputs[0].text
+    params[1] = SamplingParams(temperature=0, max_tokens=lengths[1], ignore_eos=True, stop=[text[len(text) // 2:][:3]])
     expected = [o.outputs[0].token_ids for o in llm.generate(
-        [{"prompt_token_ids": p} for p in prompts],
-        [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths], use_tqdm=False)]
+        [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
     engine = AsyncLLM.from_engine_args(EngineArgs(tiny_llama, async_scheduling=True, **args))
 
     async def collect(i: int) -> list[int]:
-        sp = SamplingParams(temperature=0, max_tokens=lengths[i], ignore_eos=True)
-        outs = [o async for o in engine.generate({"prompt_token_ids": prompts[i]}, sp, f"r{i}")]
+        outs = [o async for o in engine.generate({"prompt_token_ids": prompts[i]}, params[i], f"r{i}")]
         return list(outs[-1].outputs[0].token_ids)
 
     async def abandoned() -> list[int]:  # the client goes away after 3 tokens: the request is aborted
@@ -255,7 +257,7 @@ def test_engine_core_process(tiny_llama):
         outs, gone, stats = asyncio.run(main())
     finally:
         engine.shutdown()
-    assert outs == expected
+    assert outs == expected and len(expected[1]) < lengths[1]  # (the stop string ended request 1 early)
     assert gone == list(llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(
         temperature=0, max_tokens=len(gone), ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids)
     assert stats["num_blocks_free"] == stats["num_blocks_total"]
