@@ -1,5 +1,6 @@
 """The scheduler under async scheduling, without a model: two steps in flight, outputs applied late, random
-arrivals, aborts, stops and preemptions (also of requests with two steps in flight); the outputs equal synchronous scheduling's and nothing leaks."""
+arrivals, aborts, stops and preemptions (also of requests with two steps in flight); the outputs equal synchronous
+scheduling's and nothing leaks."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def _drive(async_scheduling: bool, seed: int, policy: str) -> tuple[dict[str, li
     aborts: dict[int, str] = {}
     for n in range(80):  # the events, drawn before the run (the same in both modes)
         if rng.random() < 0.4:
-            prompt = (shared if rng.random() < 0.5 else []) + [rng.randrange(3, 50) for _ in range(rng.randrange(1, 20))]
+            suffix = [rng.randrange(3, 50) for _ in range(rng.randrange(1, 20))]
+            prompt = (shared if rng.random() < 0.5 else []) + suffix
             sp = SamplingParams(max_tokens=rng.randrange(1, 16), stop_token_ids=[rng.randrange(3, 50)],
                                 ignore_eos=True)
             arrivals[n] = Request(f"r{n}", prompt[: s.config.max_model_len - 1], sp, None, float(n))
