@@ -6,7 +6,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from typing import Any, TypeVar
 
 from pagemill.config import EngineConfig
@@ -103,9 +103,10 @@ class EngineCore:
         return self._update(so, out)
 
     def _drain(self) -> None:
-        """Wait until no step is in flight (outputs stay queued): for calls that touch the workers' state."""
-        for future, _ in self.batch_queue or ():
-            future.result()
+        """Wait until no step is in flight (outputs, or a step's error, stay queued for step()): for calls that
+        touch the workers' state."""
+        if self.batch_queue:
+            wait([future for future, _ in self.batch_queue])
 
     def _schedule(self) -> SchedulerOutput:
         """Plan one step and start its structured-output bitmask."""
@@ -160,11 +161,9 @@ class EngineCore:
 
     def shutdown(self) -> None:
         """Stop the executor's workers (after the steps in flight)."""
-        try:
-            self._drain()
-        finally:
-            self.executor.stop_step_thread()
-            self.executor.shutdown()
+        self._drain()
+        self.executor.stop_step_thread()
+        self.executor.shutdown()
 
     def check_health(self) -> None:
         """Raise if a worker is dead (the core process checks while idle, so /health fails without traffic)."""
