@@ -164,6 +164,8 @@ class SchedulerConfig:
     # srtf aging: a waiting request that has seen this many admissions since it was first queued goes first (FIFO).
     max_passed_over: int = 64
     staging_size: int = 8  # two-level: requests moved from the FIFO waiting queue to the SRTF staging queue at once
+    # Schedule step N+1 while the model runs step N (engine/core.py step_with_batch_queue; vLLM's async scheduling).
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.preemption_mode not in ("recompute", "swap"):
@@ -413,6 +415,8 @@ class EngineArgs:
     # Fixed-order matmuls and attention (layers/batch_invariant.py): a request's logits, and so its seeded samples,
     # are the same bits alone, in any batch, chunked or after a prefix hit.
     batch_invariant: bool = False
+    # Schedule step N+1 while the model runs step N (at most 2 steps in flight; vLLM's async scheduling).
+    async_scheduling: bool = False
     # Accepted for vLLM scripts; it has no meaning on a CPU (the KV cache is sized by kv_cache_memory).
     gpu_memory_utilization: float | None = None
     runner: str = "auto"  # generate | pooling (auto: pooling for embedding / cross-encoder architectures such as BERT)
@@ -486,6 +490,8 @@ class EngineArgs:
         kv_transfer_config = KVTransferConfig.from_user(self.kv_transfer_config)
         if kv_transfer_config is not None:
             check_kv_transfer(self, pooler is not None)
+        if self.async_scheduling:
+            check_async_scheduling(self, parallel_config)
         max_batched = self.max_num_batched_tokens or max(2048, 0)
         if pooler is not None and pooler.encoder_only and max_batched < max_model_len:  # one step per prompt
             if self.max_num_batched_tokens is not None:
@@ -526,6 +532,7 @@ class EngineArgs:
             preemption_mode=self.preemption_mode,
             max_passed_over=self.scheduling_max_passed_over,
             staging_size=self.scheduling_staging_size,
+            async_scheduling=self.async_scheduling,
         )
         return EngineConfig(model_config, cache_config, scheduler_config,
                             num_threads=self.num_threads, log_stats=not self.disable_log_stats,
@@ -552,6 +559,17 @@ def check_batch_invariant(args: EngineArgs) -> None:
                          "gets (and so its random draws) depends on the batch.")
     if args.enable_lora:
         raise ValueError("batch_invariant=True does not cover LoRA adapters yet (enable_lora).")
+
+
+def check_async_scheduling(args: EngineArgs, parallel: ParallelConfig) -> None:
+    """Raise a ValueError naming the option that async_scheduling=True cannot be combined with (structured output
+    is served: its steps run synchronously, see EngineCore.step_with_batch_queue)."""
+    if args.speculative_config is not None:
+        raise ValueError("async_scheduling=True cannot be combined with speculative_config yet: the next step's "
+                         "draft tokens depend on the token the step in flight has not sampled yet.")
+    if parallel.world_size > 1:
+        raise ValueError("async_scheduling=True does not run with tensor_parallel_size or pipeline_parallel_size "
+                         "> 1 yet: the ranks other than the driver learn each step's tokens with the next step.")
 
 
 def check_parallel(args: EngineArgs, parallel: ParallelConfig, hf_config: Any, pooling: bool, gguf: bool) -> None:

@@ -67,6 +67,8 @@ class Request:
         self.events: list[EngineCoreEvent] = []  # not yet sent to the front end
         self.swapped_blocks: list[int] | None = None  # swap block ids while swapped out
         self.structured_output: StructuredOutputRequest | None = None  # its grammar matcher (set by the engine core)
+        # Async scheduling: tokens of steps in flight, scheduled but not sampled yet (vLLM's num_output_placeholders).
+        self.num_output_placeholders = 0
         self.spec_token_ids: list[int] = []  # draft tokens proposed for the next step (speculative decoding)
         self.spec_acceptance = 1.0  # moving average of the fraction of its draft tokens accepted
         self.spec_backoff_until = 0  # no drafts before this many outputs (poor acceptance)

@@ -80,6 +80,8 @@ class Scheduler:
         self.connector = kv_connector
         self.external_prefix_cache_queries = 0  # tokens looked up in the connector (counter)
         self.external_prefix_cache_hits = 0  # tokens loaded through it instead of computed (counter)
+        # Async scheduling: a step is planned before the previous step's tokens are known (output placeholders).
+        self.async_scheduling = scheduler_config.async_scheduling
         self.max_loras = max_loras  # adapters one step may mix (the runner's LoRA slots; 0: LoRA disabled)
         self._reset_preempted: set[str] = set()  # preempted outside schedule() (reset_prefix_cache): for the runner
         self.spec_config = speculative_config
@@ -119,6 +121,8 @@ class Scheduler:
         self.num_generation_tokens = 0
         self._failed_outputs: list[EngineCoreOutput] = []  # requests whose grammar failed to compile
         self._cut_tables: dict[str, int] = {}  # request -> table length after freeing rejected drafts' blocks
+        # Async scheduling: finished requests' tokens still in flight (their id may be reused meanwhile): how many.
+        self._stale_tokens: dict[str, int] = {}
 
     # ---- requests in and out ----
     def add_request(self, request: Request) -> None:
@@ -143,22 +147,29 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None or req.status.finished:
                 continue
-            if req.status == RequestStatus.RUNNING:
-                self.running.remove(req)
-            elif req.fork_of in self.pending_forks and req in self.pending_forks[req.fork_of]:
+            if req.fork_of in self.pending_forks and req in self.pending_forks[req.fork_of]:
                 self.pending_forks[req.fork_of].remove(req)
             else:
-                self.waiting.remove(req)
-                if req.swapped_blocks is not None:
-                    self.swap_space.free(req.swapped_blocks)
-                    req.swapped_blocks = None
-                    del self._swap_layouts[rid]
+                self._detach(req)
             req.status = status
             self._free(req)
             done.append(req)
         return done
 
+    def _detach(self, req: Request) -> None:
+        """Take an unfinished request out of the running list or the waiting queue (its swap blocks freed)."""
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+            return
+        self.waiting.remove(req)
+        if req.swapped_blocks is not None:
+            self.swap_space.free(req.swapped_blocks)
+            req.swapped_blocks = None
+            del self._swap_layouts[req.request_id]
+
     def _free(self, req: Request) -> None:
+        if req.num_output_placeholders:
+            self._stale_tokens[req.request_id] = req.num_output_placeholders
         self._cut_tables.pop(req.request_id, None)
         if self.connector is not None:  # (its saves are synchronous: the blocks can go back at once)
             self.connector.request_finished(req, self.kv_cache_manager.get_block_ids(req.request_id)[0])
@@ -220,7 +231,10 @@ class Scheduler:
             if req.request_id in self.in_flight:  # its batch's output is not back
                 i += 1
                 continue
-            num_new = min(req.num_tokens_with_spec - req.num_computed_tokens, budget,
+            if req.num_output_placeholders and self._ends_in_flight(req):
+                i += 1  # its last token is being sampled: no wasted step after it (vLLM does the same)
+                continue
+            num_new = min(req.num_tokens_with_spec + req.num_output_placeholders - req.num_computed_tokens, budget,
                           max_len - req.num_computed_tokens)
             if (self.config.policy in SRTF_POLICIES and req.num_tokens - req.num_computed_tokens > 1 and not preempted
                     and len(self.running) < self.config.max_num_seqs):  # a prefill chunk: srtf may put waiting first
@@ -269,6 +283,9 @@ class Scheduler:
         while (not preempted and len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs
                and len(num_scheduled) < max_reqs):
             req = self.waiting.peek()
+            if req.num_output_placeholders:  # preempted with a step in flight: resumes once its token is known
+                skipped.append(self.waiting.pop())
+                continue
             if req.lora_int_id and req.lora_int_id not in loras and len(loras) >= self.max_loras:
                 skipped.append(self.waiting.pop())  # every slot is taken by running requests' adapters
                 continue
@@ -332,6 +349,9 @@ class Scheduler:
             prompt_left = max(0, req.num_prompt_tokens - req.num_computed_tokens)
             self.num_prompt_tokens += min(n, prompt_left)
             req.num_computed_tokens += n
+            if (self.async_scheduling and req.pooling_params is None
+                    and req.num_computed_tokens >= req.num_tokens + req.num_output_placeholders):
+                req.num_output_placeholders += 1  # it samples this step: the token is known when the step ends
             if speculate and req.num_computed_tokens >= req.num_tokens:  # it samples this step
                 k = self._num_drafts_wanted(req)
                 if k:
@@ -357,6 +377,12 @@ class Scheduler:
             return sys.maxsize
         runnable = min(self.config.max_num_seqs, len(self.running) + len(self.waiting))
         return max(1, -(-runnable // self.max_concurrent_batches))
+
+    def _ends_in_flight(self, req: Request) -> bool:
+        """Whether the tokens of the steps in flight bring the request to max_tokens or the context length."""
+        num_tokens = req.num_tokens + req.num_output_placeholders
+        return num_tokens >= self.config.max_model_len or (
+            req.max_tokens is not None and num_tokens - req.num_prompt_tokens >= req.max_tokens)
 
     def _num_drafts_wanted(self, req: Request) -> int:
         """Draft tokens to propose for the request's next step: none when it opted out or is backing off after poor
@@ -426,6 +452,10 @@ class Scheduler:
 
     def _fork(self, parent: Request, children: list[Request]) -> None:
         """Parallel sampling: siblings share the parent's prompt blocks and recompute only the last prompt token."""
+        if parent.status != RequestStatus.RUNNING:  # (async scheduling) preempted while its prefill ran: no blocks
+            for child in children:
+                self.waiting.add(child)
+            return
         for child in children:
             self.kv_cache_manager.fork(parent, child, parent.num_prompt_tokens)
             child.num_computed_tokens = parent.num_prompt_tokens - 1
@@ -491,6 +521,11 @@ class Scheduler:
         if out.draft_cost is not None:
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * out.draft_cost
         for rid in sched.num_scheduled_tokens:
+            if rid in self._stale_tokens and rid in out.sampled:  # a finished request's extra token: discarded
+                self._stale_tokens[rid] -= 1
+                if not self._stale_tokens[rid]:
+                    del self._stale_tokens[rid]
+                continue
             req = self.requests.get(rid)
             if req is None:
                 continue
@@ -502,6 +537,8 @@ class Scheduler:
             if prompt_lp is not None:
                 prompt_lp = self._new_prompt_logprobs(req, prompt_lp, sched.num_scheduled_tokens[rid])
             tokens = out.sampled.get(rid)
+            if tokens and req.num_output_placeholders:
+                req.num_output_placeholders -= 1
             if not tokens:
                 if prompt_lp is not None:
                     outputs.append(EngineCoreOutput(rid, [], new_prompt_logprobs=prompt_lp, events=req.take_events()))
@@ -533,18 +570,18 @@ class Scheduler:
                     drafts = self._constrained_drafts(req, drafts)
                 req.spec_token_ids = drafts
             else:
+                self._detach(req)  # (async scheduling: it may have been preempted while this step ran)
                 req.status = status
                 eco.finish_reason = status.finish_reason
                 eco.stop_reason = req.stop_reason
-                self.running.remove(req)
                 self._free(req)
             outputs.append(eco)
         return outputs
 
     def _finish_pooled(self, req: Request, pooled: bytes) -> EngineCoreOutput:
         """A pooling request whose prompt is computed: it ends now and its blocks go back at once."""
+        self._detach(req)
         req.status = RequestStatus.FINISHED_STOPPED
-        self.running.remove(req)
         self._free(req)
         return EngineCoreOutput(req.request_id, [], finish_reason="stop", num_cached_tokens=0,
                                 events=req.take_events(), pooling_output=pooled)

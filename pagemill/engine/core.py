@@ -6,9 +6,11 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, wait
 from typing import Any, TypeVar
 
 from pagemill.config import EngineConfig
+from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.core.scheduler import Scheduler
 from pagemill.distributed.kv_transfer.base import KVConnectorRole
 from pagemill.distributed.kv_transfer.factory import KVConnectorFactory
@@ -19,12 +21,13 @@ from pagemill.metrics.kv_cache import KV_STATS_INTERVAL_S, hit_rate, kv_log_line
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.request import Request, RequestStatus
 from pagemill.structured_output.manager import StructuredOutputManager
-from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.worker.executor import Executor
 from pagemill.worker.step_queue import StepFuture
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+MAX_STEPS_IN_FLIGHT = 2  # async scheduling: the step running plus the one scheduled behind it (vLLM's batch queue)
 
 
 class EngineCore:
@@ -45,17 +48,20 @@ class EngineCore:
                                    config.speculative_config, lora.max_loras if lora is not None else 0,
                                    KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER))
         self._last_log = self._last_memory = time.monotonic()
-        self.profiler = StepProfiler(config.profile)
+        # vLLM's batch queue: the steps submitted and not yet applied, oldest first (None: synchronous steps).
+        # Async scheduling keeps two steps in flight (the next one is planned on output placeholders); pipeline
+        # micro-batches keep one per stage (a batch's requests wait until its output is back).
+        self.async_scheduling = config.scheduler_config.async_scheduling
+        self.batch_queue_size = MAX_STEPS_IN_FLIGHT if self.async_scheduling else self.executor.max_concurrent_batches
+        self.batch_queue: deque[tuple[Future[ModelRunnerOutput] | StepFuture, SchedulerOutput]] | None = None
+        if self.batch_queue_size > 1:
+            self.batch_queue = deque()
+            if not self.async_scheduling:
+                self.scheduler.max_concurrent_batches = self.batch_queue_size
+        self.profiler = StepProfiler(config.profile, overlapped_runner=self.async_scheduling)
         # Grammars for structured output (tokenizer: the front end's when in-process, else loaded on first use).
         self.structured_output_manager = StructuredOutputManager(config, tokenizer)
         self._retiring_loras: set[int] = set()  # unloaded adapters that unfinished requests still use
-        # vLLM's batch queue: with several steps in flight (pipeline micro-batches) a new batch is scheduled while
-        # earlier ones are still in the executor.
-        self.batch_queue_size = self.executor.max_concurrent_batches
-        self.batch_queue: deque[tuple[StepFuture, SchedulerOutput]] | None = None
-        if self.batch_queue_size > 1:
-            self.batch_queue = deque()
-            self.scheduler.max_concurrent_batches = self.batch_queue_size
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request for scheduling; a bad structured-output constraint raises ValueError before queuing."""
@@ -76,16 +82,17 @@ class EngineCore:
         return [EngineCoreOutput(r.request_id, [], finish_reason="abort") for r in done]
 
     def has_unfinished_requests(self) -> bool:
-        """True while requests are running or waiting, or batches are in flight."""
+        """True while requests are running or waiting, or steps are in flight (batch queue)."""
         return self.scheduler.has_unfinished_requests() or bool(self.batch_queue)
 
     def step(self) -> EngineCoreOutputs:
-        """One engine step (with a batch queue: `step_with_batch_queue`)."""
+        """One engine step (async scheduling: `step_async`; pipeline micro-batches: `step_with_batch_queue`)."""
+        if self.async_scheduling:
+            return self.step_async()
         if self.batch_queue is not None:
             return self.step_with_batch_queue()
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs([], self.make_stats(), time.monotonic())
-        self.profiler.steps += 1
         so = self._schedule()
         out = self.executor.execute_model(so)
         outputs = self._update(so, out)
@@ -94,14 +101,13 @@ class EngineCore:
         return self._step_outputs(outputs)
 
     def step_with_batch_queue(self) -> EngineCoreOutputs:
-        """vLLM's step with a batch queue: while the queue has room, schedule a batch and submit it without
-        waiting; only when no batch could be submitted, take the oldest batch's output (its requests can then be
-        scheduled again)."""
+        """vLLM's step with a batch queue (pipeline micro-batches): while the queue has room, schedule a batch and
+        submit it without waiting; only when no batch could be submitted, take the oldest batch's output (its
+        requests can then be scheduled again)."""
         queue = self.batch_queue
         assert queue is not None
         scheduled, outputs = False, []
         if len(queue) < self.batch_queue_size and self.scheduler.has_unfinished_requests():
-            self.profiler.steps += 1
             so = self._schedule()
             scheduled = so.total_num_scheduled_tokens > 0
             if scheduled or _changes_workers(so):
@@ -115,8 +121,39 @@ class EngineCore:
             outputs = self._update(so, future.result())
         return self._step_outputs(outputs)
 
+    def step_async(self) -> EngineCoreOutputs:
+        """Async scheduling: submit steps until MAX_STEPS_IN_FLIGHT are in flight, then apply the oldest's output.
+
+        Step N+1 is scheduled while the model runs step N: a request that samples in step N holds an output
+        placeholder, and the runner feeds step N's token into step N+1 itself. While a structured-output request is
+        live, the next step waits for the one in flight (its bitmask needs the real previous token): synchronous.
+        """
+        queue = self.batch_queue
+        assert queue is not None
+        while (len(queue) < MAX_STEPS_IN_FLIGHT and self.scheduler.has_unfinished_requests()
+               and (not queue or not self.structured_output_manager.num_live)):
+            so = self._schedule()
+            queue.append((self.executor.execute_model_async(so), so))
+        if not queue:
+            return EngineCoreOutputs([], self.make_stats(), time.monotonic())
+        future, so = queue.popleft()
+        with self.profiler.section("wait"):  # the engine thread idle until the oldest step's output is there
+            out = future.result()
+        outputs = self._update(so, out)
+        if so.total_num_scheduled_tokens == 0 and self.structured_output_manager.num_live:
+            self.structured_output_manager.wait_for_compiles(0.01)  # only grammar-waiting requests: do not spin
+        return self._step_outputs(outputs)
+
+    def _drain(self) -> None:
+        """Async scheduling: wait until no step is in flight (outputs, or a step's error, stay queued for step()),
+        for calls that touch the workers' state. (Pipeline micro-batches: the executor orders such calls itself.)"""
+        if self.async_scheduling and self.batch_queue:
+            wait([future for future, _ in self.batch_queue])
+
     def _schedule(self) -> SchedulerOutput:
+        """Plan one step and start its structured-output bitmask."""
         prof = self.profiler
+        prof.steps += 1
         with prof.section("schedule"):
             so = self.scheduler.schedule()
         with prof.section("grammar"):  # starts the bitmask fill; the runner joins it before sampling
@@ -124,6 +161,7 @@ class EngineCore:
         return so
 
     def _update(self, so: SchedulerOutput, out: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Apply a step's output to the requests; their outputs."""
         prof = self.profiler
         prof.add(out.timings)
         with prof.section("update"):
@@ -162,10 +200,14 @@ class EngineCore:
     def apply_model(self, func: Callable[[Any], T]) -> list[T]:
         """func(model) on every worker's model, as vLLM's `LLM.apply_model` (with worker processes: a picklable
         module-level function)."""
+        self._drain()
         return self.executor.apply_model(func)
 
     def shutdown(self) -> None:
-        """Stop the executor's workers (batches still in flight are dropped) and the scheduler's KV connector."""
+        """Stop the executor's workers (after the async steps in flight; pipeline batches in flight are dropped)
+        and the scheduler's KV connector."""
+        self._drain()
+        self.executor.stop_step_thread()
         self.executor.shutdown()
         if self.scheduler.connector is not None:
             self.scheduler.connector.shutdown()
@@ -186,6 +228,7 @@ class EngineCore:
         if not isinstance(lora_request, LoRARequest):
             raise ValueError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}.")
         self._retiring_loras.discard(lora_request.lora_int_id)
+        self._drain()  # (the in-process worker's adapter slots are not swapped under a running forward)
         return self.executor.add_lora(lora_request)
 
     def remove_lora(self, lora_id: int) -> bool:
@@ -195,26 +238,34 @@ class EngineCore:
             return False
         if any(r.lora_int_id == lora_id for r in self.scheduler.requests.values()):
             self._retiring_loras.add(lora_id)
+            self._drain()
             if lora_id in self.executor.list_loras():
                 self.executor.pin_lora(lora_id)
             return True
+        self._drain()
         return self.executor.remove_lora(lora_id)
 
     def _retire_loras(self) -> None:
         """Drop the unloaded adapters no unfinished request uses any more."""
         in_use = {r.lora_int_id for r in self.scheduler.requests.values()}
+        if self._retiring_loras - in_use:
+            self._drain()
         for lora_id in self._retiring_loras - in_use:
             self.executor.remove_lora(lora_id)
         self._retiring_loras &= in_use
 
     def list_loras(self) -> list[int]:
         """Ids of the adapters loaded on the worker."""
-        return self.executor.list_loras() if self.config.lora_config is not None else []
+        if self.config.lora_config is None:
+            return []
+        self._drain()
+        return self.executor.list_loras()
 
     def pin_lora(self, lora_id: int) -> bool:
         """Keep an adapter loaded whatever the LRU says."""
         if self.config.lora_config is None:
             raise ValueError("LoRA is not enabled.")
+        self._drain()
         return self.executor.pin_lora(lora_id)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from torch import nn
@@ -22,6 +23,7 @@ class Executor(ABC):
     """The engine core's view of its workers: start them (in __init__), run a step, check and stop them."""
 
     kv_cache_config: KVCacheConfig  # the KV cache every worker allocated (blocks, swap blocks, block size)
+    _step_thread: ThreadPoolExecutor | None = None  # async scheduling: runs the steps, one at a time, in order
 
     @staticmethod
     def get_class(config: EngineConfig) -> type[Executor]:
@@ -47,6 +49,20 @@ class Executor(ABC):
                       non_block: bool = False) -> ModelRunnerOutput | StepFuture:
         """Run one step on the workers; the sampled tokens (and the runner's section timings) come back, or with
         `non_block` a future of them (vLLM's interface)."""
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
+        """Start a step and return at once (async scheduling): the steps run one after the other, in submission
+        order, in the executor's step thread (the forward in this process for `uni`, a wait on the worker process or
+        actor for `mp` / `ray`), so the engine can schedule the next step meanwhile."""
+        if self._step_thread is None:
+            self._step_thread = ThreadPoolExecutor(1, thread_name_prefix="pagemill-step")
+        return self._step_thread.submit(self.execute_model, scheduler_output)
+
+    def stop_step_thread(self) -> None:
+        """End the async-scheduling step thread (after the steps submitted so far)."""
+        if self._step_thread is not None:
+            self._step_thread.shutdown(wait=True)
+            self._step_thread = None
 
     @abstractmethod
     def apply_model(self, func: Callable[[nn.Module], Any]) -> list[Any]:

@@ -49,6 +49,10 @@ _ENGINE_HELP = {
                           "win (same tokens, faster batched decode).",
     "batch_invariant": "Fixed reduction orders in matmuls and attention: a request's logits (and seeded samples) "
                        "are the same bits alone, in any batch and however its prompt is chunked (slower).",
+    "async_scheduling": "Schedule step N+1 while the model runs step N (at most 2 steps in flight): the engine's "
+                        "non-forward work overlaps the forward. Steps with structured-output requests run "
+                        "synchronously; cannot be combined with speculative decoding or tensor / pipeline "
+                        "parallelism.",
     "structured_outputs_backend": "Structured output (guided decoding) library: auto (xgrammar, or llguidance for "
                                   "what xgrammar lacks), xgrammar, guidance.",
     "gpu_memory_utilization": "Accepted for vLLM scripts; no meaning on a CPU (use --kv-cache-memory).",
