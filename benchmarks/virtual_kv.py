@@ -3,6 +3,11 @@
     python benchmarks/virtual_kv.py                 # decode + prefix-prefill attention, SmolLM2's shape
     python benchmarks/virtual_kv.py --engine        # + engine runs: page faults per step, tok/s, memory waste
     python benchmarks/virtual_kv.py --engine --no-attention
+    python benchmarks/virtual_kv.py --engine --no-attention --no-memory --num-prompts 4 --output-len 40  # smoke run
+
+The engine table runs the virtual layout twice: chunks allocated one step ahead mapped by the background thread
+while the forward runs (the default), and mapped on the step path before the forward (A/B); the counters say how
+many mmap calls and ms each path took per step and how many chunks a step entered already mapped.
 
 Attention (Fig. 7 / 8 of the vTensor paper): one layer of SmolLM2's shape (9 query heads, 3 KV heads of 64, fp32,
 16-token blocks = chunks), each backend's full `forward` (cache write + attention), best of --iters runs, ms per
@@ -30,6 +35,8 @@ from pagemill.attention.metadata import CommonAttentionMetadata
 from pagemill.worker.virtual_kv import VirtualKVSpace
 
 HQ, HK, D, BS = 9, 3, 64, 16
+# The virtual layout with its chunks allocated ahead mapped before the forward instead of in the background (A/B).
+_ON_STEP = "virtual, ahead chunks mapped on the step path"
 
 
 def _best_time(fn, iters: int) -> float:
@@ -127,11 +134,14 @@ def engine_table(num_prompts: int, prompt_len: int, output_len: int, rounds: int
     sp = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     setups = {"paged (cpu kernel)": dict(kv_cache_layout="paged"),
               "paged (torch: gather + SDPA)": dict(kv_cache_layout="paged", attention_backend="torch"),
-              "virtual (SDPA on views)": dict(kv_cache_layout="virtual")}
+              "virtual (SDPA on views)": dict(kv_cache_layout="virtual"),
+              _ON_STEP: dict(kv_cache_layout="virtual")}
     llms = {name: LLM(kv_cache_memory="1GiB", max_model_len=2048, enable_prefix_caching=False, **kw)
             for name, kw in setups.items()}
+    llms[_ON_STEP].llm_engine.engine_core.executor.model_runner.kv_space.map_ahead_in_background = False
     best: dict[str, tuple[float, int, int]] = {}
     outputs = {}
+    total_steps = dict.fromkeys(llms, 0)
     for _ in range(rounds):
         for name, llm in llms.items():
             core = llm.llm_engine.engine_core
@@ -151,6 +161,7 @@ def engine_table(num_prompts: int, prompt_len: int, output_len: int, rounds: int
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
             del core.step
             outputs[name] = [o.outputs[0].token_ids for o in outs]
+            total_steps[name] += steps
             if name not in best or wall < best[name][0]:
                 best[name] = (wall, steps, faults)
     for name in llms:
@@ -159,6 +170,17 @@ def engine_table(num_prompts: int, prompt_len: int, output_len: int, rounds: int
               flush=True)
     same = all(out == outputs["paged (cpu kernel)"] for out in outputs.values())
     print(f"\nSame greedy tokens in every layout: {same}")
+    print("\n| virtual layout, chunks mapped ahead | mmap calls / step: step path, background | "
+          "mapping ms / step: step path, background | chunks a step entered: found mapped, mapped on the step |")
+    print("|---|---|---|---|")
+    for name in ("virtual (SDPA on views)", _ON_STEP):
+        space = llms[name].llm_engine.engine_core.executor.model_runner.kv_space
+        space.wait()
+        n = total_steps[name]
+        print(f"| {'in the background' if name != _ON_STEP else 'on the step path'} | "
+              f"{space.num_step_map_calls / n:.1f}, {space.num_background_map_calls / n:.1f} | "
+              f"{space.step_map_seconds * 1e3 / n:.3f}, {space.background_map_seconds * 1e3 / n:.3f} | "
+              f"{space.num_chunks_found_mapped}, {space.num_chunks_mapped_on_step} |", flush=True)
 
 
 def memory_table(num_prompts: int, prompt_len: int) -> None:
@@ -217,6 +239,7 @@ def main() -> None:
     ap.add_argument("--engine", action="store_true", help="also run both layouts in the engine")
     ap.add_argument("--no-attention", action="store_true", help="skip the attention tables")
     ap.add_argument("--memory-only", action="store_true", help="only the KV memory table")
+    ap.add_argument("--no-memory", action="store_true", help="with --engine: skip the KV memory table")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=64)
@@ -230,7 +253,8 @@ def main() -> None:
     if not args.no_attention:
         attention_tables(args.iters)
     if args.engine:
-        memory_table(16, 256)
+        if not args.no_memory:
+            memory_table(16, 256)
         engine_table(args.num_prompts, args.prompt_len, args.output_len, args.rounds)
 
 

@@ -89,6 +89,10 @@ class Scheduler:
         self.num_lookahead_tokens = (speculative_config.num_speculative_tokens
                                      if speculative_config is not None and speculative_config.method == "draft_model"
                                      else 0)
+        # kv_cache_layout="virtual" maps a request's next chunk during the step before it is written (one chunk
+        # ahead, off the critical path): the block of one more token is allocated a step early, from the same pool.
+        # (A scheduled request has at most max_model_len - 1 tokens, so this stays within max_model_len.)
+        self.num_lookahead_tokens += cache_config.kv_cache_layout == "virtual"
         # Engine-wide moving averages: draft acceptance (a new request starts from it) and what proposing one draft
         # token costs relative to a target step (a draft model's forwards; ~0 for n-gram / suffix).
         self.spec_acceptance = 1.0

@@ -5,9 +5,12 @@ head_dim]; a chunk is one block of one layer's K or V. Each input-batch row (req
 a virtual range of max_model_len tokens, reserved read-only and uncommitted (reads of an unmapped part give zeros
 from the kernel's zero page). As a request's block table grows, its blocks' chunks are mapped (`MAP_FIXED |
 MAP_SHARED | MAP_POPULATE`) into its ranges, so its K and V are each one contiguous array in virtual memory while
-prefix hits and forked siblings share physical chunks without copying. Unmapping is lazy (vTensor's lazy
-deallocation): a finished request's mappings stay until its slot is reused (only differing chunks are remapped) or
-the engine goes idle or the mapping count nears `vm.max_map_count`.
+prefix hits and forked siblings share physical chunks without copying. Chunks are mapped one chunk ahead, as vTensor
+extends a tensor: the scheduler allocates the block of a request's next token one step early, and its chunks are
+mapped by a background thread while the step before the one that writes it runs (ctypes releases the GIL in mmap),
+so a decode that crosses into a new chunk finds it mapped and the step path maps nothing. Unmapping is lazy
+(vTensor's lazy deallocation): a finished request's mappings stay until its slot is reused (only differing chunks
+are remapped) or the engine goes idle or the mapping count nears `vm.max_map_count`.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ import math
 import mmap
 import os
 import sys
+import time
 import warnings
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -52,6 +58,30 @@ def _max_map_count() -> int:
 def max_chunk_mappings() -> int:
     """Chunk mappings the process can hold: vm.max_map_count less a reserve for everything else."""
     return max(1024, _max_map_count() - _MAP_COUNT_RESERVE)
+
+
+class _Runs(NamedTuple):
+    """Chunk entries to map (slot, chunk, block each) in runs [starts[i], ends[i]) of consecutive blocks at
+    consecutive chunks of one slot."""
+
+    slots: np.ndarray
+    cols: np.ndarray
+    blocks: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+
+def _runs(slots: np.ndarray, want: np.ndarray, mask: np.ndarray) -> _Runs | None:
+    """The entries of `want` ([len(slots), width] blocks) where `mask` holds, as runs; None when there is none."""
+    if not mask.any():
+        return None
+    rows, cols = np.nonzero(mask)
+    blocks = want[rows, cols]
+    # A run continues where the next entry is the same slot, the next chunk and the next block.
+    brk = np.ones(len(rows), dtype=bool)
+    brk[1:] = (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1] + 1) | (blocks[1:] != blocks[:-1] + 1)
+    starts = np.flatnonzero(brk)
+    return _Runs(slots[rows], cols, blocks, starts, np.append(starts[1:], len(rows)))
 
 
 class VirtualKVSpace:
@@ -106,8 +136,15 @@ class VirtualKVSpace:
         # mapped[slot, j]: the block whose chunks are mapped at chunk j of the slot's ranges (-1: none).
         self.mapped = np.full((num_slots, self.max_chunks), -1, dtype=np.int64)
         self.live = np.zeros(num_slots, dtype=bool)
-        self.num_map_calls = 0  # mmap calls that mapped chunks (each covers a run of chunks of one layer's K or V)
+        # Counters: mmap calls (each maps a run of chunks of one layer's K or V) and their seconds, on the step path
+        # (before the forward) and in the background; chunks a step entered that were mapped ahead / had to be mapped.
+        self.num_step_map_calls = self.num_background_map_calls = 0
+        self.step_map_seconds = self.background_map_seconds = 0.0
+        self.num_chunks_found_mapped = self.num_chunks_mapped_on_step = 0
         self.num_unmap_calls = 0
+        self.map_ahead_in_background = True  # False: chunks allocated ahead are mapped on the step path (A/B)
+        self._mapper: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
         self._max_vmas = max_chunk_mappings()
 
     # ---- views ----
@@ -143,7 +180,6 @@ class VirtualKVSpace:
                 except OSError as e:
                     raise RuntimeError(f"kv_cache_layout='virtual': mapping a KV chunk failed ({e}); a larger "
                                        "block_size needs fewer mappings (or raise vm.max_map_count).") from e
-        self.num_map_calls += 2 * self.num_layers
 
     def _unmap_slot_chunks(self, slot: int, start: int, stop: int) -> None:
         """Put chunks start..stop-1 of every range of `slot` back to the reserved (zero-reading) state."""
@@ -156,36 +192,84 @@ class VirtualKVSpace:
         self.mapped[slot, start:stop] = -1
 
     def sync(self, slots: np.ndarray, block_table: np.ndarray, num_blocks: np.ndarray) -> None:
-        """Make each slot's first num_blocks[slot] chunks map block_table[slot]: only the entries that differ from
-        what is mapped are (re)mapped, in runs of consecutive blocks at consecutive chunks."""
+        """Make each slot's first num_blocks[slot] chunks map block_table[slot] now: only the entries that differ
+        from what is mapped are (re)mapped, in runs of consecutive blocks at consecutive chunks."""
+        n = num_blocks[slots]
+        self.prepare_step(slots, block_table, n, n, n)
+
+    def prepare_step(self, slots: np.ndarray, block_table: np.ndarray, first_new: np.ndarray, need: np.ndarray,
+                     have: np.ndarray) -> None:
+        """Before a step's forward (arrays aligned with `slots`): map chunks [0, need) of each slot, the ones the
+        step reads, now; count the chunks the step enters, [first_new, need), that were already mapped (mapped
+        ahead); and map [need, have), blocks the scheduler allocated ahead, in the background while the step runs
+        (`map_ahead_in_background`; else now)."""
+        self.wait()
         if len(slots) == 0:
             return
         self.live[slots] = True
-        width = int(num_blocks[slots].max())
-        want = block_table[slots, :width]
-        have = self.mapped[slots, :width]
-        stale = (want != have) & (np.arange(width)[None, :] < num_blocks[slots][:, None])
-        if not stale.any():
+        width = int(have.max())
+        if width == 0:
             return
-        self._make_room(int(stale.sum()))
-        rows, cols = np.nonzero(stale)
-        blocks = want[rows, cols]
-        # A run continues where the next stale entry is the same slot, the next chunk and the next block.
-        brk = np.ones(len(rows), dtype=bool)
-        brk[1:] = (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1] + 1) | (blocks[1:] != blocks[:-1] + 1)
-        starts = np.flatnonzero(brk)
-        ends = np.append(starts[1:], len(rows))
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            slot = int(slots[rows[s]])
-            self._map_run(slot, int(cols[s]), int(blocks[s]), e - s)
-        self.mapped[slots[rows], cols] = blocks
+        want = block_table[slots, :width]
+        cols = np.arange(width)[None, :]
+        stale = want != self.mapped[slots, :width]
+        now = cols < need[:, None]
+        entered = now & (cols >= first_new[:, None])
+        self.num_chunks_found_mapped += int(np.count_nonzero(entered & ~stale))
+        self.num_chunks_mapped_on_step += int(np.count_nonzero(entered & stale))
+        runs = _runs(slots, want, stale & now)
+        if runs is not None:
+            self._map_runs(runs, background=False)
+        ahead = _runs(slots, want, stale & ~now & (cols < have[:, None]))
+        if ahead is None:
+            return
+        if not self.map_ahead_in_background:
+            self._map_runs(ahead, background=False)
+            return
+        if self._mapper is None:
+            self._mapper = ThreadPoolExecutor(1, thread_name_prefix="pagemill-kv-map")
+            weakref.finalize(self, self._mapper.shutdown, False)
+        self._pending = self._mapper.submit(self._map_runs, ahead, True)
+
+    def _map_runs(self, runs: _Runs, background: bool) -> None:
+        """Map the runs (ctypes drops the GIL in each mmap call, so a background thread overlaps the forward)."""
+        self._make_room(len(runs.cols))
+        t = time.perf_counter()
+        for s, e in zip(runs.starts.tolist(), runs.ends.tolist()):
+            self._map_run(int(runs.slots[s]), int(runs.cols[s]), int(runs.blocks[s]), e - s)
+        self.mapped[runs.slots, runs.cols] = runs.blocks
+        calls, seconds = 2 * self.num_layers * len(runs.starts), time.perf_counter() - t
+        if background:
+            self.num_background_map_calls += calls
+            self.background_map_seconds += seconds
+        else:
+            self.num_step_map_calls += calls
+            self.step_map_seconds += seconds
+
+    def wait(self) -> None:
+        """Wait for the chunks being mapped in the background (re-raising its error) before `mapped` is read."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    @property
+    def num_map_calls(self) -> int:
+        """mmap calls that mapped chunks (each covers a run of chunks of one layer's K or V), on either path."""
+        self.wait()
+        return self.num_step_map_calls + self.num_background_map_calls
 
     def release(self, slot: int) -> None:
-        """The slot's request left (finished or preempted): its mappings stay until reused or trimmed (lazy)."""
+        """The slot's request left (finished or preempted): its mappings, the chunk mapped ahead included, stay
+        until the slot is reused or trimmed (lazy)."""
+        self.wait()
         self.live[slot] = False
 
     def trim(self) -> None:
         """Unmap the chunks of every slot that holds no live request."""
+        self.wait()
+        self._trim()
+
+    def _trim(self) -> None:
         for slot in np.flatnonzero(~self.live & (self.mapped >= 0).any(axis=1)).tolist():
             cols = np.flatnonzero(self.mapped[slot] >= 0)
             self._unmap_slot_chunks(slot, int(cols[0]), int(cols[-1]) + 1)
@@ -193,15 +277,17 @@ class VirtualKVSpace:
     def _make_room(self, num_new: int) -> None:
         """Trim idle slots' mappings when the mappings could near vm.max_map_count."""
         if (int((self.mapped >= 0).sum()) + num_new) * 2 * self.num_layers > self._max_vmas:
-            self.trim()
+            self._trim()
 
     # ---- accounting ----
     def num_mapped_chunks(self) -> int:
         """Chunk positions (of every layer's K and V ranges together) that map a physical chunk now."""
+        self.wait()
         return int((self.mapped >= 0).sum())
 
     def mapped_regions(self) -> int:
         """Mappings of the pool's memfd inside this space's reservation now (/proc/self/maps): 0 when none is left."""
+        self.wait()
         lo, hi = self.base, self.base + self.reserve_bytes
         count = 0
         with open("/proc/self/maps") as f:

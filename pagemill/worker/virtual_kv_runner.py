@@ -1,5 +1,7 @@
 """The model runner for kv_cache_layout="virtual": the KV pool is a memfd whose chunks are mapped into per-request
-contiguous ranges (worker/virtual_kv.py) as block tables grow; everything else is the paged runner's."""
+contiguous ranges (worker/virtual_kv.py) as block tables grow, one chunk ahead (the scheduler allocates the block of
+a request's next token a step early; its chunk is mapped in the background during the step before the one that
+writes it); everything else is the paged runner's."""
 
 from __future__ import annotations
 
@@ -56,8 +58,9 @@ class VirtualKVModelRunner(ModelRunner):
         return self.kv_space.pool
 
     def _update_states(self, so: SchedulerOutput) -> None:
-        """The paged runner's updates, then: rows that left release their ranges (lazily), and the step's rows map
-        the chunks their block tables gained."""
+        """The paged runner's updates, then: rows that left release their ranges (lazily); the step's rows map the
+        chunks the step reads now (in steady-state decode, already mapped a step ahead) and start mapping the
+        chunks the scheduler allocated ahead (the next step's) in the background, while the forward runs."""
         ib = self.input_batch
         space = self.kv_space
         for rid in (*so.finished_req_ids, *so.preempted_req_ids):
@@ -65,9 +68,15 @@ class VirtualKVModelRunner(ModelRunner):
             if row is not None:
                 space.release(row)
         super()._update_states(so)
-        if ib.req_id_to_row:
-            rows = np.fromiter((ib.req_id_to_row[r] for r in so.num_scheduled_tokens), dtype=np.int64,
-                               count=len(so.num_scheduled_tokens))
-            space.sync(rows, ib.block_table[0], ib.num_blocks)
-        else:  # idle: nothing reads the ranges, give every mapping back
+        if not ib.req_id_to_row:  # idle: nothing reads the ranges, give every mapping back
             space.trim()
+            return
+        count = len(so.num_scheduled_tokens)
+        rows = np.fromiter((ib.req_id_to_row[r] for r in so.num_scheduled_tokens), dtype=np.int64, count=count)
+        scheduled = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=count)
+        computed = ib.num_computed_tokens[rows]
+        have = ib.num_blocks[rows]
+        bs = space.block_size
+        need = np.minimum(-(-(computed + scheduled) // bs), have)  # chunks this step reads
+        first_new = np.minimum(-(-computed // bs), need)  # the first chunk this step writes into first
+        space.prepare_step(rows, ib.block_table[0], first_new, need, have)

@@ -77,16 +77,20 @@ def test_greedy_matches_paged_and_hf(tiny_vt, num_blocks):
     kwargs = dict(block_size=BLOCK, max_model_len=256, max_num_batched_tokens=32, max_num_seqs=32,
                   num_gpu_blocks_override=num_blocks)
     results = {}
-    for layout in ("paged", "virtual"):
-        llm = LLM(tiny_vt, kv_cache_layout=layout, **kwargs)
+    # virtual-async: async scheduling plans a step while the previous one runs (and maps its chunks ahead).
+    for name, layout, extra in (("paged", "paged", {}), ("virtual-async", "virtual", {"async_scheduling": True}),
+                                ("virtual", "virtual", {})):
+        llm = LLM(tiny_vt, kv_cache_layout=layout, **kwargs, **extra)
         outs = _generate(llm, prompts)
         outs_n = _generate(llm, prompts[-3:], n=2)
         stats = llm.get_stats()
-        results[layout] = (outs, outs_n)
+        results[name] = (outs, outs_n)
         assert stats.prefix_cache_hits > 0
         if num_blocks == 24:
             assert stats.num_preemptions > 0
-    assert results["virtual"] == results["paged"]
+        if layout == "virtual":  # decodes crossed into chunks mapped ahead
+            assert _runner(llm).kv_space.num_chunks_found_mapped > 0
+    assert results["virtual"] == results["paged"] == results["virtual-async"]
     hf = AutoModelForCausalLM.from_pretrained(tiny_vt, dtype=torch.float32).eval()
     for p, out in zip(prompts[::4], results["virtual"][0][::4]):
         assert out[0] == hf_greedy(hf, p, 12)
@@ -164,6 +168,115 @@ def test_space_maps_reads_and_trims():
     space.trim()
     assert space.num_mapped_chunks() == 0 and space.mapped_regions() == 0 and memfd_mappings() == before
     assert space.range_view(0, 0)[0, :48].abs().sum() == 0
+
+
+def test_decode_finds_the_next_chunk_mapped_ahead(tiny_vt):
+    """In steady-state decode every step that crosses into a new chunk finds it mapped (by the background thread,
+    during the step before) and the step path maps nothing; the block mapped ahead is one the scheduler allocated
+    (a request holds the block of its next token); a finished request's chunk mapped ahead is unmapped with the rest."""
+    core = EngineCore(EngineArgs(tiny_vt, kv_cache_layout="virtual", block_size=BLOCK, max_model_len=256,
+                                 num_gpu_blocks_override=64).create_engine_config())
+    runner, sched = core.executor.model_runner, core.scheduler
+    space, ib = runner.kv_space, runner.input_batch
+    rng = np.random.default_rng(2)
+    # a ends holding a block allocated ahead (48 tokens computed); b's prompt fills 2 chunks, so its third is
+    # mapped ahead during its prefill; c crosses two chunk boundaries while decoding.
+    lengths = {"a": (30, 19), "b": (32, 40), "c": (47, 33)}
+    for rid, (prompt_len, max_tokens) in lengths.items():
+        sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        core.add_request(EngineCoreRequest(rid, rng.integers(3, 4000, prompt_len).tolist(), sp, None,
+                                           time.monotonic()))
+    core.step()  # every prompt in one step
+    assert all(r.num_computed_tokens == r.num_prompt_tokens for r in sched.running)
+    row_a = ib.req_id_to_row["a"]
+    before = (space.num_step_map_calls, space.num_chunks_mapped_on_step, space.num_chunks_found_mapped,
+              space.num_background_map_calls)
+    crossings = 0
+    while sched.has_unfinished_requests():
+        crossings += sum(r.num_computed_tokens % BLOCK == 0 for r in sched.running)  # this decode enters a chunk
+        core.step()
+        space.wait()
+        for r in sched.running:
+            blocks = sched.kv_cache_manager.get_block_ids(r.request_id)[0]
+            assert len(blocks) == -(-(r.num_computed_tokens + 1) // BLOCK)  # the next token's block is allocated
+            row = ib.req_id_to_row[r.request_id]
+            assert space.mapped[row, :len(blocks)].tolist() == blocks  # ... and mapped
+    assert crossings == 6  # a at 32; b at 32, 48, 64; c at 48, 64
+    assert space.num_chunks_found_mapped - before[2] == crossings
+    assert (space.num_step_map_calls, space.num_chunks_mapped_on_step) == before[:2]  # the step path mapped nothing
+    assert space.num_background_map_calls - before[3] == 2 * 2 * 6  # a's ahead 48 too, b's 32 was mapped at prefill
+    assert (space.mapped[row_a, :4] >= 0).all()  # a finished with 48 tokens: its fourth chunk was mapped ahead
+    core.executor.execute_model(sched.schedule())  # the runner hears that c finished: idle, all unmapped
+    assert space.num_mapped_chunks() == 0 and space.mapped_regions() == 0
+    pool = sched.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == pool.num_blocks - 1
+
+
+def test_prepare_step_maps_ahead_in_the_background():
+    """prepare_step maps what the step reads at once and the chunks allocated ahead in the background; the next step
+    that enters such a chunk counts it found mapped; with map_ahead_in_background off they are mapped at once."""
+    space = VirtualKVSpace(num_layers=2, num_blocks=8, block_size=BLOCK, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+                           dtype=torch.float32, num_slots=2, max_model_len=64)
+    space.pool.copy_(torch.randn_like(space.pool))
+    table = np.zeros((2, 4), dtype=np.int64)
+    table[0, :3] = [3, 4, 6]
+    table[1, :2] = [5, 1]
+    slots = np.array([0, 1])
+    # slot 0: 20 tokens cached, 12 new (chunks 0-1 read), block 6 allocated ahead; slot 1: 17 new tokens.
+    space.prepare_step(slots, table, first_new=np.array([2, 0]), need=np.array([2, 2]), have=np.array([3, 2]))
+    assert space.num_step_map_calls == 3 * 2 * 2  # runs (3, 4) of slot 0 and (5), (1) of slot 1, per layer and K/V
+    assert space.num_chunks_mapped_on_step == 2 and space.num_chunks_found_mapped == 0
+    space.wait()
+    assert space.num_background_map_calls == 2 * 2  # block 6 at chunk 2 of slot 0
+    for layer in range(2):
+        for kv in range(2):
+            assert torch.equal(space.range_view(layer, kv)[0, :48], space.pool[layer, kv, [3, 4, 6]].flatten(0, 1))
+    # slot 0 decodes token 32: it enters chunk 2, already mapped
+    space.prepare_step(slots[:1], table, first_new=np.array([2]), need=np.array([3]), have=np.array([3]))
+    assert space.num_chunks_found_mapped == 1 and space.num_step_map_calls == 3 * 2 * 2
+    space.map_ahead_in_background = False
+    table[1, 2] = 7
+    space.prepare_step(slots[1:], table, first_new=np.array([2]), need=np.array([2]), have=np.array([3]))
+    assert space.num_step_map_calls == 4 * 2 * 2 and space.num_background_map_calls == 2 * 2
+    assert space.mapped[1, :3].tolist() == [5, 1, 7]
+    space.release(0)
+    space.release(1)
+    space.trim()
+    assert space.num_mapped_chunks() == 0 and space.mapped_regions() == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_scheduler_allocates_one_block_ahead_from_the_pool(seed):
+    """kv_cache_layout="virtual": the scheduler holds the block of each running request's next token (one more than
+    paged at a block boundary), inside the same pool and accounting; everything is freed at the end."""
+    import random
+
+    from pagemill.config import CacheConfig, SchedulerConfig
+    from pagemill.core.kv_cache_utils import KVCacheConfig
+    from pagemill.core.scheduler import Scheduler
+    from tests.core.test_scheduler_invariants import run_random_workload
+
+    rng = random.Random(seed)
+    num_blocks, block_size = rng.choice([12, 20, 40]), rng.choice([2, 4, 8])
+    s = Scheduler(SchedulerConfig(max_num_seqs=rng.choice([2, 4, 16]), max_num_batched_tokens=rng.choice([8, 16, 64]),
+                                  max_model_len=(num_blocks - 1) * block_size),
+                  CacheConfig(block_size=block_size, kv_cache_layout="virtual"), KVCacheConfig(num_blocks, block_size))
+    assert s.num_lookahead_tokens == 1
+    schedule = s.schedule
+
+    def checked_schedule():
+        so = schedule()
+        for rid, n in so.num_scheduled_tokens.items():
+            req = s.requests[rid]  # num_computed_tokens already counts this step's tokens
+            table = s.kv_cache_manager.get_block_ids(rid)[0]
+            assert len(table) == -(-(req.num_computed_tokens + 1) // block_size)
+        return so
+
+    s.schedule = checked_schedule
+    run_random_workload(s, rng, steps=60, shared_len=12, max_suffix=20, max_tokens=16)  # invariants every step
+    pool = s.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == pool.num_blocks - 1
+    assert not any(g.req_to_blocks for g in s.kv_cache_manager.groups)
 
 
 def test_bad_options_name_the_layout(tiny_vt, monkeypatch):
