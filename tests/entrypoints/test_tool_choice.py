@@ -84,7 +84,6 @@ def test_constraint_errors_name_the_fields(fields, param):
     ({"structured_outputs": {"regex": 5}}, "regex"),
     ({"structured_outputs": {"choice": []}}, "choice"),
     ({"guided_choice": []}, "guided_choice"),
-    ({"structured_outputs": {"backend": "xgrammar"}}, "backend"),
     ({"response_format": {"type": "yaml"}}, "type"),
     ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "name"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "name"),
@@ -97,6 +96,12 @@ def test_malformed_fields_fail_validation(fields, loc):
     with pytest.raises(ValidationError) as e:
         chat(**fields)
     assert any(loc in map(str, err["loc"]) for err in e.value.errors()), e.value.errors()
+
+
+def test_unknown_nested_keys_are_ignored():
+    """vLLM's lenient parsing: an unknown key inside structured_outputs is dropped (and logged), not an error."""
+    request = chat(structured_outputs={"regex": "a+", "backend": "xgrammar"})
+    assert request.structured_outputs.regex == "a+" and request.structured_outputs.ignored_fields == ["backend"]
 
 
 def test_tool_plan_choices():
