@@ -1,5 +1,6 @@
 """Tensor parallelism on one host: TP=2 (one thread per rank) vs TP=1 (the same cores as threads), decode tok/s and
-the share of a step the ranks spend in all-reduce / all-gather (timed inside the worker processes).
+the share of a step the ranks spend in all-reduce / all-gather (timed inside the worker processes); each TP=2 engine
+with the shared-memory collectives and with gloo only (`--collectives`).
 
     python benchmarks/tp_scaling.py --save-result results/tp_scaling.json
 
@@ -9,6 +10,7 @@ The model is a random float32 Llama built by transformers (SmolLM2's 9 heads do 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -18,16 +20,18 @@ import torch
 
 from pagemill import LLM, SamplingParams
 from pagemill.benchmarks.report import environment_info, save_result
+from pagemill.distributed.shm_communicator import ENABLE_ENV as SHM_ENV
 
 _COLLECTIVE_SECONDS = [0.0]
 
 
 def install_collective_timer(model: Any) -> int:
-    """In a worker: time every torch.distributed all_reduce / all_gather from now on (runs via apply_model)."""
-    import torch.distributed as dist
+    """In a worker: time every tensor-parallel all_reduce / all_gather (shared memory or gloo) from now on (runs via
+    apply_model)."""
+    from pagemill.distributed.group_coordinator import GroupCoordinator
 
     for name in ("all_reduce", "all_gather"):
-        original = getattr(dist, name)
+        original = getattr(GroupCoordinator, name)
         if getattr(original, "_timed", False):
             continue
 
@@ -39,7 +43,7 @@ def install_collective_timer(model: Any) -> int:
                 _COLLECTIVE_SECONDS[0] += time.perf_counter() - start
 
         timed._timed = True
-        setattr(dist, name, timed)
+        setattr(GroupCoordinator, name, timed)
     _COLLECTIVE_SECONDS[0] = 0.0
     return 0
 
@@ -96,17 +100,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2, help="cores: TP=1 uses them as threads, TP=2 one per rank")
     ap.add_argument("--tp-sizes", default="1,2,1", help="engines to run, in order (1 again: the noise)")
+    ap.add_argument("--collectives", default="shm,gloo",
+                    help="each TP=2 engine once per entry: shm (shared memory where it fits) or gloo only")
     ap.add_argument("--save-result", default=None)
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batch_sizes.split(",")]
+    if not set(args.collectives.split(",")) <= {"shm", "gloo"}:
+        ap.error(f"--collectives: a comma-separated list of shm and gloo, got {args.collectives!r}")
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as root:
         path = build_model(root, args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate, args.vocab)
-        for run, tp in enumerate(int(t) for t in args.tp_sizes.split(",")):
+        runs = [(int(t), mode) for t in args.tp_sizes.split(",")
+                for mode in (args.collectives.split(",") if int(t) > 1 else [""])]
+        for run, (tp, mode) in enumerate(runs):
             engine = dict(kv_cache_memory="256MiB", max_model_len=1024)
             if tp == 1:
                 llm = LLM(path, num_threads=args.threads, **engine)
             else:
+                os.environ[SHM_ENV] = "0" if mode == "gloo" else "1"  # read by the worker processes
                 llm = LLM(path, tensor_parallel_size=2, num_threads=args.threads // 2, **engine)
                 llm.apply_model(install_collective_timer)
             for b in batches:
@@ -116,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                     per_rank = llm.apply_model(read_collective_timer)
                     row["collective_s_per_rank"] = [round(s, 3) for s in per_rank]
                     row["collective_share"] = [round(s / seconds, 3) for s in per_rank]
-                rows[f"run{run}_tp{tp}_batch{b}"] = row
-                print(f"TP={tp} batch {b}: {rate:.1f} tok/s ({seconds:.2f} s)", row, flush=True)
+                rows[f"run{run}_tp{tp}{'_' + mode if mode else ''}_batch{b}"] = row
+                print(f"TP={tp} {mode} batch {b}: {rate:.1f} tok/s ({seconds:.2f} s)", row, flush=True)
             if tp == 2:
                 llm.llm_engine.engine_core.shutdown()
             del llm

@@ -22,7 +22,7 @@ class ParallelContext:
     tp_size: int = 1
     pp_rank: int = 0
     pp_size: int = 1
-    tp_group: Any = None  # the torch.distributed group of this stage's tensor-parallel ranks (None: one rank)
+    tp_group: Any = None  # GroupCoordinator of this stage's tensor-parallel ranks (None: one rank)
 
     @property
     def rank(self) -> int:
@@ -72,14 +72,20 @@ def layer_range(num_layers: int, pp_rank: int, pp_size: int) -> tuple[int, int]:
 
 def init_distributed(rank: int, tp_size: int, pp_size: int, init_method: str,
                      timeout_s: float = 600.0) -> ParallelContext:
-    """Join the gloo process group of all ranks and build this rank's tensor-parallel group."""
+    """Join the gloo process group of all ranks and build this rank's tensor-parallel group (its collectives through
+    shared memory where the group's ranks share a host: see shm_communicator)."""
+    from pagemill.distributed.group_coordinator import GroupCoordinator
+    from pagemill.distributed.shm_communicator import create_shm_communicator
+
     world = tp_size * pp_size
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
     pp_rank, tp_rank = divmod(rank, tp_size)
     tp_group = None
     for stage in range(pp_size):  # every rank creates every group (torch.distributed's rule), keeps its own
-        group = dist.new_group(list(range(stage * tp_size, (stage + 1) * tp_size))) if tp_size > 1 else None
-        if stage == pp_rank:
-            tp_group = group
+        ranks = list(range(stage * tp_size, (stage + 1) * tp_size))
+        group = dist.new_group(ranks) if tp_size > 1 else None
+        if stage == pp_rank and group is not None:
+            shm = create_shm_communicator(group, tp_rank, tp_size, timeout_s)
+            tp_group = GroupCoordinator(ranks, tp_rank, group, shm)
     return ParallelContext(tp_rank, tp_size, pp_rank, pp_size, tp_group)

@@ -38,6 +38,7 @@ X86_VARIANTS: dict[str, list[str]] = {
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "generic": ["-march=x86-64", "-mtune=generic"],
 }
+_SYSTEM_LIBS = ["-lrt"] if sys.platform.startswith("linux") else []  # shm_open on glibc < 2.34
 _VARIANT_CFLAGS = ["-O3", "-fPIC", "-std=c++17", "-fopenmp", "-ffast-math", "-fno-exceptions", "-Wall"]
 
 _module: ModuleType | None = None
@@ -55,7 +56,7 @@ def _variant_sources() -> list[str]:
 
 
 def _binding_sources() -> list[str]:
-    return [os.path.join(_CSRC, "bindings.cpp"), os.path.join(_CSRC, "packing.cpp")]
+    return [os.path.join(_CSRC, name) for name in ("bindings.cpp", "packing.cpp", "shm_comm.cpp")]
 
 
 def build_dir() -> str:
@@ -119,7 +120,7 @@ def build(verbose: bool = False) -> str:
         ext_dir = os.path.join(directory, "ext")
         os.makedirs(ext_dir, exist_ok=True)
         load(name=MODULE_NAME, sources=_binding_sources(), build_directory=ext_dir,
-             extra_cflags=["-O3"], extra_ldflags=[*objects, "-fopenmp"], extra_include_paths=[_CSRC],
+             extra_cflags=["-O3"], extra_ldflags=[*objects, "-fopenmp", *_SYSTEM_LIBS], extra_include_paths=[_CSRC],
              verbose=verbose)
     except Exception as e:  # remembered, so no later process tries again
         with open(_error_path(directory), "w", encoding="utf-8") as f:

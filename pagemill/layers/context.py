@@ -27,7 +27,7 @@ class LayerContext:
     attn_backend: AttentionBackend
     tp_rank: int = 0
     tp_size: int = 1
-    tp_group: Any = None  # the torch.distributed group the row-parallel all-reduces run in
+    tp_group: Any = None  # the GroupCoordinator the row-parallel all-reduces run in
     pp_rank: int = 0
     pp_size: int = 1
 

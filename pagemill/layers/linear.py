@@ -190,7 +190,7 @@ class RowParallelLinear(LinearBase):
         """x [T, in / tp] -> [T, out], summed over ranks."""
         out = self.quant_method.apply(self, x)
         if self.tp_size > 1:
-            torch.distributed.all_reduce(out, group=self.tp_group)
+            self.tp_group.all_reduce(out)
         return out
 
     def process_weights_after_loading(self) -> None:

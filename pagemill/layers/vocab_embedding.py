@@ -45,7 +45,7 @@ class VocabParallelEmbedding(nn.Module):
         mine = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
         out = F.embedding(torch.where(mine, input_ids - self.vocab_start, 0), self.weight)
         out.masked_fill_(~mine[:, None], 0)
-        torch.distributed.all_reduce(out, group=self.tp_group)
+        self.tp_group.all_reduce(out)
         return out
 
 
@@ -101,7 +101,5 @@ class ParallelLMHead(nn.Module):
         """[N, hidden] -> [N, vocab] logits in the hidden states' dtype (gathered over ranks)."""
         logits = self.quant_method.apply(self, hidden).to(hidden.dtype)
         if self.tp_size > 1:
-            parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
-            torch.distributed.all_gather(parts, logits.contiguous(), group=self.tp_group)
-            logits = torch.cat(parts, dim=-1)
+            logits = self.tp_group.all_gather(logits)
         return logits

@@ -63,7 +63,7 @@ class LinearWithLoRA(nn.Module):
             for a, b, slot in m.runs:
                 y[a:b].addmm_(torch.mm(x[a:b], self.lora_a[slot]), self.lora_b[slot])
         if self._reduce:
-            torch.distributed.all_reduce(y)
+            base.tp_group.all_reduce(y)
         return y
 
     def check(self, module: str, shards: list[int], w: LoRAModuleWeights) -> None:
