@@ -119,6 +119,8 @@ def two_node_cluster() -> Iterator[tuple[TwoNamespaces, dict[str, str]]]:
                    RAY_ADDRESS=f"{nets.head_ip}:{GCS_PORT}", RAY_USAGE_STATS_ENABLED="0",
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         env.pop("GLOO_SOCKET_IFNAME", None)
+        # The two "nodes" share this host's /dev/shm, which real nodes do not: keep the collectives on the network.
+        env["PAGEMILL_CPU_SHM_ALLREDUCE"] = "0"
         env["PM_RAY_LOGS"] = os.pathsep.join(os.path.join(t, "ray_start.log") for t in tmp)
         common = ["--block", "--num-cpus=1", "--disable-usage-stats"]
         logs = [open(os.path.join(t, "ray_start.log"), "w") for t in tmp]
