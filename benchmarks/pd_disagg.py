@@ -16,40 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 
-import httpx
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pagemill.benchmarks.llama_cpp import free_port, wait_http_ready
 
 
 def cli(*args: str) -> list[str]:
     """A `pagemill` command line run with this interpreter."""
     return [sys.executable, "-m", "pagemill.entrypoints.cli", *args]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
-    """Block until GET url/health answers 200 (fail if the process exits)."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise SystemExit(f"{' '.join(proc.args)} exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"{url} not healthy after {timeout_s} s")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, cmd in procs.items():
             running[name] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL if name == "proxy" else None)
         for name, proc in running.items():
-            wait_healthy(url[name], proc)
+            wait_http_ready(url[name] + "/health", proc, 300.0, name)
         bench = cli("bench", "serve", "--base-url", url["proxy"], "--label", f"P/D ({args.connector})",
                     "--baseline-base-url", url["colocated"], "--baseline-label", "colocated",
                     "--dataset-name", args.dataset_name, "--num-prompts", str(args.num_prompts),

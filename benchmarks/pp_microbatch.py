@@ -12,24 +12,13 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from typing import Any
 
-from pagemill import LLM, SamplingParams
+from pagemill import LLM
 from pagemill.benchmarks.report import environment_info, save_result
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from tp_scaling import build_model  # noqa: E402
-
-
-def rate(llm: LLM, batch: int, input_len: int, output_len: int) -> tuple[float, float]:
-    """(output tok/s, seconds) of `batch` requests after a short warm-up."""
-    prompts = [{"prompt_token_ids": [100 + (i * 7 + j) % 3000 for j in range(input_len)]} for i in range(batch)]
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
-    start = time.perf_counter()
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True), use_tqdm=False)
-    seconds = time.perf_counter() - start
-    return batch * output_len / seconds, seconds
+from tp_scaling import add_model_args, build_model, decode_rate  # noqa: E402
 
 
 def set_micro_batching(llm: LLM, on: bool) -> None:
@@ -44,16 +33,7 @@ def set_micro_batching(llm: LLM, on: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Measure PP=2 with and without micro-batches, and PP=1, side by side."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--intermediate", type=int, default=2816)
-    ap.add_argument("--vocab", type=int, default=49152)
-    ap.add_argument("--batch-sizes", default="1,8,32")
-    ap.add_argument("--input-len", type=int, default=32)
-    ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2, help="cores: PP=1 uses them as threads, PP=2 one per stage")
+    add_model_args(ap, "1,8,32", "cores: PP=1 uses them as threads, PP=2 one per stage")
     ap.add_argument("--save-result", default=None)
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batch_sizes.split(",")]
@@ -67,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             set_micro_batching(llm, on)
             for b in batches:
                 executor.steps.max_in_flight = 0
-                tok_s, seconds = rate(llm, b, args.input_len, args.output_len)
+                tok_s, seconds = decode_rate(llm, b, args.input_len, args.output_len, 1)
                 key = f"pp2_{'micro' if on else 'single'}_batch{b}"
                 rows[key] = {"tok_s": round(tok_s, 1), "seconds": round(seconds, 3),
                              "max_in_flight": executor.steps.max_in_flight}
@@ -76,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         del llm
         llm = LLM(path, num_threads=args.threads, **engine)
         for b in batches:
-            tok_s, seconds = rate(llm, b, args.input_len, args.output_len)
+            tok_s, seconds = decode_rate(llm, b, args.input_len, args.output_len, 1)
             rows[f"pp1_batch{b}"] = {"tok_s": round(tok_s, 1), "seconds": round(seconds, 3)}
             print(f"pp1_batch{b}", rows[f"pp1_batch{b}"], flush=True)
     result = {"args": vars(args), "rows": rows, "env": environment_info()}

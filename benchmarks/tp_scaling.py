@@ -71,6 +71,20 @@ def build_model(root: str, hidden: int, layers: int, heads: int, kv_heads: int, 
     return root
 
 
+def add_model_args(ap: argparse.ArgumentParser, batch_sizes: str, threads_help: str) -> None:
+    """The random Llama's shape and the run's sizes (shared with benchmarks/pp_microbatch.py)."""
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--intermediate", type=int, default=2816)
+    ap.add_argument("--vocab", type=int, default=49152)
+    ap.add_argument("--batch-sizes", default=batch_sizes)
+    ap.add_argument("--input-len", type=int, default=32)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2, help=threads_help)
+
+
 def decode_rate(llm: LLM, batch: int, input_len: int, output_len: int, tp: int) -> tuple[float, float]:
     """(decode tok/s, seconds) of `batch` requests generating `output_len` tokens after a warm-up (which the
     collective timers of a TP engine do not count)."""
@@ -89,16 +103,7 @@ def decode_rate(llm: LLM, batch: int, input_len: int, output_len: int, tp: int) 
 def main(argv: list[str] | None = None) -> int:
     """Measure TP=1 (2 threads) and TP=2 (1 thread per rank) side by side."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--intermediate", type=int, default=2816)
-    ap.add_argument("--vocab", type=int, default=49152)
-    ap.add_argument("--batch-sizes", default="1,8")
-    ap.add_argument("--input-len", type=int, default=32)
-    ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2, help="cores: TP=1 uses them as threads, TP=2 one per rank")
+    add_model_args(ap, "1,8", "cores: TP=1 uses them as threads, TP=2 one per rank")
     ap.add_argument("--tp-sizes", default="1,2,1", help="engines to run, in order (1 again: the noise)")
     ap.add_argument("--collectives", default="shm,gloo",
                     help="each TP=2 engine once per entry: shm (shared memory where it fits) or gloo only")

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import torch
 
 from pagemill.distributed.kv_transfer.kv_transfer_config import KVTransferConfig
+from pagemill.utils.config_json import config_from_user
 
 logger = logging.getLogger(__name__)
 
@@ -252,20 +253,7 @@ class SpeculativeConfig:
         Unknown keys raise a ValueError naming them."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            import json
-
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"speculative_config is not valid JSON: {e}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative_config must be a dict or its JSON text, got {type(value).__name__}.")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"speculative_config has unknown keys {unknown}; known: {sorted(known)}.")
-        return cls(**value)
+        return config_from_user(cls, value, "speculative_config")
 
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -208,12 +208,9 @@ class Scheduler:
         elif self.config.policy in SRTF_POLICIES:  # the running request the policy would serve last
             victim = self.waiting.victim(candidates)
         else:
-            return self.running.pop() if candidates is self.running else self._remove_running(candidates[-1])
-        return self._remove_running(victim)
-
-    def _remove_running(self, req: Request) -> Request:
-        self.running.remove(req)
-        return req
+            victim = candidates[-1]  # fcfs: the latest arrival
+        self.running.remove(victim)
+        return victim
 
     def schedule(self) -> SchedulerOutput:
         """Plan one step within the token budget, preempting by recompute when blocks run out."""
@@ -521,7 +518,8 @@ class Scheduler:
     def update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Append sampled tokens, check stop conditions, free finished requests; one output per request."""
         outputs, self._failed_outputs = self._failed_outputs, []
-        self.in_flight.difference_update(sched.num_scheduled_tokens)
+        if self.in_flight:
+            self.in_flight.difference_update(sched.num_scheduled_tokens)
         if out.draft_cost is not None:
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * out.draft_cost
         for rid in sched.num_scheduled_tokens:

@@ -94,11 +94,7 @@ class EngineCore:
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs([], self.make_stats(), time.monotonic())
         so = self._schedule()
-        out = self.executor.execute_model(so)
-        outputs = self._update(so, out)
-        if so.total_num_scheduled_tokens == 0 and self.structured_output_manager.num_live:
-            self.structured_output_manager.wait_for_compiles(0.01)  # only grammar-waiting requests: do not spin
-        return self._step_outputs(outputs)
+        return self._step_outputs(self._update(so, self.executor.execute_model(so)))
 
     def step_with_batch_queue(self) -> EngineCoreOutputs:
         """vLLM's step with a batch queue (pipeline micro-batches): while the queue has room, schedule a batch and
@@ -114,8 +110,6 @@ class EngineCore:
                 queue.append((self.executor.execute_model(so, non_block=True), so))
             elif not queue:  # nothing to run anywhere: report failed grammars, wait for compiles
                 outputs = self._update(so, ModelRunnerOutput({}))
-                if self.structured_output_manager.num_live:
-                    self.structured_output_manager.wait_for_compiles(0.01)
         if not scheduled and queue:
             future, so = queue.popleft()
             outputs = self._update(so, future.result())
@@ -139,10 +133,7 @@ class EngineCore:
         future, so = queue.popleft()
         with self.profiler.section("wait"):  # the engine thread idle until the oldest step's output is there
             out = future.result()
-        outputs = self._update(so, out)
-        if so.total_num_scheduled_tokens == 0 and self.structured_output_manager.num_live:
-            self.structured_output_manager.wait_for_compiles(0.01)  # only grammar-waiting requests: do not spin
-        return self._step_outputs(outputs)
+        return self._step_outputs(self._update(so, out))
 
     def _drain(self) -> None:
         """Async scheduling: wait until no step is in flight (outputs, or a step's error, stay queued for step()),
@@ -168,6 +159,8 @@ class EngineCore:
             outputs = self.scheduler.update_from_output(so, out)
         if self._retiring_loras:
             self._retire_loras()
+        if so.total_num_scheduled_tokens == 0 and self.structured_output_manager.num_live:
+            self.structured_output_manager.wait_for_compiles(0.01)  # only grammar-waiting requests: do not spin
         return outputs
 
     def _step_outputs(self, outputs: list[EngineCoreOutput]) -> EngineCoreOutputs:

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from pagemill.utils.config_json import config_from_user
+
 RUNNERS = ("auto", "generate", "pooling")
 POOLING_TYPES = ("CLS", "MEAN", "LAST")
 # Architectures that only pool, and their head: embed (hidden states) or classify (a classifier's logits). All are
@@ -61,17 +63,7 @@ class PoolerConfig:
             return cls()
         if isinstance(value, PoolerConfig):
             return cls(pooling_type=value.pooling_type, normalize=value.normalize)
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"pooler_config is not valid JSON: {e}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"pooler_config must be a dict or its JSON text, got {type(value).__name__}.")
-        unknown = sorted(set(value) - {"pooling_type", "normalize"})
-        if unknown:
-            raise ValueError(f"pooler_config has unknown keys {unknown}; known: ['normalize', 'pooling_type'].")
-        return cls(**value)
+        return config_from_user(cls, value, "pooler_config", {"pooling_type", "normalize"})
 
 
 def architecture(hf_config: Any) -> str:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
+
+from pagemill.utils.config_json import config_from_user
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 # Connectors by name (kv_transfer/factory.py maps them to their classes).
@@ -56,15 +57,4 @@ class KVTransferConfig:
         Unknown keys raise a ValueError naming them."""
         if value is None or isinstance(value, KVTransferConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"kv_transfer_config is not valid JSON: {e}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"kv_transfer_config must be a dict or its JSON text, got {type(value).__name__}.")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"kv_transfer_config has unknown keys {unknown}; known: {sorted(known)}.")
-        return cls(**value)
+        return config_from_user(cls, value, "kv_transfer_config")

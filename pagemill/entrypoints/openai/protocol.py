@@ -6,6 +6,7 @@ As in vLLM, a request field this server does not know is ignored with a warning 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -50,6 +51,12 @@ def find_unusable_value(body: Any) -> tuple[str, str] | None:
     return None
 
 
+@functools.cache
+def _field_keys(cls: type[BaseModel]) -> frozenset[str]:
+    """The keys a request model takes: its field names and their aliases."""
+    return frozenset(n for name, f in cls.model_fields.items() for n in (name, f.alias) if n)
+
+
 class OpenAIBaseModel(BaseModel):
     """Base of all request models: unknown fields are ignored with a warning (vLLM's behaviour), values must have
     the documented JSON type (strict: no "true" for a boolean, no 1.0 for an integer), floats must be finite,
@@ -74,20 +81,12 @@ class OpenAIBaseModel(BaseModel):
         """Log the keys of `data` that are not fields of this model (they are dropped) and keep their names."""
         result = handler(data)
         if isinstance(data, dict) and isinstance(result, OpenAIBaseModel) and cls.model_config.get("extra") == "ignore":
-            known = cls._known_keys()
+            known = _field_keys(cls)
             ignored = [str(k) for k in data if k not in known]
             if ignored:
                 logger.warning("The following fields were present in the request but ignored: %s", ignored)
                 result._ignored_fields = ignored
         return result
-
-    @classmethod
-    def _known_keys(cls) -> frozenset[str]:
-        keys = cls.__dict__.get("_known_keys_cache")
-        if keys is None:
-            keys = frozenset(n for name, f in cls.model_fields.items() for n in (name, f.alias) if n)
-            cls._known_keys_cache = keys  # type: ignore[attr-defined]
-        return keys
 
     @property
     def ignored_fields(self) -> list[str]:

@@ -14,7 +14,6 @@ from fastapi.responses import Response, StreamingResponse
 from pagemill.engine.async_llm import AsyncLLM
 from pagemill.engine.core_client import EngineDeadError
 from pagemill.entrypoints.openai.errors import OpenAIError
-from pagemill.beam_search import BeamSearchParams
 from pagemill.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs_json
 from pagemill.entrypoints.openai.prompt_preparer import PromptPreparer
 from pagemill.entrypoints.openai.protocol import (AssistantMessage, ChatCompletionRequest, ChatCompletionResponse,
@@ -105,11 +104,7 @@ class OpenAIServingChat(OpenAIServing):
         request_id = random_id("chatcmpl")
         outputs: AsyncIterator[RequestOutput]
         if request.use_beam_search:
-            beam = BeamSearchParams(beam_width=request.n, max_tokens=max_tokens or self.max_model_len - len(prompt_ids),
-                                    ignore_eos=request.ignore_eos, temperature=request.temperature or 0.0,
-                                    length_penalty=request.length_penalty,
-                                    include_stop_str_in_output=request.include_stop_str_in_output)
-            outputs = self._beam_search(prompt_ids, request_id, beam, lora_request)
+            outputs = self.beam_search(request_id, prompt_ids, request, max_tokens, lora_request)
         else:
             collector = self.add_request(request_id, prompt_ids, params, request, "messages", constraint=constraint,
                                          lora_request=lora_request)
@@ -120,18 +115,8 @@ class OpenAIServingChat(OpenAIServing):
                 self._stream(request, request_id, outputs, model, created, prompt_ids, plan.parser,
                              constraint), [request_id])
             return StreamingResponse(stream, media_type="text/event-stream")
-        final: RequestOutput | None = None
-        try:
-            async for out in outputs:
-                final = out
-        except ValueError as e:
-            raise self.request_error(e, request, "messages", constraint) from e
-        assert final is not None
+        final = await self.final_output(outputs, request, "messages", constraint)
         return json_response(self._response(request, final, request_id, model, created, plan.parser))
-
-    async def _beam_search(self, prompt_ids: list[int], request_id: str, params: BeamSearchParams,
-                           lora_request: object) -> AsyncIterator[RequestOutput]:
-        yield await self.engine.beam_search(prompt_ids, request_id, params, lora_request)  # type: ignore[arg-type]
 
     @staticmethod
     def _message(c: CompletionOutput, parser: ToolParser | None) -> tuple[AssistantMessage, str | None]:

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from fastapi.responses import Response, StreamingResponse
 
-from pagemill.beam_search import BeamSearchParams
 from pagemill.engine.core_client import EngineDeadError
 from pagemill.entrypoints.openai.errors import OpenAIError
 from pagemill.entrypoints.openai.logprobs import completion_logprobs, prompt_logprobs_json
@@ -71,14 +70,6 @@ class OpenAIServingCompletion(OpenAIServing):
             prompts.append(Prompt(text, kept))
         return prompts
 
-    async def _beam_search(self, request_id: str, prompt: Prompt, request: CompletionRequest,
-                           lora_request: object) -> AsyncIterator[RequestOutput]:
-        max_tokens = request.max_tokens or self.max_model_len - len(prompt.token_ids)
-        params = BeamSearchParams(beam_width=request.n, max_tokens=max_tokens, ignore_eos=request.ignore_eos,
-                                  temperature=request.temperature or 0.0, length_penalty=request.length_penalty,
-                                  include_stop_str_in_output=request.include_stop_str_in_output)
-        yield await self.engine.beam_search(prompt.token_ids, request_id, params, lora_request)  # type: ignore[arg-type]
-
     async def create_completion(self, request: CompletionRequest) -> Response:
         """Validate, start one request per prompt, and answer (streamed or not)."""
         model = self.models.resolve(request.model)
@@ -98,7 +89,8 @@ class OpenAIServingCompletion(OpenAIServing):
         ids = [f"{base_id}-{i}" for i in range(len(prompts))]
         iterators: list[AsyncIterator[RequestOutput]]
         if request.use_beam_search:
-            iterators = [self._beam_search(rid, p, request, lora_request) for rid, p in zip(ids, prompts)]
+            iterators = [self.beam_search(rid, p.token_ids, request, request.max_tokens, lora_request)
+                         for rid, p in zip(ids, prompts)]
         else:
             collectors = []
             try:

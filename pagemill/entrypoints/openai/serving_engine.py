@@ -9,6 +9,7 @@ import weakref
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
+from pagemill.beam_search import BeamSearchParams
 from pagemill.engine.async_llm import AsyncLLM, RequestOutputCollector
 from fastapi.responses import Response
 from pydantic import BaseModel
@@ -192,6 +193,15 @@ class OpenAIServing:
                 err.param = field_aliases[err.param]
             raise err from e
 
+    async def beam_search(self, request_id: str, prompt_ids: list[int], request: SamplingRequest,
+                          max_tokens: int | None, lora_request: LoRARequest | None) -> AsyncIterator[RequestOutput]:
+        """`use_beam_search`: the `n` best beams as one final output (an iterator, like a streamed request's)."""
+        params = BeamSearchParams(beam_width=request.n, max_tokens=max_tokens or self.max_model_len - len(prompt_ids),
+                                  ignore_eos=request.ignore_eos, temperature=request.temperature or 0.0,
+                                  length_penalty=request.length_penalty,
+                                  include_stop_str_in_output=request.include_stop_str_in_output)
+        yield await self.engine.beam_search(prompt_ids, request_id, params, lora_request)
+
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     request: SamplingRequest, prompt_param: str, prompt_text: str | None = None,
                     constraint: OutputConstraint | None = None,
@@ -222,12 +232,12 @@ class OpenAIServing:
                 err.message = f"{err.param}: {message}"
         return err
 
-    async def final_output(self, request_id: str, collector: RequestOutputCollector, request: SamplingRequest,
+    async def final_output(self, outputs: AsyncIterator[RequestOutput], request: SamplingRequest,
                            default_param: str | None, constraint: OutputConstraint | None) -> RequestOutput:
         """The last output of a non-streamed request; a ValueError the engine reports later becomes a 400."""
         final: RequestOutput | None = None
         try:
-            async for out in self.engine.iterate(request_id, collector):
+            async for out in outputs:
                 final = out
         except ValueError as e:
             raise self.request_error(e, request, default_param, constraint) from e

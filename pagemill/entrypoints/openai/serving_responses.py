@@ -161,7 +161,7 @@ class OpenAIServingResponses(OpenAIServing):
             stream = self._stream(request, sampling, base, collector, conversation, constraint)
             return StreamingResponse(self.release_when_dropped(stream, [rid]), media_type="text/event-stream")
         with responses_field_names():
-            final = await self.final_output(rid, collector, sampling, "input", constraint)
+            final = await self.final_output(self.engine.iterate(rid, collector), sampling, "input", constraint)
         c = final.outputs[0]
         done = self._finish(base, c.text, self._logprobs(request, c), c.finish_reason, len(final.prompt_token_ids),
                             len(c.token_ids), final.num_cached_tokens)
