@@ -140,10 +140,12 @@ def run_structured_throughput(args: argparse.Namespace, model: str) -> dict[str,
     return payload
 
 
-def add_structured_output_args(parser: argparse.ArgumentParser) -> None:
-    """The `--structured-output` flag."""
+def add_structured_output_args(parser: argparse.ArgumentParser, serve: bool = False) -> None:
+    """The `--structured-output` flag (of `bench throughput`, or of `bench serve` with `serve`)."""
+    where = ("sent to the server's chat endpoint with vLLM's structured_outputs field (the rate, concurrency and "
+             "SLO flags apply to both runs)" if serve else
+             "pagemill only (use --engine-arg structured_outputs_backend=... for a backend)")
     parser.add_argument("--structured-output", choices=STRUCTURED_OUTPUT_KINDS, default=None,
                         help="benchmark constrained decoding on a built-in request set (json, regex or choice), "
                              "with and without the constraints; --num-prompts requests, at most "
-                             "--random-output-len tokens each; pagemill only (use --engine-arg "
-                             "structured_outputs_backend=... for a backend)")
+                             f"--random-output-len tokens each; {where}")
