@@ -80,7 +80,8 @@ def run_structured_serve(args: argparse.Namespace) -> dict[str, Any]:
              "output_throughput": c["output_throughput"] / max(u["output_throughput"], 1e-12)}
     print(f"grammars ({len(distinct)} distinct), one token each: {compile_s:.3f} s compiling, {cached_s:.3f} s cached")
     print(f"structured output ({kind}): mean TPOT {c['tpot_ms']['mean']:.2f} ms vs {u['tpot_ms']['mean']:.2f} ms "
-          f"unconstrained ({100 * (ratio['mean_tpot'] - 1):+.1f}%), output throughput {ratio['output_throughput']:.2f}x; "
+          f"unconstrained ({100 * (ratio['mean_tpot'] - 1):+.1f}%), output throughput "
+          f"{ratio['output_throughput']:.2f}x; "
           f"valid {c['valid_outputs']}/{len(items)}")
     payload = {"benchmark": "serve", "structured_output": kind, "config": config_dict(args),
                "environment": {**environment_info(), "load_avg_1m_at_start": load_at_start},

@@ -48,5 +48,6 @@ def test_throughput_run_reports_the_median_of_interleaved_iterations(tmp_path):
     with_so, without = payload["results"]["constrained"], payload["results"]["unconstrained"]
     assert len(with_so["iterations"]) == len(without["iterations"]) == 2
     assert with_so["valid_outputs"] == 4
-    assert all(r["total_output_tokens"] == with_so["total_output_tokens"] for r in with_so["iterations"] + without["iterations"])
+    runs = with_so["iterations"] + without["iterations"]
+    assert all(r["total_output_tokens"] == with_so["total_output_tokens"] for r in runs)
     assert payload["ratio"]["mean_tpot"] == pytest.approx(with_so["mean_tpot_ms"] / without["mean_tpot_ms"])
