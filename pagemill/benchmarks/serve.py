@@ -52,8 +52,10 @@ async def run_load(samples: Sequence[SampleRequest], url: str, model: str, chat:
                    request_rate: float, burstiness: float, max_concurrency: int | None,
                    ignore_eos: bool, temperature: float, seed: int,
                    extra_body: dict[str, Any] | None = None,
-                   disable_tqdm: bool = False) -> tuple[list[RequestResult], float]:
-    """Send every sample on its arrival schedule; return per-request results and wall time."""
+                   disable_tqdm: bool = False,
+                   per_request_bodies: Sequence[dict[str, Any]] | None = None) -> tuple[list[RequestResult], float]:
+    """Send every sample on its arrival schedule; return per-request results and wall time. `per_request_bodies`:
+    fields merged into each sample's own request (after `extra_body`)."""
     import aiohttp
     from tqdm.asyncio import tqdm
 
@@ -66,9 +68,10 @@ async def run_load(samples: Sequence[SampleRequest], url: str, model: str, chat:
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         start = time.perf_counter()
 
-        async def one(sample: SampleRequest, offset: float) -> RequestResult:
+        async def one(sample: SampleRequest, offset: float, body: dict[str, Any] | None) -> RequestResult:
             await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
             payload = build_payload(sample, model, chat, ignore_eos, temperature, extra_body)
+            payload.update(body or {})
             if semaphore is None:
                 result = await send_request(session, url, payload, sample.prompt_len, chat)
             else:
@@ -77,7 +80,8 @@ async def run_load(samples: Sequence[SampleRequest], url: str, model: str, chat:
             progress.update(1)
             return result
 
-        results = await asyncio.gather(*(one(s, t) for s, t in zip(samples, offsets)))
+        bodies = per_request_bodies or [None] * len(samples)
+        results = await asyncio.gather(*(one(s, t, b) for s, t, b in zip(samples, offsets, bodies)))
         duration = time.perf_counter() - start
     progress.close()
     return list(results), duration
@@ -237,6 +241,10 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     Each rate of a sweep gets its own prompts (seed + index) so that a server's prefix cache
     cannot reuse an earlier run's prompts; every target sees the same prompts per rate.
     """
+    if getattr(args, "structured_output", None):
+        from pagemill.benchmarks.serve_structured import run_structured_serve
+
+        return run_structured_serve(args)
     load_at_start = check_machine_idle()
     tokenizer = load_hf_tokenizer(tokenizer_source(args))
     rates = _rates(args)
@@ -347,6 +355,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disable-tqdm", action="store_true")
     from pagemill.benchmarks.serve_peer import add_compare_args
     from pagemill.benchmarks.serve_policies import add_policy_args
+    from pagemill.benchmarks.structured_output import add_structured_output_args
 
+    add_structured_output_args(parser, serve=True)
     add_compare_args(parser)
     add_policy_args(parser)

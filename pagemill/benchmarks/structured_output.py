@@ -2,8 +2,9 @@
 
 One command runs a small built-in set of constrained requests twice on one engine: with their constraints
 (greedy, ending when the grammar completes), then without, each request asked for exactly the tokens its
-constrained run produced (ignore_eos), so both runs decode the same number of tokens. Reports output tok/s,
-mean TPOT, the constrained/unconstrained ratio and how many constrained outputs are valid.
+constrained run produced (ignore_eos), so both runs decode the same number of tokens; `--num-iters` pairs of runs,
+interleaved, the median reported. Reports output tok/s, mean TPOT, the constrained/unconstrained ratio and how many
+constrained outputs are valid.
 """
 
 from __future__ import annotations
@@ -91,6 +92,16 @@ def _run(llm: Any, prompts: list[dict], params: list[Any]) -> tuple[list[Any], d
                      "mean_tpot_ms": None if tpot is None else 1e3 * tpot}
 
 
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per metric, the median over the timed iterations (each iteration's values kept under "iterations")."""
+    out: dict[str, Any] = {}
+    for k in runs[0]:
+        values = [r[k] for r in runs if r[k] is not None]
+        out[k] = statistics.median(values) if values else None
+    out["iterations"] = runs
+    return out
+
+
 def run_structured_throughput(args: argparse.Namespace, model: str) -> dict[str, Any]:
     """Constrained vs unconstrained throughput of the built-in request set of `args.structured_output`."""
     from pagemill import LLM, SamplingParams
@@ -118,32 +129,42 @@ def run_structured_throughput(args: argparse.Namespace, model: str) -> dict[str,
 
     compile_s = one_token_each()
     cached_s = one_token_each()  # the same grammars again: cache hits, so what remains is the 1-token requests
-    outs, with_so = _run(llm, prompts, constrained)
-    with_so["warmup_compile_s"], with_so["warmup_cached_s"] = compile_s, cached_s
+    outs, first_run = _run(llm, prompts, constrained)
     lengths = [max(1, len(o.outputs[0].token_ids)) for o in outs]
     plain = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
-    _, without = _run(llm, prompts, plain)
+    runs_with, runs_without = [first_run], [_run(llm, prompts, plain)[1]]
+    for _ in range(1, max(1, getattr(args, "num_iters", 1))):  # interleaved, so drifting load hits both alike
+        runs_with.append(_run(llm, prompts, constrained)[1])
+        runs_without.append(_run(llm, prompts, plain)[1])
+    with_so, without = _median(runs_with), _median(runs_without)
+    with_so["warmup_compile_s"], with_so["warmup_cached_s"] = compile_s, cached_s
     with_so["valid_outputs"] = sum(is_valid(kind, c, o.outputs[0].text) for (_, c), o in zip(items, outs))
     with_so["stopped_by_grammar"] = sum(o.outputs[0].finish_reason == "stop" for o in outs)
     ratio = with_so["output_tokens_per_s"] / without["output_tokens_per_s"]
+    tpot_ratio = (with_so["mean_tpot_ms"] / without["mean_tpot_ms"]
+                  if with_so["mean_tpot_ms"] and without["mean_tpot_ms"] else None)
     payload = {"benchmark": "throughput", "structured_output": kind, "model": model, "num_requests": len(items),
                "backend": llm.llm_engine.config.structured_outputs_config.backend,
                "results": {"constrained": with_so, "unconstrained": without},
-               "ratio": {"output_tokens_per_s": ratio}}
+               "ratio": {"output_tokens_per_s": ratio, "mean_tpot": tpot_ratio}}
     for name, m in payload["results"].items():
         tpot = "n/a" if m["mean_tpot_ms"] is None else f"{m['mean_tpot_ms']:.2f} ms"
         print(f"{name:>13}: {m['total_output_tokens']} output tokens in {m['elapsed_s']:.2f} s = "
               f"{m['output_tokens_per_s']:.1f} tok/s, mean TPOT {tpot}")
     print(f"grammars ({len(first)} distinct), one token each: {compile_s:.3f} s compiling, {cached_s:.3f} s cached")
-    print(f"structured output ({kind}, backend {payload['backend']}): {ratio:.2f}x the unconstrained output tok/s; "
+    overhead = "n/a" if tpot_ratio is None else f"{100 * (tpot_ratio - 1):+.1f}%"
+    print(f"structured output ({kind}, backend {payload['backend']}): {ratio:.2f}x the unconstrained output tok/s, "
+          f"TPOT {overhead} (median of {len(runs_with)}); "
           f"valid {with_so['valid_outputs']}/{len(items)}, ended by the grammar {with_so['stopped_by_grammar']}")
     return payload
 
 
-def add_structured_output_args(parser: argparse.ArgumentParser) -> None:
-    """The `--structured-output` flag."""
+def add_structured_output_args(parser: argparse.ArgumentParser, serve: bool = False) -> None:
+    """The `--structured-output` flag (of `bench throughput`, or of `bench serve` with `serve`)."""
+    where = ("sent to the server's chat endpoint with vLLM's structured_outputs field (the rate, concurrency and "
+             "SLO flags apply to both runs)" if serve else
+             "pagemill only (use --engine-arg structured_outputs_backend=... for a backend)")
     parser.add_argument("--structured-output", choices=STRUCTURED_OUTPUT_KINDS, default=None,
                         help="benchmark constrained decoding on a built-in request set (json, regex or choice), "
                              "with and without the constraints; --num-prompts requests, at most "
-                             "--random-output-len tokens each; pagemill only (use --engine-arg "
-                             "structured_outputs_backend=... for a backend)")
+                             f"--random-output-len tokens each; {where}")

@@ -345,7 +345,8 @@ void gemv_q4(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::opti
 // logits [M, N] fp32 for greedy rows: int8 screen, exact float32 wherever a row's maximum may be (variant/head_screen.cpp).
 int64_t head_screen(torch::Tensor logits, torch::Tensor x, torch::Tensor q, torch::Tensor scales, torch::Tensor offsets,
                     torch::Tensor table, double weight_error, double weight_norm,
-                    c10::optional<torch::Tensor> argmax) {
+                    c10::optional<torch::Tensor> argmax, c10::optional<torch::Tensor> bitmask,
+                    c10::optional<torch::Tensor> mask_rows) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "head_screen: x must be contiguous float32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K % 32 == 0, "head_screen: K must be a multiple of 32");
@@ -368,6 +369,17 @@ int64_t head_screen(torch::Tensor logits, torch::Tensor x, torch::Tensor q, torc
   TORCH_CHECK(!argmax || (argmax->scalar_type() == at::kLong && argmax->is_contiguous() && argmax->numel() == M),
               "head_screen: argmax must be a contiguous int64 [M]");
   a.argmax = argmax ? argmax->data_ptr<int64_t>() : nullptr;
+  TORCH_CHECK(bitmask.has_value() == mask_rows.has_value(), "head_screen: bitmask and mask_rows go together");
+  if (bitmask) {
+    TORCH_CHECK(bitmask->dim() == 2 && bitmask->scalar_type() == at::kInt && bitmask->is_contiguous(),
+                "head_screen: bitmask must be a contiguous int32 [R, W] tensor");
+    TORCH_CHECK(mask_rows->dim() == 1 && mask_rows->scalar_type() == at::kLong && mask_rows->is_contiguous() &&
+                    mask_rows->size(0) == M, "head_screen: mask_rows must be a contiguous int64 [M]");
+    const int64_t* mr = mask_rows->data_ptr<int64_t>();
+    for (int64_t i = 0; i < M; ++i)
+      TORCH_CHECK(mr[i] >= -1 && mr[i] < bitmask->size(0), "head_screen: mask_rows out of range");
+    a.bitmask = bitmask->data_ptr<int32_t>(), a.mask_rows = mr, a.mask_words = bitmask->size(1);
+  }
   a.M = M, a.K = K, a.N = table.size(0), a.tiles = tiles, a.num_threads = threads();
   if (M == 0) return 0;
   return active->head_screen(a);
@@ -423,10 +435,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_head_screen", &pack_head_screen,
         "int8 screen of an LM head [N, K] (per channel and group of 32): (q [T, K/4, 64, 4], scales, offsets [T, K/32, 64], "
         "max per-channel |w - w~|, max |w~|)", py::arg("w"));
-  m.def("head_screen", &head_screen, "Greedy-exact LM head logits: int8 screen plus exact float32 recheck; returns the "
-        "number of logits recomputed", py::arg("logits"), py::arg("x"), py::arg("q"), py::arg("scales"),
+  m.def("head_screen", &head_screen, "Greedy-exact LM head logits: int8 screen plus exact float32 recheck (a row with "
+        "a bitmask row, mask_rows[r] >= 0: over its allowed tokens only); returns the number of logits recomputed", py::arg("logits"), py::arg("x"), py::arg("q"), py::arg("scales"),
         py::arg("offsets"), py::arg("table"), py::arg("weight_error"), py::arg("weight_norm"),
-        py::arg("argmax") = py::none());
+        py::arg("argmax") = py::none(), py::arg("bitmask") = py::none(), py::arg("mask_rows") = py::none());
   m.def("gemv_records", &gemv_records,
         "out = x @ W^T + bias over GGUF bit-plane records (q4_1, q5_1, q4_k, q5_k, q6_k, q2_k, q3_k; layouts: "
         "csrc/variant/gemv.cpp, made by pagemill.layers.quantization.gguf_records)",

@@ -77,6 +77,11 @@ struct HeadScreenArgs {
   const int32_t* offsets;
   const float* table;
   int64_t* argmax;  // [M] the rows' argmax tokens (first maximum), or nullptr
+  // Structured output: int32 bitmask [R, mask_words] (bit set = allowed) and the bitmask row of each x row (-1: no
+  // mask), or nullptr: a masked row's maximum and argmax are taken over its allowed tokens
+  const int32_t* bitmask = nullptr;
+  const int64_t* mask_rows = nullptr;
+  int64_t mask_words = 0;
   float weight_error, weight_norm;
   int64_t M, K, N, tiles;
   int num_threads;

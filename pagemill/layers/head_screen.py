@@ -39,13 +39,19 @@ class GreedyHeadScreen:
         """Bytes the screen adds to the head (its int8 codes, scales and offsets)."""
         return sum(t.numel() * t.element_size() for t in (self.q, self.scales, self.offsets))
 
-    def logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def logits(self, hidden: torch.Tensor, bitmask: torch.Tensor | None = None,
+               mask_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """[rows, hidden] -> (float32 logits [rows, vocab] whose row maxima are exactly float32's, the rows' argmax
-        tokens [rows] (int64; the first maximum, as torch's max))."""
+        tokens [rows] (int64; the first maximum, as torch's max)).
+
+        With a structured-output `bitmask` (int32 [R, ceil(vocab / 32)], bit set = allowed) and `mask_rows` (int64
+        [rows]: the bitmask row of each row, -1 for none), a masked row's maximum and argmax are over its allowed
+        tokens: the argmax of the float32 logits with the disallowed ones at -inf (its other entries stay
+        approximate, the disallowed ones unmasked)."""
         x = hidden.to(torch.float32).contiguous()
         out = torch.empty(x.shape[0], self.table.shape[0], dtype=torch.float32)
         tokens = torch.empty(x.shape[0], dtype=torch.int64)
         self.recomputed += self.kernels.head_screen(out, x, self.q, self.scales, self.offsets, self.table,
-                                                    self.weight_error, self.weight_norm, tokens)
+                                                    self.weight_error, self.weight_norm, tokens, bitmask, mask_rows)
         self.rows += x.shape[0]
         return out, tokens

@@ -331,16 +331,14 @@ class ModelRunner:
         prof = self.profiler
         req_ids, rows, cu = step.req_ids, step.rows, step.cu
         sample_rows = rows[sample_idx]
-        with prof.section("logits"):
-            logits, tokens = self._sample_logits(hidden[torch.from_numpy(cu[sample_idx] - 1)], sample_rows)
-        if grammar is not None:
-            bitmask, bitmask_rows = self._grammar_bitmask(grammar, {req_ids[i]: j for j, i in enumerate(sample_idx)})
+        logits, tokens, mask = self._logits_and_mask(hidden[torch.from_numpy(cu[sample_idx] - 1)], sample_rows,
+                                                     grammar, {req_ids[i]: j for j, i in enumerate(sample_idx)})
         with prof.section("sample"):
             raw_lp = None
-            if tokens is None:  # else every row needed only the argmax (so none is constrained): the screen gave it
+            if tokens is None:  # else every row needed only the (allowed tokens') argmax: the screen gave it
                 smd = self._sampling_metadata(sample_rows)
-                if grammar is not None:
-                    smd.token_bitmask, smd.bitmask_rows = bitmask, bitmask_rows
+                if mask is not None:
+                    smd.token_bitmask, smd.bitmask_rows = mask
                 tokens, raw_lp = self.sampler(logits, smd)
             token_list = tokens.tolist()
             for j, i in enumerate(sample_idx):
@@ -379,17 +377,15 @@ class ModelRunner:
         offsets = np.arange(int(num_rows.sum())) - row_start[logit_req]  # drafts before each logits row
         hidden_idx = cu[sample_idx][logit_req] - num_rows[logit_req] + offsets
         logit_rows = sample_rows[logit_req]
-        with prof.section("logits"):
-            logits, argmax = self._sample_logits(hidden[torch.from_numpy(hidden_idx)], logit_rows, offsets)
-        if grammar is not None:
-            bitmask, bitmask_rows = self._grammar_bitmask(
-                grammar, {req_ids[i]: int(row_start[j]) for j, i in enumerate(sample_idx)})
+        logits, argmax, mask = self._logits_and_mask(
+            hidden[torch.from_numpy(hidden_idx)], logit_rows, grammar,
+            {req_ids[i]: int(row_start[j]) for j, i in enumerate(sample_idx)}, offsets)
         with prof.section("sample"):
             probs = raw_lp = None
             if argmax is None:
                 smd = self._sampling_metadata(logit_rows, offsets)
-                if grammar is not None:
-                    smd.token_bitmask, smd.bitmask_rows = bitmask, bitmask_rows
+                if mask is not None:
+                    smd.token_bitmask, smd.bitmask_rows = mask
                 probs, argmax, raw_lp = self.sampler.target_probs(logits, smd)
             greedy = [ib.params[r].greedy for r in sample_rows]
             gens = {j: ib.generators[r] for j, r in enumerate(sample_rows) if r in ib.generators}
@@ -456,37 +452,74 @@ class ModelRunner:
                 out.draft_token_ids[rid] = d
         return max(rooms)
 
-    def _sample_logits(self, hidden: torch.Tensor, rows: np.ndarray,
-                       offsets: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logits of the rows to sample, their tokens when every row needs only the argmax, else None). Rows that
-        need only the argmax take the greedy head screen (exact token, approximate logits elsewhere), the rest the
-        exact head. `offsets`: draft tokens before each row (speculative decoding), else none."""
+    def _logits_and_mask(self, hidden: torch.Tensor, rows: np.ndarray, grammar: Any, first_row: dict[str, int],
+                         offsets: np.ndarray | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]:
+        """The LM head over the logits rows of input-batch `rows` and the step's structured-output bitmask: (logits,
+        their tokens when every row needs only the argmax else None, (bitmask, its logits rows) or None).
+
+        The bitmask (filled while the model ran forward) is waited for before the head only when the greedy head
+        screen takes a constrained row (the screen then takes the argmax over allowed tokens), else after it."""
+        prof = self.profiler
+        screened = self._screened_rows(rows, offsets)
+        mask = None
+        if grammar is not None and screened is not None:
+            constrained = np.fromiter((self.input_batch.params[r].structured_outputs is not None for r in rows),
+                                      dtype=bool, count=len(rows))
+            if (screened & constrained).any():
+                mask = self._grammar_bitmask(grammar, first_row)
+                has_mask = np.zeros(len(rows), dtype=bool)
+                has_mask[mask[1].numpy()] = True
+                screened &= ~constrained | has_mask  # (every constrained row that samples has a bitmask row)
+                if screened.sum() < HEAD_SCREEN_MIN_ROWS:
+                    screened = None
+        with prof.section("logits"):  # model compute (LM head), not engine overhead
+            logits, tokens = self._sample_logits(hidden, screened, mask)
+        if grammar is not None and mask is None:
+            mask = self._grammar_bitmask(grammar, first_row)
+        return logits, tokens, mask
+
+    def _screened_rows(self, rows: np.ndarray, offsets: np.ndarray | None = None) -> np.ndarray | None:
+        """Which logits rows take the greedy head screen (those that need only the argmax), or None: the exact head
+        for every row (no screen, or too few such rows for it to pay)."""
         if self.head_screen is None or len(rows) < HEAD_SCREEN_MIN_ROWS:
-            return self.model.compute_logits(hidden), None
+            return None
         argmax_only = self._argmax_only(rows, offsets)
-        n = int(argmax_only.sum())
-        if n == len(rows):
-            return self.head_screen.logits(hidden)
-        if n < HEAD_SCREEN_MIN_ROWS:
+        return argmax_only if argmax_only.sum() >= HEAD_SCREEN_MIN_ROWS else None
+
+    def _sample_logits(self, hidden: torch.Tensor, screened: np.ndarray | None,
+                       mask: tuple[torch.Tensor, torch.Tensor] | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits of the rows to sample, their tokens when every row is `screened`, else None). Screened rows take
+        the greedy head screen (exact token, approximate logits elsewhere; a constrained one's over its `mask` row's
+        allowed tokens), the rest the exact head. `mask`: (bitmask, the logits row of each of its rows)."""
+        if screened is None:
             return self.model.compute_logits(hidden), None
-        screened = torch.from_numpy(argmax_only)
-        logits = torch.empty(len(rows), self.head_screen.table.shape[0], dtype=torch.float32)
-        logits[screened] = self.head_screen.logits(hidden[screened])[0]
-        logits[~screened] = self.model.compute_logits(hidden[~screened]).float()
+        bitmask = mask_rows = None
+        if mask is not None:
+            bitmask, bitmask_rows = mask
+            index = torch.full((len(screened),), -1, dtype=torch.int64)
+            index[bitmask_rows] = torch.arange(len(bitmask_rows))
+            mask_rows = index if screened.all() else index[torch.from_numpy(screened)]
+        if screened.all():
+            return self.head_screen.logits(hidden, bitmask, mask_rows)
+        rows = torch.from_numpy(screened)
+        logits = torch.empty(len(screened), self.head_screen.table.shape[0], dtype=torch.float32)
+        logits[rows] = self.head_screen.logits(hidden[rows], bitmask, mask_rows)[0]
+        logits[~rows] = self.model.compute_logits(hidden[~rows]).float()
         return logits, None
 
     def _argmax_only(self, rows: np.ndarray, offsets: np.ndarray | None = None) -> np.ndarray:
-        """Per row, whether sampling reads nothing but the argmax of the raw logits: greedy, no logprobs, no
-        penalties, no min_tokens mask, no output constraint."""
+        """Per row, whether sampling reads nothing but the argmax of the raw logits (over a grammar's allowed tokens
+        for a constrained row): greedy, no logprobs, no penalties, no allowed-token list or bias, no min_tokens mask."""
         ib = self.input_batch
         out = np.empty(len(rows), dtype=bool)
         num_out = ib.num_tokens[rows] - ib.num_prompt_tokens[rows] + (0 if offsets is None else offsets)
         for j, r in enumerate(rows):
             p = ib.params[r]
             out[j] = (p.greedy and p.logprobs is None and not p.presence_penalty and not p.frequency_penalty
-                      and p.repetition_penalty == 1.0 and p.structured_outputs is None
-                      and p.allowed_token_ids is None and not p.logit_bias
-                      and not (p.min_tokens and num_out[j] < p.min_tokens))
+                      and p.repetition_penalty == 1.0 and p.allowed_token_ids is None and not p.logit_bias
+                      and not (p.min_tokens and p.structured_outputs is None and num_out[j] < p.min_tokens))
         return out
 
     def _sampling_metadata(self, rows: np.ndarray, offsets: np.ndarray | None = None) -> SamplingMetadata:

@@ -92,3 +92,23 @@ def test_bench_serve_chat_endpoint(server_url, tmp_path):
     assert run["completed"] == 2 and run["failed"] == 0, run.get("error_samples")
     assert run["total_output_tokens"] == 8
     assert run["total_input_tokens"] > 2 * 8  # the chat template adds tokens
+
+
+def test_bench_serve_structured_output_constrained_vs_unconstrained(server_url, tmp_path):
+    """One run sends the regex request set with its constraints, then the same prompts without them for the same
+    number of tokens: both tables, valid outputs, the TPOT ratio."""
+    result = tmp_path / "so.json"
+    args = build_parser().parse_args([
+        "bench", "serve", "--base-url", server_url, "--structured-output", "regex", "--num-prompts", "4",
+        "--random-output-len", "48", "--max-concurrency", "4", "--save-result", str(result), "--disable-tqdm"])
+    args.func(args)
+    data = json.loads(result.read_text())
+    constrained, plain = data["runs"]
+    assert (constrained["target"], plain["target"]) == ("constrained", "unconstrained")
+    for run in (constrained, plain):
+        assert run["completed"] == 4 and run["failed"] == 0, run.get("error_samples")
+        assert run["tpot_ms"]["mean"] > 0
+    assert constrained["valid_outputs"] == 4  # the server honoured vLLM's structured_outputs field
+    assert constrained["warmup_compile_s"] > 0 and constrained["warmup_cached_s"] > 0
+    assert plain["total_output_tokens"] == constrained["total_output_tokens"]  # the same tokens, unconstrained
+    assert data["ratio"]["mean_tpot"] == pytest.approx(constrained["tpot_ms"]["mean"] / plain["tpot_ms"]["mean"])

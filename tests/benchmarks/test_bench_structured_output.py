@@ -35,3 +35,19 @@ def test_is_valid():
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     assert is_valid("json", {"json": schema}, '{"n": 1}') and not is_valid("json", {"json": schema}, '{"m": 1}')
     assert not is_valid("json", {"json": schema}, '{"n": ')
+
+
+@pytest.mark.slow
+def test_throughput_run_reports_the_median_of_interleaved_iterations(tmp_path):
+    from pagemill.benchmarks.cli import build_parser
+
+    args = build_parser().parse_args([
+        "bench", "throughput", "--structured-output", "regex", "--num-prompts", "4", "--random-output-len", "32",
+        "--num-iters", "2", "--kv-cache-memory", "128MiB", "--max-model-len", "512"])
+    payload = args.func(args)
+    with_so, without = payload["results"]["constrained"], payload["results"]["unconstrained"]
+    assert len(with_so["iterations"]) == len(without["iterations"]) == 2
+    assert with_so["valid_outputs"] == 4
+    runs = with_so["iterations"] + without["iterations"]
+    assert all(r["total_output_tokens"] == with_so["total_output_tokens"] for r in runs)
+    assert payload["ratio"]["mean_tpot"] == pytest.approx(with_so["mean_tpot_ms"] / without["mean_tpot_ms"])

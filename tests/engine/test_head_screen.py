@@ -1,12 +1,16 @@
-"""The greedy head screen in the engine: rows that need only the argmax take it (exact tokens), every other row
-(logprobs, sampling, penalties, min_tokens) keeps the exact head, and a mixed batch gives what it gives without it."""
+"""The greedy head screen in the engine: rows that need only the argmax take it (exact tokens; a constrained row's
+argmax over its grammar's allowed tokens), every other row (logprobs, sampling, penalties, min_tokens) keeps the exact
+head, and a mixed batch gives what it gives without it."""
 
 from __future__ import annotations
 
 import pytest
 
 from pagemill import LLM, SamplingParams
+from pagemill.sampling_params import StructuredOutputsParams
 from tests.conftest import SMOL_PROMPTS, requires_kernels
+from tests.structured_output.conftest import chat_prompt
+from tests.structured_output.schemas import SCHEMAS
 
 pytestmark = requires_kernels
 
@@ -34,10 +38,15 @@ def screen_of(llm: LLM):
 
 
 @pytest.fixture(scope="module")
-def exact_outputs(smol_path):
+def exact_llm(smol_path):
     llm = LLM(smol_path, kv_cache_memory="256MiB", max_model_len=1024, greedy_head_screen=False)
     assert screen_of(llm) is None
-    return run(llm)
+    return llm
+
+
+@pytest.fixture(scope="module")
+def exact_outputs(exact_llm):
+    return run(exact_llm)
 
 
 def test_mixed_batch_equals_exact_head(smol_llm, exact_outputs):
@@ -61,3 +70,49 @@ def test_screen_recomputes_few_logits(smol_llm):
     smol_llm.generate(SMOL_PROMPTS[:8], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
     assert screen.rows - rows >= 8 * 15
     assert (screen.recomputed - recomputed) / (screen.rows - rows) < 200
+
+
+def constrained_requests() -> list[tuple[str, SamplingParams]]:
+    """Greedy requests under a JSON schema, a regex and a choice on both backends, next to plain greedy ones."""
+    constraints = [dict(json=SCHEMAS[i][1]) for i in (0, 7, 41)] + [
+        dict(regex=r"[A-Z][a-z]{2,8} [A-Z][a-z]{2,10}"), dict(regex=r"\+1-[0-9]{3}-[0-9]{3}-[0-9]{4}"),
+        dict(choice=["positive", "negative", "neutral"])]
+    prompts = [f"Give an example {SCHEMAS[i][0].replace('_', ' ')} as JSON." for i in (0, 7, 41)] + [
+        "Name a person.", "Write a phone number.", "Sentiment of: I love it"]
+    reqs = [(chat_prompt(p), SamplingParams(temperature=0, max_tokens=48, structured_outputs=StructuredOutputsParams(
+        **c, _backend=backend))) for backend in ("xgrammar", "guidance") for p, c in zip(prompts, constraints)]
+    plain = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    return reqs + [(SMOL_PROMPTS[i % len(SMOL_PROMPTS)], plain) for i in range(4)]
+
+
+def test_constrained_greedy_rows_take_the_screen_with_their_masks(smol_llm, exact_llm):
+    """Constrained greedy rows (JSON schema, regex, choice; xgrammar and llguidance) mixed with plain ones give the
+    exact head's tokens, and they went through the screen (the plain rows alone are too few for it)."""
+    reqs = constrained_requests()
+    prompts, params = [p for p, _ in reqs], [s for _, s in reqs]
+    ref = [o.outputs[0].token_ids for o in exact_llm.generate(prompts, params, use_tqdm=False)]
+    screen = screen_of(smol_llm)
+    rows = screen.rows
+    outs = smol_llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == ref
+    assert screen.rows - rows >= 12 * 10  # the constrained rows too (the 4 plain ones give at most 4 * 24)
+    rows = screen.rows
+    constrained_only = smol_llm.generate(prompts[:12], params[:12], use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in constrained_only] == ref[:12]
+    assert screen.rows > rows
+
+
+@pytest.mark.slow
+def test_speculating_constrained_rows_take_the_screen(smol_path, exact_llm):
+    """Jump-forward / n-gram drafts of constrained requests are verified through the screen with each position's
+    mask: the tokens of the exact head without speculation."""
+    reqs = constrained_requests()
+    prompts, params = [p for p, _ in reqs], [s for _, s in reqs]
+    ref = [o.outputs[0].token_ids for o in exact_llm.generate(prompts, params, use_tqdm=False)]
+    llm = LLM(smol_path, kv_cache_memory="128MiB", max_model_len=1024,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4, "max_batch_size": 1000,
+                                  "min_acceptance_rate": 0.0})
+    rows = screen_of(llm).rows
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == ref
+    assert screen_of(llm).rows - rows >= 12 * 10
+    assert llm.llm_engine.engine_core.scheduler.make_stats().spec_decoding.num_accepted_tokens > 0

@@ -104,3 +104,125 @@ def test_rejects_bad_shapes(kernels):
     q, scales, offsets, werr, wnorm = kernels.pack_head_screen(w)
     with pytest.raises(RuntimeError, match="logits"):
         kernels.head_screen(torch.empty(2, 99), torch.randn(2, 64), q, scales, offsets, w, werr, wnorm)
+
+
+# ---- structured output: a bitmask row per screened row (bit set = allowed) ----
+
+def pack_mask(allowed: torch.Tensor) -> torch.Tensor:
+    """bool [R, V] -> int32 [R, ceil(V / 32)] bitmask, xgrammar's layout (bit t % 32 of word t // 32)."""
+    rows, vocab = allowed.shape
+    words = (vocab + 31) // 32
+    bits = torch.zeros(rows, words * 32, dtype=torch.int64)
+    bits[:, :vocab] = allowed.long()
+    packed = (bits.view(rows, words, 32) << torch.arange(32)).sum(-1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def masked_screen(kernels, w: torch.Tensor, x: torch.Tensor, bitmask: torch.Tensor,
+                  mask_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the screen's tokens, its logits) with bitmask row mask_rows[r] on row r (-1: none)."""
+    q, scales, offsets, werr, wnorm = kernels.pack_head_screen(w)
+    out = torch.full((x.shape[0], w.shape[0]), float("nan"))
+    tokens = torch.full((x.shape[0],), -1, dtype=torch.int64)
+    kernels.head_screen(out, x, q, scales, offsets, w, werr, wnorm, tokens, bitmask,
+                        torch.tensor(mask_rows, dtype=torch.int64))
+    return tokens, out
+
+
+def masked_argmax(logits: torch.Tensor, bitmask: torch.Tensor, mask_rows: list[int]) -> torch.Tensor:
+    """What the exact path gives: the bitmask applied (pagemill.sample.bitmask), then torch's max."""
+    from pagemill.sample.bitmask import apply_token_bitmask_torch
+
+    logits = logits.clone()
+    masked = [r for r, m in enumerate(mask_rows) if m >= 0]
+    if masked:
+        apply_token_bitmask_torch(logits, bitmask[[mask_rows[r] for r in masked]], torch.tensor(masked))
+    return logits.max(1).indices
+
+
+def test_masked_rows_take_the_argmax_over_allowed_tokens(kernels):
+    """Dense, sparse, single-token and empty masks next to unmasked rows; the global argmax always disallowed."""
+    gen = torch.Generator().manual_seed(11)
+    vocab, k, rows = 1000, 96, 9
+    w = torch.randn(vocab, k, generator=gen) * 0.05
+    x = torch.randn(rows, k, generator=gen)
+    x[:, 3] *= 50.0
+    exact = x.double() @ w.double().t()
+    density = [0.9, 0.5, 0.02, 0.9, 0.0, 0.3, 0.9, 0.1, 0.9]
+    allowed = torch.rand(rows, vocab, generator=gen) < torch.tensor(density)[:, None]
+    allowed[torch.arange(rows), exact.argmax(1)] = False  # the unmasked argmax is never the answer
+    allowed[2] = False
+    allowed[2, 777] = True  # all but one disallowed
+    bitmask = pack_mask(allowed)
+    mask_rows = [0, 1, 2, -1, 4, 5, -1, 7, 8]  # rows 3 and 6 unconstrained
+    tokens, out = masked_screen(kernels, w, x, bitmask, mask_rows)
+    assert torch.equal(tokens, masked_argmax(exact, bitmask, mask_rows))
+    assert tokens[2] == 777 and tokens[4] == 0  # nothing allowed: token 0, as torch's max over a row of -inf
+    assert torch.equal(tokens[[3, 6]], exact[[3, 6]].argmax(1))
+    # The mixed-batch path masks the screen's logits again and takes the max: the same tokens.
+    assert torch.equal(masked_argmax(out, bitmask, mask_rows)[[0, 1, 2, 3, 5, 6, 7, 8]],
+                       tokens[[0, 1, 2, 3, 5, 6, 7, 8]])
+
+
+def test_masked_near_ties_the_int8_logits_cannot_see(kernels):
+    """Pairs of allowed tokens whose int8 codes agree but whose exact logits differ by ~1e-5 (the grammar disallows
+    the row's overall best pair): the recheck picks the larger allowed one."""
+    gen = torch.Generator().manual_seed(17)
+    k, rows = 64, 6
+    x = torch.randn(rows, k, generator=gen)
+    base = torch.randn(40, k, generator=gen) * 0.05
+    direction = x / x.norm(dim=1, keepdim=True)
+    nudged = base + 2e-5 * direction[torch.arange(40) % rows]
+    w = torch.stack([base, nudged], dim=1).reshape(80, k).contiguous()
+    exact = x.double() @ w.double().t()
+    allowed = torch.ones(rows, 80, dtype=torch.bool)
+    for r in range(rows):
+        best_pair = int(exact[r].argmax()) // 2
+        allowed[r, 2 * best_pair:2 * best_pair + 2] = False
+    bitmask = pack_mask(allowed)
+    mask_rows = list(range(rows))
+    tokens, _ = masked_screen(kernels, w, x, bitmask, mask_rows)
+    assert torch.equal(tokens, masked_argmax(exact, bitmask, mask_rows))
+    assert all(allowed[r, tokens[r]] for r in range(rows))
+
+
+def test_mask_words_shorter_than_the_vocabulary_disallow_the_rest(kernels):
+    """Tokens past the bitmask's words (a head wider than the tokenizer's vocabulary) are disallowed, as
+    apply_token_bitmask does; a mask wider than the vocabulary is read only up to it."""
+    gen = torch.Generator().manual_seed(23)
+    vocab, k = 200, 32
+    w = torch.randn(vocab, k, generator=gen) * 0.05
+    w[150:] += 1.0  # the tail would win every row
+    x = torch.randn(4, k, generator=gen).abs()
+    exact = x.double() @ w.double().t()
+    short = pack_mask(torch.ones(1, 128, dtype=torch.bool))  # 4 words: tokens 0..127
+    tokens, _ = masked_screen(kernels, w, x, short, [0, 0, -1, 0])
+    assert (tokens[[0, 1, 3]] < 128).all() and tokens[2] >= 150
+    assert torch.equal(tokens[[0, 1, 3]], exact[[0, 1, 3], :128].argmax(1))
+    wide = pack_mask(torch.ones(1, 256, dtype=torch.bool))
+    assert torch.equal(masked_screen(kernels, w, x, wide, [0, 0, 0, 0])[0], exact.argmax(1))
+
+
+def test_masked_non_finite_row_is_recomputed_over_allowed_tokens(kernels):
+    gen = torch.Generator().manual_seed(29)
+    w = torch.randn(200, 32, generator=gen)
+    x = torch.randn(2, 32, generator=gen)
+    x[0, 4] = float("inf")
+    allowed = torch.zeros(2, 200, dtype=torch.bool)
+    allowed[:, 50:60] = True
+    bitmask = pack_mask(allowed)
+    tokens, _ = masked_screen(kernels, w, x, bitmask, [0, 1])
+    assert torch.equal(tokens, masked_argmax(x @ w.t(), bitmask, [0, 1]))
+
+
+def test_mask_arguments_are_checked(kernels):
+    w = torch.randn(100, 64)
+    q, scales, offsets, werr, wnorm = kernels.pack_head_screen(w)
+    args = (torch.empty(2, 100), torch.randn(2, 64), q, scales, offsets, w, werr, wnorm, None)
+    bitmask = torch.full((1, 4), -1, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="go together"):
+        kernels.head_screen(*args, bitmask, None)
+    with pytest.raises(RuntimeError, match="mask_rows out of range"):
+        kernels.head_screen(*args, bitmask, torch.tensor([0, 1]))
+    with pytest.raises(RuntimeError, match="int32"):
+        kernels.head_screen(*args, bitmask.long(), torch.tensor([0, 0]))

@@ -10,6 +10,8 @@
 // 3. A token whose L~ is below max L~ - 2B cannot be the maximum (the L~-maximal token beats it for sure); every
 //    other logit (a handful) is recomputed exactly from the float32 table. So the row's argmax is exactly float32's;
 //    the rest of the row keeps L~ (approximate: callers use it only for argmax).
+// 4. A row with a structured-output bitmask takes the max and the candidates over its allowed tokens only, so its
+//    argmax is float32's over the allowed tokens (the exact head, the mask, then argmax); disallowed tokens keep L~.
 //
 // Weight layout: q [T, K / 4, 64, 4] int8 (tiles of 64 channels; four consecutive k per channel: the operand of
 // vpdpbusd), scales [T, K / 32, 64] fp32, offsets [T, K / 32, 64] int32 = -128 * (sum of the group's codes): VNNI
@@ -251,14 +253,51 @@ inline float exact_dot(const float* w, const float* x, int64_t K) {
   return sum;
 }
 
-// Recomputes every logit of row r within 2B of the row's int8 maximum (and the row's argmax, the first maximum, from
-// them); returns how many.
+// A row's allowed tokens (structured output): bit n % 32 of word n / 32 set; tokens past the mask's words are
+// disallowed (as apply_token_bitmask does). `words` == nullptr: every token allowed.
+struct RowMask {
+  const uint32_t* words;
+  int64_t num_words;
+  bool allowed(int64_t n) const {
+    return !words || (n / 32 < num_words && ((words[n / 32] >> (n % 32)) & 1u));
+  }
+};
+
+// The largest int8 logit of row r among its allowed tokens (-FLT_MAX when none is allowed). A tile whose maximum over
+// all its tokens is below the best so far cannot raise it: skipped without reading its mask.
+float allowed_max(const HeadScreenArgs& a, const float* row, const float* tm, const RowMask& mask) {
+  float top = -FLT_MAX;
+  for (int64_t t = 0; t < a.tiles; ++t) {
+    if (!(tm[t] > top)) continue;
+    const int64_t n1 = imin(a.N, (t + 1) * NT);
+    for (int64_t w = t * NT / 32; w * 32 < n1; ++w) {
+      uint32_t bits = w < mask.num_words ? mask.words[w] : 0u;
+      while (bits) {
+        const int64_t n = w * 32 + __builtin_ctz(bits);
+        bits &= bits - 1;
+        if (n < n1) top = fmaxf(top, row[n]);
+      }
+    }
+  }
+  return top;
+}
+
+// Recomputes every (allowed) logit of row r within 2B of the row's (allowed) int8 maximum, and the row's argmax (the
+// first maximum) from them; returns how many. A masked row's argmax is that of the float32 logits with every
+// disallowed token at -inf: token 0 when no allowed logit is above -inf, as torch's max over such a row gives.
 int64_t recheck_row(const HeadScreenArgs& a, int64_t r, const float* tmax, float bound) {
   const float* tm = tmax + r * a.tiles;
   float* row = a.logits + r * a.N;
   const float* x = a.x + r * a.K;
+  const int64_t mask_row = a.bitmask && a.mask_rows ? a.mask_rows[r] : -1;
+  const RowMask mask{mask_row >= 0 ? reinterpret_cast<const uint32_t*>(a.bitmask + mask_row * a.mask_words) : nullptr,
+                     a.mask_words};
   float top = -FLT_MAX;
-  for (int64_t t = 0; t < a.tiles; ++t) top = fmaxf(top, tm[t]);
+  if (mask.words) {
+    top = allowed_max(a, row, tm, mask);
+  } else {
+    for (int64_t t = 0; t < a.tiles; ++t) top = fmaxf(top, tm[t]);
+  }
   int64_t best = -1;
   float best_value = 0.0f;
   auto recompute = [&](int64_t n) {
@@ -271,21 +310,26 @@ int64_t recheck_row(const HeadScreenArgs& a, int64_t r, const float* tmax, float
   };
   int64_t count = 0;
   if (bound < 0.0f || !finite_bits(top)) {  // a non-finite input: no bound holds, the whole row is exact
-    for (int64_t n = 0; n < a.N; ++n) recompute(n);
-    count = a.N;
+    for (int64_t n = 0; n < a.N; ++n) {
+      if (mask.allowed(n)) {
+        recompute(n);
+        ++count;
+      }
+    }
   } else {
     const float threshold = top - 2.0f * bound;
     for (int64_t t = 0; t < a.tiles; ++t) {
       if (tm[t] < threshold) continue;
       const int64_t n1 = imin(a.N, (t + 1) * NT);
       for (int64_t n = t * NT; n < n1; ++n) {
-        if (row[n] >= threshold) {
+        if (row[n] >= threshold && mask.allowed(n)) {
           recompute(n);
           ++count;
         }
       }
     }
   }
+  if (mask.words && (best < 0 || f32_bits(best_value) == 0xFF800000u)) best = 0;  // every allowed logit is -inf
   if (a.argmax) a.argmax[r] = best;
   return count;
 }
