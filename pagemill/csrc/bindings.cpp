@@ -176,12 +176,20 @@ void fused_add_rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor residu
                              T, H, static_cast<float>(eps), threads());
 }
 
-void silu_and_mul(torch::Tensor out, torch::Tensor x) {
+// out = act(x[..., :I]) * x[..., I:] through the variant's `act_mul` (silu_and_mul or gelu_tanh_and_mul).
+using ActMulFn = void (*)(void*, DType, const void*, DType, int64_t, int64_t, int);
+void act_and_mul(ActMulFn act_mul, const char* name, torch::Tensor out, torch::Tensor x) {
   TORCH_CHECK(x.is_contiguous() && out.is_contiguous());
   const int64_t I = out.size(-1), T = out.numel() / I;
-  TORCH_CHECK(x.size(-1) == 2 * I && x.numel() == 2 * out.numel(), "silu_and_mul: input last dim must be 2 * output last dim");
-  active->silu_and_mul(out.data_ptr(), dtype_of(out, "silu_and_mul out"), x.data_ptr(), dtype_of(x, "silu_and_mul x"),
-                       T, I, threads());
+  TORCH_CHECK(x.size(-1) == 2 * I && x.numel() == 2 * out.numel(), name, ": input last dim must be 2 * output last dim");
+  act_mul(out.data_ptr(), dtype_of(out, "act_and_mul out"), x.data_ptr(), dtype_of(x, "act_and_mul x"), T, I,
+          threads());
+}
+
+void silu_and_mul(torch::Tensor out, torch::Tensor x) { act_and_mul(active->silu_and_mul, "silu_and_mul", out, x); }
+
+void gelu_tanh_and_mul(torch::Tensor out, torch::Tensor x) {
+  act_and_mul(active->gelu_tanh_and_mul, "gelu_tanh_and_mul", out, x);
 }
 
 void rope_and_cache(torch::Tensor q_out, torch::Tensor k_out, torch::Tensor v_out, torch::Tensor qkv,
@@ -409,6 +417,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "out = RMSNorm(x) * weight");
   m.def("fused_add_rms_norm", &fused_add_rms_norm, "residual += x; out = RMSNorm(residual) * weight");
   m.def("silu_and_mul", &silu_and_mul, "out = silu(x[:, :I]) * x[:, I:]");
+  m.def("gelu_tanh_and_mul", &gelu_tanh_and_mul, "out = gelu_tanh(x[:, :I]) * x[:, I:]");
   m.def("rope_and_cache", &rope_and_cache, "RoPE on q/k (after an optional per-head QK RMSNorm) from a fused qkv "
         "row, K/V written to the cache slots", py::arg("q_out"), py::arg("k_out"), py::arg("v_out"), py::arg("qkv"),
         py::arg("positions"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"), py::arg("v_cache"),

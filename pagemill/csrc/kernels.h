@@ -110,6 +110,9 @@ struct KernelTable {
                               int64_t R, int num_threads);
   // fp32 W [tiles, K, 64] in a fixed reduction order: a row's result does not depend on M (batch-invariant mode)
   void (*gemv_f32)(const GemvArgs&, const float* packed);
+  // as silu_and_mul with GELU-tanh (Gemma's GeGLU)
+  void (*gelu_tanh_and_mul)(void* out, DType out_dtype, const void* x, DType x_dtype, int64_t T, int64_t I,
+                            int num_threads);
 };
 
 // One per compiled variant (see build.py); the bindings pick one at load time.

@@ -72,6 +72,12 @@ class KernelLayerOps(TorchLayerOps):
         self.kernels.silu_and_mul(out, x.contiguous())
         return out
 
+    def gelu_tanh_and_mul(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """gelu_tanh(gate) * up for x = [gate | up] (Gemma's gated MLP), in `out_dtype`."""
+        out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=out_dtype)
+        self.kernels.gelu_tanh_and_mul(out, x.contiguous())
+        return out
+
 
 def select_layer_ops(use_kernels: bool) -> TorchLayerOps:
     """KernelLayerOps when asked for and the kernels are built, else the torch reference."""

@@ -1,4 +1,4 @@
-"""The fused layer-op kernels (norms, SiLU-and-mul, RoPE + cache write) against the pure-torch reference."""
+"""The fused layer-op kernels (norms, SiLU / GELU-tanh and mul, RoPE + cache write) vs the pure-torch reference."""
 
 from __future__ import annotations
 
@@ -56,6 +56,16 @@ def test_fused_add_rms_norm_updates_residual(in_dtype: torch.dtype, out_dtype: t
 def test_silu_and_mul_matches_reference(inter: int, in_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
     x = (torch.randn(6, 2 * inter) * 3).to(in_dtype)
     fast, ref = _both(lambda ops: ops.silu_and_mul(x, out_dtype))
+    _close(fast, ref.to(out_dtype), torch.float16 if torch.float16 in (in_dtype, out_dtype) else torch.float32)
+
+
+@pytest.mark.parametrize("inter", [2048, 40])
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+def test_gelu_tanh_and_mul_matches_reference(inter: int, in_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
+    x = (torch.randn(6, 2 * inter) * 3).to(in_dtype)
+    x[0, :8] = torch.tensor([0.0, -0.0, 1e-8, -1e-8, 20.0, -20.0, 90.0, -90.0])  # tails: tanh saturates to +-1
+    fast, ref = _both(lambda ops: ops.gelu_tanh_and_mul(x, out_dtype))
     _close(fast, ref.to(out_dtype), torch.float16 if torch.float16 in (in_dtype, out_dtype) else torch.float32)
 
 

@@ -71,11 +71,13 @@ inline void block(const Wt& w, const float* x, int64_t ldx, int64_t k0, int64_t 
     for (int v = 0; v < NVB; ++v) c[m][v] = vzero();
   for (int64_t k = k0; k < k1; ++k) {
     if (v0 == 0) w.prefetch(k);
-    vf xm[MR];
-    for (int m = 0; m < MR; ++m) xm[m] = vset(x[m * ldx + k]);
-    for (int v = 0; v < NVB; ++v) {
-      const vf b = w.load(k, v0 + v);
-      for (int m = 0; m < MR; ++m) c[m][v] = vfma(b, xm[m], c[m][v]);
+    // The NVB weight vectors first, then one broadcast at a time: MR NVB + NVB + 1 registers (MR = 6, NVB = 4 on
+    // AVX-512: 29 of 32; a broadcast per row held across the weights instead needs 31, and GCC spills accumulators).
+    vf b[NVB];
+    for (int v = 0; v < NVB; ++v) b[v] = w.load(k, v0 + v);
+    for (int m = 0; m < MR; ++m) {
+      const vf xm = vset(x[m * ldx + k]);
+      for (int v = 0; v < NVB; ++v) c[m][v] = vfma(b[v], xm, c[m][v]);
     }
   }
   for (int v = 0; v < NVB; ++v) {
@@ -168,11 +170,23 @@ struct F32W {
 
 // `dequant(t, k0, k1, panel)` writes rows [k0, k1) of tile t as fp32 to panel[(k - k0) * NT + c]; k blocks are
 // multiples of `step` (the weight's group length) rows long.
+// The fp32 micro-kernel over one panel for rows [0, M) in row blocks of mr. Not inlined: inside run_panel the
+// dequantizer's constants (QUnpack: 7 vectors) stay in registers, and GCC then spills accumulators.
+// Row blocks as even as can be (32 rows = 6 + 6 + 5 + 5 + 5 + 5, not 6 x 5 + 2).
+__attribute__((noinline)) void panel_rows(const float* panel, int64_t k0, int64_t k1, const float* x, int64_t M,
+                                          int64_t K, float* acc) {
+  const F32W w{panel - k0 * NT};
+  const int64_t nblk = (M + MR_MAX - 1) / MR_MAX, base = M / nblk, extra = M % nblk;
+  for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
+    const int64_t mr = base + (i < extra);
+    block_rows(int(mr), w, x + m0 * K, K, k0, k1, acc + m0 * NT, nullptr, MinTerm{}, k0 == 0);
+    m0 += mr;
+  }
+}
+
 template <class Dequant>
 void run_panel(const GemvArgs& a, int64_t step, Dequant dequant) {
   const int64_t M = a.M, K = a.K, kp = round_up(KP, step);
-  const int64_t nblk = (M + MR_MAX - 1) / MR_MAX;
-  const int64_t mr = (M + nblk - 1) / nblk;
   parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
     Scratch acc_buf, panel_buf;
     float* acc = acc_buf.get(M * NT);
@@ -181,9 +195,7 @@ void run_panel(const GemvArgs& a, int64_t step, Dequant dequant) {
       for (int64_t k0 = 0; k0 < K; k0 += kp) {
         const int64_t k1 = imin(k0 + kp, K);
         dequant(t, k0, k1, panel);
-        const F32W w{panel - k0 * NT};
-        for (int64_t m0 = 0; m0 < M; m0 += mr)
-          block_rows(int(imin(mr, M - m0)), w, a.x + m0 * K, K, k0, k1, acc + m0 * NT, nullptr, MinTerm{}, k0 == 0);
+        panel_rows(panel, k0, k1, a.x, M, K, acc);
       }
       store_tile(a, acc, t);
     }

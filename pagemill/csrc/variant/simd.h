@@ -341,14 +341,15 @@ inline void parallel_for(int64_t n, int64_t grain, int num_threads, const F& f) 
   }
 }
 
-// A thread's growable scratch buffer (malloc'd; no std::vector in the variants).
+// A thread's growable scratch buffer (aligned_alloc'd; no std::vector in the variants).
 struct Scratch {
   float* data = nullptr;
   int64_t size = 0;
   float* get(int64_t n) {
     if (n > size) {
       free(data);
-      data = static_cast<float*>(malloc(size_t(n) * sizeof(float)));
+      // 64-byte aligned: vectors read from a buffer never straddle cache lines
+      data = static_cast<float*>(aligned_alloc(64, size_t(round_up(n * int64_t(sizeof(float)), 64))));
       size = n;
     }
     return data;
