@@ -82,6 +82,18 @@ struct HeadScreenArgs {
   int num_threads;
 };
 
+// The multi-LoRA delta (variant/lora.cpp): y [T, N] += (x[a:b] @ lora_a[s]) @ lora_b[s] for each run (a, b, s) of
+// runs [num_runs, 3] (sorted, disjoint, within [0, T)); lora_a [S, K, width], lora_b [S, width, N]; all fp32.
+struct LoraArgs {
+  float* y;
+  const float* x;
+  const float* lora_a;
+  const float* lora_b;
+  const int32_t* runs;
+  int64_t T, K, N, width, num_runs;
+  int num_threads;
+};
+
 struct KernelTable {
   const char* name;
   void (*paged_attention)(const PagedAttentionArgs&);
@@ -105,6 +117,7 @@ struct KernelTable {
                               int64_t R, int num_threads);
   // fp32 W [tiles, K, 64] in a fixed reduction order: a row's result does not depend on M (batch-invariant mode)
   void (*gemv_f32)(const GemvArgs&, const float* packed);
+  void (*lora_delta)(const LoraArgs&);
 };
 
 // One per compiled variant (see build.py); the bindings pick one at load time.
