@@ -407,6 +407,36 @@ void apply_token_bitmask(torch::Tensor logits, torch::Tensor bitmask, torch::Ten
                               r, R, threads());
 }
 
+// y [T, N] += (x[a:b] @ lora_a[s]) @ lora_b[s] for each row (a, b, s) of runs, in place (variant/lora.cpp).
+void lora_delta(torch::Tensor y, torch::Tensor x, torch::Tensor lora_a, torch::Tensor lora_b, torch::Tensor runs) {
+  auto check = [](const torch::Tensor& t, const char* name, int64_t dims) {
+    TORCH_CHECK(t.dim() == dims && t.scalar_type() == at::kFloat && t.is_contiguous(), "lora_delta: ", name,
+                " must be a contiguous float32 tensor of ", dims, " dimensions");
+  };
+  check(y, "y", 2), check(x, "x", 2), check(lora_a, "lora_a", 3), check(lora_b, "lora_b", 3);
+  const int64_t T = y.size(0), N = y.size(1), K = x.size(1), S = lora_a.size(0), Wd = lora_a.size(2);
+  TORCH_CHECK(x.size(0) == T, "lora_delta: x has ", x.size(0), " rows, y ", T);
+  TORCH_CHECK(lora_a.size(1) == K, "lora_delta: lora_a must be [slots, ", K, ", width] for x of ", K, " columns");
+  TORCH_CHECK(lora_b.size(0) == S && lora_b.size(1) == Wd && lora_b.size(2) == N, "lora_delta: lora_b must be [",
+              S, ", ", Wd, ", ", N, "] (lora_a's slots and width, y's columns)");
+  TORCH_CHECK(runs.dim() == 2 && runs.size(1) == 3 && runs.scalar_type() == at::kInt && runs.is_contiguous(),
+              "lora_delta: runs must be a contiguous int32 [R, 3] tensor of (start, end, slot)");
+  const int32_t* r = runs.data_ptr<int32_t>();
+  int64_t prev_end = 0;
+  for (int64_t i = 0; i < runs.size(0); ++i) {
+    TORCH_CHECK(r[3 * i] >= prev_end && r[3 * i + 1] >= r[3 * i] && r[3 * i + 1] <= T, "lora_delta: runs[", i,
+                "] = (", r[3 * i], ", ", r[3 * i + 1], ") must be sorted, disjoint and within the ", T, " rows");
+    TORCH_CHECK(r[3 * i + 2] >= 0 && r[3 * i + 2] < S, "lora_delta: runs[", i, "] uses slot ", r[3 * i + 2],
+                " of ", S);
+    prev_end = r[3 * i + 1];
+  }
+  pagemill::LoraArgs a;
+  a.y = y.data_ptr<float>(), a.x = x.data_ptr<float>(), a.lora_a = lora_a.data_ptr<float>();
+  a.lora_b = lora_b.data_ptr<float>(), a.runs = r;
+  a.T = T, a.K = K, a.N = N, a.width = Wd, a.num_runs = runs.size(0), a.num_threads = threads();
+  active->lora_delta(a);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pagemill::register_shm_comm(m);
   m.def("isa", &isa, "The active kernel variant");
@@ -458,4 +488,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("apply_token_bitmask", &apply_token_bitmask,
         "Structured output: logits[rows[r], t] = -inf where bit t of bitmask[r] (int32 words) is 0; in place",
         py::arg("logits"), py::arg("bitmask"), py::arg("rows"));
+  m.def("lora_delta", &lora_delta,
+        "Multi-LoRA: y[a:b] += (x[a:b] @ lora_a[s]) @ lora_b[s] for each (a, b, s) of runs, in place; float32",
+        py::arg("y"), py::arg("x"), py::arg("lora_a"), py::arg("lora_b"), py::arg("runs"));
 }

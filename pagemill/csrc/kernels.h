@@ -87,6 +87,18 @@ struct HeadScreenArgs {
   int num_threads;
 };
 
+// The multi-LoRA delta (variant/lora.cpp): y [T, N] += (x[a:b] @ lora_a[s]) @ lora_b[s] for each run (a, b, s) of
+// runs [num_runs, 3] (sorted, disjoint, within [0, T)); lora_a [S, K, width], lora_b [S, width, N]; all fp32.
+struct LoraArgs {
+  float* y;
+  const float* x;
+  const float* lora_a;
+  const float* lora_b;
+  const int32_t* runs;
+  int64_t T, K, N, width, num_runs;
+  int num_threads;
+};
+
 struct KernelTable {
   const char* name;
   void (*paged_attention)(const PagedAttentionArgs&);
@@ -113,6 +125,7 @@ struct KernelTable {
   // as silu_and_mul with GELU-tanh (Gemma's GeGLU)
   void (*gelu_tanh_and_mul)(void* out, DType out_dtype, const void* x, DType x_dtype, int64_t T, int64_t I,
                             int num_threads);
+  void (*lora_delta)(const LoraArgs&);
 };
 
 // One per compiled variant (see build.py); the bindings pick one at load time.

@@ -42,6 +42,14 @@ class TorchLayerOps:
         gate, up = x.chunk(2, dim=-1)
         return (F.gelu(gate, approximate="tanh") * up).to(out_dtype)
 
+    def lora_delta(self, y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                   runs: torch.Tensor) -> None:
+        """y[a:b] += (x[a:b] @ lora_a[s]) @ lora_b[s] for each row (a, b, s) of `runs` (int32 [R, 3]), in place:
+        two matmuls per run."""
+        x = x.to(lora_a.dtype)
+        for a, b, s in runs.tolist():
+            y[a:b].addmm_(torch.mm(x[a:b], lora_a[s]), lora_b[s])
+
 
 class KernelLayerOps(TorchLayerOps):
     """The compiled kernels for the float32-weight ops they implement; the reference math for the rest."""
@@ -77,6 +85,16 @@ class KernelLayerOps(TorchLayerOps):
         out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=out_dtype)
         self.kernels.gelu_tanh_and_mul(out, x.contiguous())
         return out
+
+    def lora_delta(self, y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                   runs: torch.Tensor) -> None:
+        """y[a:b] += (x[a:b] @ lora_a[s]) @ lora_b[s] for each row (a, b, s) of `runs`, in place: one kernel call
+        for all runs (float32 slots and output; others take the reference path)."""
+        if lora_a.dtype != torch.float32 or y.dtype != torch.float32 or not y.is_contiguous():
+            return super().lora_delta(y, x, lora_a, lora_b, runs)
+        if x.dtype != torch.float32:
+            x = x.to(torch.float32)
+        self.kernels.lora_delta(y, x.contiguous(), lora_a, lora_b, runs)
 
 
 def select_layer_ops(use_kernels: bool) -> TorchLayerOps:

@@ -7,9 +7,11 @@ import logging
 from collections import OrderedDict
 
 import numpy as np
+import torch
 from torch import nn
 
 from pagemill.config import LoRAConfig
+from pagemill.kernels.ops import TorchLayerOps
 from pagemill.layers.linear import LinearBase
 from pagemill.lora.layers import LinearWithLoRA, LoRAMapping
 from pagemill.lora.peft_adapter import LoRAAdapter, LoRAModuleWeights, load_adapter
@@ -21,14 +23,16 @@ logger = logging.getLogger(__name__)
 PreparedAdapter = dict[str, list[tuple[int, list[int], LoRAModuleWeights]]]
 
 
-def wrap_linears(model: nn.Module, num_slots: int, rank: int) -> dict[str, LinearWithLoRA]:
-    """Replace every linear of the decoder layers with a LinearWithLoRA around it; returns them by module path."""
+def wrap_linears(model: nn.Module, num_slots: int, rank: int,
+                 ops: TorchLayerOps | None = None) -> dict[str, LinearWithLoRA]:
+    """Replace every linear of the decoder layers with a LinearWithLoRA around it (its deltas computed by `ops`);
+    returns them by module path."""
     layers = model.get_submodule("model.layers")
     wrapped = {}
     for name, module in list(layers.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, LinearBase):
-                wrapper = LinearWithLoRA(child, num_slots, rank)
+                wrapper = LinearWithLoRA(child, num_slots, rank, ops)
                 setattr(module, child_name, wrapper)
                 path = f"model.layers.{name}.{child_name}" if name else f"model.layers.{child_name}"
                 wrapped[path] = wrapper
@@ -40,10 +44,12 @@ def wrap_linears(model: nn.Module, num_slots: int, rank: int) -> dict[str, Linea
 class LoRAModelManager:
     """The adapters of one model: loaded on the host, placed in slots, mapped to each step's tokens."""
 
-    def __init__(self, model: nn.Module, config: LoRAConfig) -> None:
+    def __init__(self, model: nn.Module, config: LoRAConfig, ops: TorchLayerOps | None = None) -> None:
         self.config = config
         self.num_slots = config.max_loras
-        self.layers = wrap_linears(model, self.num_slots, config.max_lora_rank)
+        self.layers = wrap_linears(model, self.num_slots, config.max_lora_rank, ops)
+        self._runs = np.zeros((64, 3), dtype=np.int32)  # the step's runs (grown when a step has more)
+        self._runs_tensor = torch.from_numpy(self._runs)
         self.packed = getattr(model, "packed_modules_mapping", {})
         self.host: OrderedDict[int, tuple[LoRARequest, PreparedAdapter]] = OrderedDict()  # LRU: oldest first
         self.slot_ids: list[int | None] = [None] * self.num_slots  # adapter id in each slot
@@ -119,20 +125,28 @@ class LoRAModelManager:
     # ---- slots, per step ----
     def mapping(self, token_lora_ids: np.ndarray, requests: dict[int, LoRARequest]) -> LoRAMapping | None:
         """The step's mapping for each token's adapter id (0: the base model), placing adapters not in a slot
-        (reloading from `requests` any the host dropped); None when no token uses an adapter."""
+        (reloading from `requests` any the host dropped); None when no token uses an adapter. Its runs are a view
+        of one buffer the next step's mapping overwrites."""
         ids = np.unique(token_lora_ids)
         ids = ids[ids > 0].tolist()
         if not ids:
             return None
         if len(ids) > self.num_slots:
             raise RuntimeError(f"a step uses {len(ids)} adapters, more than max_loras ({self.num_slots})")
-        slot_of = dict(zip(ids, (self._activate(lora_id, requests[lora_id], ids) for lora_id in ids)))
+        slots = np.array([self._activate(lora_id, requests[lora_id], ids) for lora_id in ids], dtype=np.int32)
         # runs of equal ids: [starts[i], ends[i]) has id token_lora_ids[starts[i]]
         starts = np.concatenate(([0], np.flatnonzero(np.diff(token_lora_ids)) + 1))
         ends = np.append(starts[1:], len(token_lora_ids))
         run_ids = token_lora_ids[starts]
-        return LoRAMapping([(a, b, slot_of[i]) for a, b, i in zip(starts.tolist(), ends.tolist(), run_ids.tolist())
-                            if i])
+        keep = run_ids > 0
+        n = int(keep.sum())
+        if n > len(self._runs):
+            self._runs = np.zeros((max(n, 2 * len(self._runs)), 3), dtype=np.int32)
+            self._runs_tensor = torch.from_numpy(self._runs)
+        runs = self._runs[:n]
+        runs[:, 0], runs[:, 1] = starts[keep], ends[keep]
+        runs[:, 2] = slots[np.searchsorted(ids, run_ids[keep])]  # ids: sorted (np.unique)
+        return LoRAMapping(self._runs_tensor[:n])
 
     def _activate(self, lora_id: int, request: LoRARequest, step_ids: list[int]) -> int:
         """The slot holding adapter `lora_id`, writing it into the least recently used slot no adapter of this step

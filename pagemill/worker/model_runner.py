@@ -86,7 +86,8 @@ class ModelRunner:
             logger.info("Batch-invariant mode: %d linear layers on fixed-order kernels",
                         make_batch_invariant(self.model, ops.kernels))
         # LoRA: the model's linears wrapped with stacked adapter slots (before a draft model shares the layers).
-        self.lora_manager = LoRAModelManager(self.model, config.lora_config) if config.lora_config else None
+        self.lora_manager = (LoRAModelManager(self.model, config.lora_config, ops)
+                             if config.lora_config else None)
         self.vocab_size = mc.hf_config.vocab_size
         self.block_size = cc.block_size
         self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pagemill import LLM, LoRARequest, SamplingParams
+from pagemill.kernels import load_kernels
 from tests.lora.conftest import TARGETS, hf_peft_greedy, make_adapter
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,"]
@@ -30,13 +31,18 @@ def run_mixed(llm: LLM, prompts: list[list[int]], loras: list[LoRARequest | None
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def test_mixed_batch_equals_hf_peft(tiny_models, llama_adapters, smol_hf) -> None:
+@pytest.mark.parametrize("attention_backend", ["auto", "torch"])
+def test_mixed_batch_equals_hf_peft(tiny_models, llama_adapters, smol_hf, attention_backend: str) -> None:
     """Three adapters (different ranks, targets, rsLoRA) and the base model in one batch, two slots: each request
-    gets exactly HF + PEFT's output."""
+    gets exactly HF + PEFT's output, with the compiled LoRA kernel and with the torch reference ops."""
     base = tiny_models["llama"]
     tok = smol_hf[1]
     prompts = [tok.encode(t) for t in PROMPTS]
-    llm = LLM(base, enable_lora=True, max_loras=2, max_lora_rank=16, max_cpu_loras=3, kv_cache_memory="64MiB")
+    llm = LLM(base, enable_lora=True, max_loras=2, max_lora_rank=16, max_cpu_loras=3, kv_cache_memory="64MiB",
+              attention_backend=attention_backend)
+    runner = llm.llm_engine.engine_core.executor.model_runner
+    kernels = load_kernels() if attention_backend == "auto" else None
+    assert all(layer.ops.kernels is kernels for layer in runner.lora_manager.layers.values())
     loras = [None, *lora_requests(llama_adapters)]
     got = run_mixed(llm, prompts, loras)
     want = [hf_peft_greedy(base, lo and lo.lora_path, p, MAX_TOKENS) for lo in loras for p in prompts]

@@ -23,6 +23,7 @@ void gemv_int8(const GemvArgs& a, const int8_t* q, const float* scales, const fl
 void gemv_q4(const GemvArgs& a, const uint8_t* packed, int64_t G);
 void gemv_records(const GemvArgs& a, const uint8_t* packed, RecordFormat format);
 void gemv_f32(const GemvArgs& a, const float* packed);
+void lora_delta(const LoraArgs& a);
 int64_t head_screen(const HeadScreenArgs& a);
 void apply_token_bitmask(float* logits, int64_t V, const int32_t* bitmask, int64_t W, const int64_t* rows, int64_t R,
                          int num_threads);
@@ -35,7 +36,7 @@ const KernelTable* PAGEMILL_CAT(kernel_table_, PAGEMILL_ISA)() {
       PAGEMILL_ISA::fused_add_rms_norm,  PAGEMILL_ISA::silu_and_mul,    PAGEMILL_ISA::rope_and_cache,
       PAGEMILL_ISA::gemv_f16,            PAGEMILL_ISA::gemv_int8,       PAGEMILL_ISA::gemv_q4,
       PAGEMILL_ISA::gemv_records,       PAGEMILL_ISA::head_screen,     PAGEMILL_ISA::apply_token_bitmask,
-      PAGEMILL_ISA::gemv_f32,            PAGEMILL_ISA::gelu_tanh_and_mul,
+      PAGEMILL_ISA::gemv_f32,            PAGEMILL_ISA::gelu_tanh_and_mul,  PAGEMILL_ISA::lora_delta,
   };
   return &table;
 }
