@@ -75,13 +75,15 @@ def test_gemv_int8(n: int, k: int, group: int, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("group", [64, 192, 576])  # dividing K; partial groups: below
 def test_int8_quantization_error_bounded(group: int) -> None:
+    torch.manual_seed(group)
     w = torch.randn(576, 576) * 0.05
     w[3, 10] = 2.0  # an outlier only inflates its own group's scale
     q, scales = kernels.pack_gemv_weight_int8(w, group)
     wq = _dequant(q, scales, 576, 576)
-    # Symmetric rounding: |w - wq| <= scale / 2 = max|group| / 254 elementwise.
+    # Symmetric rounding: |w - wq| <= scale / 2 = max|group| / 254 elementwise, up to the float32 rounding of w / scale
+    # (codes up to 127: one ulp of 127 is 7.6e-6 of a step, 1.5e-5 of the half step; seen at 1.000015 on random data).
     gmax = w.abs().view(576, -1, group).amax(-1, keepdim=True).expand(-1, -1, group).reshape(576, 576)
-    assert ((w - wq).abs() <= gmax / 254 * (1 + 1e-5) + 1e-9).all()
+    assert ((w - wq).abs() <= gmax / 254 * (1 + 1e-4) + 1e-9).all()
     assert ((w - wq).norm() / w.norm()).item() < 0.02
     # Zero rows (e.g. padding) quantize to exact zeros, not NaN.
     q0, s0 = kernels.pack_gemv_weight_int8(torch.zeros(5, 40), group)
