@@ -17,6 +17,15 @@ inline void prefetch_rows(const void* p, int64_t rows, int64_t row_bytes, int64_
     for (int64_t b = 0; b < row_bytes; b += 64) prefetch_l1(c + r * stride_bytes + b);
 }
 
+// v, kept in a register: stops the compiler from folding a vector used by several FMAs into each of them as a memory
+// operand (one load per FMA instead of one in all, and the loads, not the FMAs, then bound the loop).
+inline vf in_register(vf v) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+  asm("" : "+v"(v));
+#endif
+  return v;
+}
+
 // Scores of G query heads (q: [G, D]) against `nk` (<= W) keys from c0 of one block's K, stored transposed ([D, BS]
 // for this head): each step loads W keys' d-th element and FMAs it with every head's q[d], so no horizontal sums.
 template <int G, typename C>
@@ -30,7 +39,7 @@ inline void qk_chunk(const float* __restrict q, const C* __restrict kt, int64_t 
   int64_t d = 0;
   for (; d + U <= D; d += U)
     for (int u = 0; u < U; ++u) {
-      const vf k = vloadn(kt + (d + u) * BS + c0, nk);
+      const vf k = in_register(vloadn(kt + (d + u) * BS + c0, nk));
       for (int g = 0; g < G; ++g) acc[g][u] = vfma(vset(q[g * D + d + u]), k, acc[g][u]);
     }
   for (; d < D; ++d) {
@@ -60,7 +69,7 @@ inline void pv_chunk(const float* __restrict p, int64_t n, const C* __restrict v
     const C* row = v + j * vs + d0;
     for (int u = 0; u < U; ++u) {
       if (!len[u]) break;
-      const vf x = vloadn(row + W * u, len[u]);
+      const vf x = in_register(vloadn(row + W * u, len[u]));
       for (int g = 0; g < G; ++g) a[g][u] = vfma(vset(p[g * n + j]), x, a[g][u]);
     }
   }
