@@ -66,6 +66,8 @@ SCENARIOS = {
     "batch": [[("a", 0, 20)], [("a", 20, 1), ("t", 0, TARGET_LEN), ("b", 0, 9)]],
     "chunks_in_batch": [[("t", 0, 30), ("a", 0, 12)], [("a", 12, 1), ("t", 30, 15), ("b", 0, 3)]],
     "token_by_token": [[("t", i, 1)] for i in range(TARGET_LEN)],
+    # speculative verification: several tokens over cached context, alone and beside other requests
+    "verify": [[("t", 0, 29)], [("t", 29, 8)], [("a", 0, 4), ("t", 37, 8), ("b", 0, 1)]],
 }
 
 

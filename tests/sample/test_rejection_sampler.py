@@ -252,3 +252,21 @@ def test_output_lengths_and_prefixes() -> None:
             if g:
                 assert o[-1] == int(target[row].argmax())
             offset += k + 1
+
+
+def test_all_greedy_fast_path_matches_the_batched_path() -> None:
+    """The all-greedy path (numpy) gives what the general path gives the same greedy requests beside a sampled one."""
+    g = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        n = int(torch.randint(1, 6, (1,), generator=g))
+        drafts = [torch.randint(0, 3, (int(torch.randint(0, 5, (1,), generator=g)),), generator=g).tolist()
+                  for _ in range(n)]
+        rows = sum(len(d) + 1 for d in drafts)
+        argmax = torch.randint(0, 3, (rows,), generator=g)
+        fast = rejection_sample(drafts, None, argmax, [True] * n, {})
+        # one more request, sampled (one-hot target, no drafts), sends the batch down the general path
+        probs = torch.cat([_one_hot_rows(argmax.tolist()), _one_hot_rows([1])])
+        general = rejection_sample(drafts + [[]], probs, torch.cat([argmax, torch.tensor([1])]), [True] * n + [False],
+                                   {})
+        assert fast == general[:n]
+        assert general[n] == [1]

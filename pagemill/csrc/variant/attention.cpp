@@ -1,5 +1,6 @@
-// Paged attention for CPUs: reads K/V straight from the cache blocks (no gather copy), threaded over
-// (query token x KV head), W keys per vector (K blocks stored transposed) and W head dims per vector for V.
+// Paged attention for CPUs: reads K/V straight from the cache blocks (no gather copy), threaded over (tile of a
+// request's query tokens x KV head), W keys per vector (K blocks stored transposed) and W head dims per vector for V.
+// A tile of several tokens (a verify step, a chunk with cached context) reads each KV block once for all its tokens.
 #include "simd.h"
 
 namespace pagemill {
@@ -16,6 +17,15 @@ inline void prefetch_rows(const void* p, int64_t rows, int64_t row_bytes, int64_
     for (int64_t b = 0; b < row_bytes; b += 64) prefetch_l1(c + r * stride_bytes + b);
 }
 
+// v, kept in a register: stops the compiler from folding a vector used by several FMAs into each of them as a memory
+// operand (one load per FMA instead of one in all, and the loads, not the FMAs, then bound the loop).
+inline vf in_register(vf v) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+  asm("" : "+v"(v));
+#endif
+  return v;
+}
+
 // Scores of G query heads (q: [G, D]) against `nk` (<= W) keys from c0 of one block's K, stored transposed ([D, BS]
 // for this head): each step loads W keys' d-th element and FMAs it with every head's q[d], so no horizontal sums.
 template <int G, typename C>
@@ -29,7 +39,7 @@ inline void qk_chunk(const float* __restrict q, const C* __restrict kt, int64_t 
   int64_t d = 0;
   for (; d + U <= D; d += U)
     for (int u = 0; u < U; ++u) {
-      const vf k = vloadn(kt + (d + u) * BS + c0, nk);
+      const vf k = in_register(vloadn(kt + (d + u) * BS + c0, nk));
       for (int g = 0; g < G; ++g) acc[g][u] = vfma(vset(q[g * D + d + u]), k, acc[g][u]);
     }
   for (; d < D; ++d) {
@@ -59,7 +69,7 @@ inline void pv_chunk(const float* __restrict p, int64_t n, const C* __restrict v
     const C* row = v + j * vs + d0;
     for (int u = 0; u < U; ++u) {
       if (!len[u]) break;
-      const vf x = vloadn(row + W * u, len[u]);
+      const vf x = in_register(vloadn(row + W * u, len[u]));
       for (int g = 0; g < G; ++g) a[g][u] = vfma(vset(p[g * n + j]), x, a[g][u]);
     }
   }
@@ -68,92 +78,156 @@ inline void pv_chunk(const float* __restrict p, int64_t n, const C* __restrict v
       if (len[u]) vstoren(acc + g * D + d0 + W * u, a[g][u], len[u]);
 }
 
-// One query token, one KV head: its G query heads attend to keys [lo, hi) of the request, read block by block in
-// place. Scores are computed for whole chunks of min(W, BS) keys; the extra keys of a partial chunk are ignored.
+// Query tokens of one tile (consecutive tokens of one request) against one KV head: token i's G query heads are at
+// q + i * qs, its output at out + i * qs, and it attends to keys [lo[i], hi[i]) of the request (lo and hi rise with i).
+// Each K chunk and V block is read once for the whole tile (it stays in L1 while every token uses it), and every
+// token's arithmetic is exactly that of the token alone (same chunks, same order), so a verify step's rows equal
+// the one-token decodes bit for bit. Scores are computed for whole chunks of min(W, BS) keys; the extra keys of a
+// partial chunk are ignored.
 template <typename C, typename O>
-inline void attend_one(const float* __restrict q, O* __restrict out, const C* __restrict k_cache,
-                       const C* __restrict v_cache, const int64_t* __restrict block_row, int64_t lo, int64_t hi,
-                       int64_t G, int64_t D, int64_t Hk, int64_t h, int64_t BS, float scale, Scratch& score_buf,
-                       Scratch& acc_buf) {
-  // scores[g * n + i] is key first + i; n has room for whole chunks past hi
-  const int64_t first = (lo / BS) * BS, n = round_up(hi - first, BS) + W;
-  float* scores = score_buf.get(G * n);
-  float* acc = acc_buf.get(G * D);
-  for (int64_t i = 0; i < G * D; ++i) acc[i] = 0.0f;
-  const int64_t block_elems = BS * Hk * D;
-  for (int64_t b0 = first; b0 < hi; b0 += BS) {
+inline void attend_tile(const float* __restrict q, O* __restrict out, int64_t qs, int64_t nt,
+                        const int64_t* __restrict lo, const int64_t* __restrict hi, const C* __restrict k_cache,
+                        const C* __restrict v_cache, const int64_t* __restrict block_row, int64_t G, int64_t D,
+                        int64_t Hk, int64_t h, int64_t BS, float scale, Scratch& score_buf, Scratch& acc_buf,
+                        Scratch& index_buf) {
+  // Token i's scores sit at scores + off[i] + g * n[i]; score index j is key first[i] + j (room for whole chunks).
+  int64_t* first = reinterpret_cast<int64_t*>(index_buf.get(3 * nt * 2));
+  int64_t* n = first + nt;
+  int64_t* off = n + nt;
+  int64_t total = 0;
+  for (int64_t i = 0; i < nt; ++i) {
+    first[i] = (lo[i] / BS) * BS;
+    n[i] = round_up(hi[i] - first[i], BS) + W;
+    off[i] = total;
+    total += G * n[i];
+  }
+  float* scores = score_buf.get(total);
+  float* acc = acc_buf.get(nt * G * D);
+  for (int64_t i = 0; i < nt * G * D; ++i) acc[i] = 0.0f;
+  const int64_t block_elems = BS * Hk * D, start = first[0], end = hi[nt - 1];
+  for (int64_t b0 = start; b0 < end; b0 += BS) {
     const C* kt = k_cache + block_row[b0 / BS] * block_elems + h * D * BS;
-    if (b0 + BS < hi)
+    if (b0 + BS < end)
       prefetch_rows(k_cache + block_row[b0 / BS + 1] * block_elems + h * D * BS, 1, D * BS * int64_t(sizeof(C)), 0);
     else
-      prefetch_rows(v_cache + block_row[first / BS] * block_elems + h * D, BS, D * int64_t(sizeof(C)),
+      prefetch_rows(v_cache + block_row[start / BS] * block_elems + h * D, BS, D * int64_t(sizeof(C)),
                     Hk * D * int64_t(sizeof(C)));
-    for (int64_t c0 = 0; c0 < BS && b0 + c0 < hi; c0 += W) {
+    for (int64_t c0 = 0; c0 < BS && b0 + c0 < end; c0 += W) {
       const int64_t nk = imin(W, BS - c0);
-      for (int64_t g0 = 0; g0 < G; g0 += kMaxGroup)
-        with_static_count<kMaxGroup>(int(imin(kMaxGroup, G - g0)), [&](auto g) {
-          qk_chunk<decltype(g)::value>(q + g0 * D, kt, D, BS, c0, nk, scale, scores + g0 * n + (b0 + c0 - first), n);
-        });
+      for (int64_t i = 0; i < nt; ++i) {
+        if (b0 < first[i] || b0 + c0 >= hi[i]) continue;
+        float* s = scores + off[i] + (b0 + c0 - first[i]);
+        for (int64_t g0 = 0; g0 < G; g0 += kMaxGroup)
+          with_static_count<kMaxGroup>(int(imin(kMaxGroup, G - g0)), [&](auto g) {
+            qk_chunk<decltype(g)::value>(q + i * qs + g0 * D, kt, D, BS, c0, nk, scale, s + g0 * n[i], n[i]);
+          });
+      }
     }
   }
-  // Softmax per query head over keys [lo, hi); the exp loop is vectorised (glibc's libmvec).
-  const int64_t skip = lo - first, len = hi - lo;
-  for (int64_t g = 0; g < G; ++g) {
-    float* s = scores + g * n;
-    for (int64_t i = 0; i < skip; ++i) s[i] = 0.0f;
-    s += skip;
-    float mx = -FLT_MAX;
+  // Softmax per query row over keys [lo, hi); the exp loop is vectorised (glibc's libmvec).
+  for (int64_t i = 0; i < nt; ++i) {
+    const int64_t skip = lo[i] - first[i], len = hi[i] - lo[i];
+    for (int64_t g = 0; g < G; ++g) {
+      float* s = scores + off[i] + g * n[i];
+      for (int64_t j = 0; j < skip; ++j) s[j] = 0.0f;
+      s += skip;
+      float mx = -FLT_MAX;
 #pragma omp simd reduction(max : mx)
-    for (int64_t i = 0; i < len; ++i) mx = s[i] > mx ? s[i] : mx;
-    float sum = 0.0f;
+      for (int64_t j = 0; j < len; ++j) mx = s[j] > mx ? s[j] : mx;
+      float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < len; ++i) {
-      s[i] = expf(s[i] - mx);
-      sum += s[i];
-    }
-    const float inv = 1.0f / sum;
+      for (int64_t j = 0; j < len; ++j) {
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+      }
+      const float inv = 1.0f / sum;
 #pragma omp simd
-    for (int64_t i = 0; i < len; ++i) s[i] *= inv;
+      for (int64_t j = 0; j < len; ++j) s[j] *= inv;
+    }
   }
   const int64_t vs = Hk * D;
   constexpr int64_t kPvDims = 4 * W;  // dims per pv_chunk pass (U = 4 at most)
-  for (int64_t b0 = first; b0 < hi; b0 += BS) {
+  for (int64_t b0 = start; b0 < end; b0 += BS) {
     const C* vb = v_cache + block_row[b0 / BS] * block_elems + h * D;
-    if (b0 + BS < hi)
+    if (b0 + BS < end)
       prefetch_rows(v_cache + block_row[b0 / BS + 1] * block_elems + h * D, BS, D * int64_t(sizeof(C)),
                     Hk * D * int64_t(sizeof(C)));
-    const int64_t count = imin(BS, hi - b0);
-    for (int64_t g0 = 0; g0 < G; g0 += kMaxGroup)
-      with_static_count<kMaxGroup>(int(imin(kMaxGroup, G - g0)), [&](auto g) {
-        constexpr int Gc = decltype(g)::value;
-        constexpr int64_t step = (Gc * 4 + 2 <= kVecRegs ? 4 : 2) * W;
-        static_assert(step <= kPvDims, "pv_chunk covers at most 4 W dims");
-        for (int64_t d0 = 0; d0 < D; d0 += step)
-          pv_chunk<Gc>(scores + g0 * n + (b0 - first), n, vb, vs, count, d0, D, acc + g0 * D);
-      });
+    for (int64_t i = 0; i < nt; ++i) {
+      if (b0 < first[i] || b0 >= hi[i]) continue;
+      const int64_t count = imin(BS, hi[i] - b0);
+      const float* s = scores + off[i] + (b0 - first[i]);
+      float* a = acc + i * G * D;
+      for (int64_t g0 = 0; g0 < G; g0 += kMaxGroup)
+        with_static_count<kMaxGroup>(int(imin(kMaxGroup, G - g0)), [&](auto g) {
+          constexpr int Gc = decltype(g)::value;
+          constexpr int64_t step = (Gc * 4 + 2 <= kVecRegs ? 4 : 2) * W;
+          static_assert(step <= kPvDims, "pv_chunk covers at most 4 W dims");
+          for (int64_t d0 = 0; d0 < D; d0 += step)
+            pv_chunk<Gc>(s + g0 * n[i], n[i], vb, vs, count, d0, D, a + g0 * D);
+        });
+    }
   }
-  for (int64_t i = 0; i < G * D; i += W) vstoren(out + i, vloadn(acc + i, G * D - i), G * D - i);
+  for (int64_t i = 0; i < nt; ++i) {
+    const float* a = acc + i * G * D;
+    O* o = out + i * qs;
+    for (int64_t j = 0; j < G * D; j += W) vstoren(o + j, vloadn(a + j, G * D - j), G * D - j);
+  }
 }
 
-// Every (query token, KV head) pair, scheduled dynamically over the threads: an item's cost is its context length,
-// which varies a lot within a batch (static halves left one thread idle while the other did the long sequences).
+// Most tokens of one request a work item takes: its scores (tokens x G x context) stay in L2.
+constexpr int64_t kMaxTileTokens = 8;
+
+// Tokens per tile: the largest up to kMaxTileTokens whose (tile x KV head) items split evenly over the threads, as
+// long as there are few items (with many, dynamic scheduling balances them anyway).
+int64_t tile_tokens(const PagedAttentionArgs& a) {
+  const int64_t threads = imax(1, a.num_threads);
+  for (int64_t tile = kMaxTileTokens; tile > 1; --tile) {
+    int64_t items = 0;
+    for (int64_t r = 0; r < a.B; ++r) items += (a.query_start_loc[r + 1] - a.query_start_loc[r] + tile - 1) / tile;
+    items *= a.Hk;
+    if (items % threads == 0 || items >= 4 * threads) return tile;
+  }
+  return 1;
+}
+
+// Every (tile of a request's query tokens, KV head) pair, scheduled dynamically over the threads: an item's cost is
+// its context length, which varies a lot within a batch (static halves left one thread idle while the other did
+// the long sequences). A request's tokens are split into equal tiles of at most tile_tokens().
 template <typename C, typename O>
 void attend_all(const PagedAttentionArgs& a) {
   const float* qp = a.q;
   O* op = static_cast<O*>(a.out);
   const C* kc = static_cast<const C*>(a.k_cache);
   const C* vc = static_cast<const C*>(a.v_cache);
-  const int64_t Hq = a.Hq, Hk = a.Hk, D = a.D, G = Hq / Hk, items = a.T * Hk;
+  const int64_t Hq = a.Hq, Hk = a.Hk, D = a.D, G = Hq / Hk, tile = tile_tokens(a);
+  // tiles[2 j], tiles[2 j + 1]: first token and token count of tile j (a request's tiles as equal as can be)
+  Scratch tile_buf;
+  int64_t* tiles = reinterpret_cast<int64_t*>(tile_buf.get(4 * imax(1, a.T)));
+  int64_t num_tiles = 0;
+  for (int64_t r = 0; r < a.B; ++r) {
+    const int64_t t0 = a.query_start_loc[r], len = a.query_start_loc[r + 1] - t0;
+    if (len <= 0) continue;
+    const int64_t parts = (len + tile - 1) / tile, per = (len + parts - 1) / parts;
+    for (int64_t s = 0; s < len; s += per, ++num_tiles)
+      tiles[2 * num_tiles] = t0 + s, tiles[2 * num_tiles + 1] = imin(per, len - s);
+  }
+  const int64_t items = num_tiles * Hk;
 #pragma omp parallel num_threads(a.num_threads) if (items > 1)
   {
-    Scratch scores, acc;
+    Scratch scores, acc, index, bounds;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < items; ++w) {
-      const int64_t t = w / Hk, h = w % Hk, r = a.token_request[t];
-      const int64_t pos = a.context_lens[r] + t - a.query_start_loc[r];
-      const int64_t lo = a.window > 0 ? imax(0, pos - a.window + 1) : 0;
-      attend_one(qp + (t * Hq + h * G) * D, op + (t * Hq + h * G) * D, kc, vc, a.block_tables + r * a.MB, lo,
-                 pos + 1, G, D, Hk, h, a.BS, a.scale, scores, acc);
+      const int64_t* tl = tiles + 2 * (w / Hk);
+      const int64_t t0 = tl[0], nt = tl[1], h = w % Hk, r = a.token_request[t0];
+      int64_t* lo = reinterpret_cast<int64_t*>(bounds.get(4 * nt));
+      int64_t* hi = lo + nt;
+      for (int64_t i = 0; i < nt; ++i) {
+        const int64_t pos = a.context_lens[r] + t0 + i - a.query_start_loc[r];
+        lo[i] = a.window > 0 ? imax(0, pos - a.window + 1) : 0;
+        hi[i] = pos + 1;
+      }
+      attend_tile(qp + (t0 * Hq + h * G) * D, op + (t0 * Hq + h * G) * D, Hq * D, nt, lo, hi, kc, vc,
+                  a.block_tables + r * a.MB, G, D, Hk, h, a.BS, a.scale, scores, acc, index);
     }
   }
 }
