@@ -55,7 +55,10 @@ def test_fused_add_rms_norm_updates_residual(in_dtype: torch.dtype, out_dtype: t
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
 def test_silu_and_mul_matches_reference(inter: int, in_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
     x = (torch.randn(6, 2 * inter) * 3).to(in_dtype)
+    x[0, :8] = torch.tensor([0.0, -0.0, 1e-8, -1e-8, 20.0, -20.0, 90.0, -90.0])  # exp(90) overflows: no NaN
+    x[1, :2] = torch.tensor([-1000.0, -200.0])
     fast, ref = _both(lambda ops: ops.silu_and_mul(x, out_dtype))
+    assert torch.isfinite(fast).all()
     _close(fast, ref.to(out_dtype), torch.float16 if torch.float16 in (in_dtype, out_dtype) else torch.float32)
 
 

@@ -38,11 +38,11 @@ inline void with_io(DType x_dtype, const void* x, DType out_dtype, void* out, co
   });
 }
 
-// g = silu(g) * u, vectorised (libmvec expf).
+// g = silu(g) * u, vectorised (libmvec expf); the exponent capped as in gelu_tanh_and_mul below (else NaN at g < -88).
 struct SiluMul {
   static inline void apply(float* __restrict g, const float* __restrict u, int64_t n) {
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + expf(fminf(-g[i], 80.0f))) * u[i];
   }
 };
 
