@@ -52,17 +52,22 @@ def test_argmax_exact_and_int8_logits_within_bound(kernels, n_vocab, k, rows):
     assert torch.allclose(top, exact.max(1).values, rtol=1e-5, atol=1e-5)
 
 
-def test_near_ties_the_int8_logits_cannot_see(kernels):
-    """Pairs of tokens whose weights round to the same int8 codes but whose exact logits differ by ~1e-5: the
-    recheck must pick the larger one for every row."""
-    gen = torch.Generator().manual_seed(7)
-    k, rows = 64, 6
+def _near_tie_table(seed: int, k: int = 64, rows: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x [rows, k], w [80, k]): token 2i + 1 is token 2i nudged by 2e-5 along row (i % rows)'s input, so for that
+    row it wins by a hair while both round to the same int8 codes."""
+    gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k, generator=gen)
     base = torch.randn(40, k, generator=gen) * 0.05
     direction = x / x.norm(dim=1, keepdim=True)
-    # token 2i + 1 = token 2i nudged along row (i % rows)'s input: for that row it wins by a hair.
     nudged = base + 2e-5 * direction[torch.arange(40) % rows]
-    w = torch.stack([base, nudged], dim=1).reshape(80, k).contiguous()
+    return x, torch.stack([base, nudged], dim=1).reshape(80, k).contiguous()
+
+
+def test_near_ties_the_int8_logits_cannot_see(kernels):
+    """Pairs of tokens whose weights round to the same int8 codes but whose exact logits differ by ~1e-5: the
+    recheck must pick the larger one for every row."""
+    x, w = _near_tie_table(7)
+    rows, k = x.shape
     q = kernels.pack_head_screen(w)[0]
     codes = q.permute(0, 2, 1, 3).reshape(-1, k)[:80]
     assert (codes[0::2] == codes[1::2]).all(1).float().mean() > 0.5  # int8 alone cannot tell most pairs apart
@@ -167,13 +172,8 @@ def test_masked_rows_take_the_argmax_over_allowed_tokens(kernels):
 def test_masked_near_ties_the_int8_logits_cannot_see(kernels):
     """Pairs of allowed tokens whose int8 codes agree but whose exact logits differ by ~1e-5 (the grammar disallows
     the row's overall best pair): the recheck picks the larger allowed one."""
-    gen = torch.Generator().manual_seed(17)
-    k, rows = 64, 6
-    x = torch.randn(rows, k, generator=gen)
-    base = torch.randn(40, k, generator=gen) * 0.05
-    direction = x / x.norm(dim=1, keepdim=True)
-    nudged = base + 2e-5 * direction[torch.arange(40) % rows]
-    w = torch.stack([base, nudged], dim=1).reshape(80, k).contiguous()
+    x, w = _near_tie_table(17)
+    rows, k = x.shape
     exact = x.double() @ w.double().t()
     allowed = torch.ones(rows, 80, dtype=torch.bool)
     for r in range(rows):
