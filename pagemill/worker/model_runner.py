@@ -34,6 +34,7 @@ from pagemill.sample.metadata import SamplingMetadata
 from pagemill.sample.rejection_sampler import rejection_sample
 from pagemill.sample.sampler import Sampler, gather_logprobs
 from pagemill.spec_decode.select import make_proposer
+from pagemill.utils.memory import keep_step_buffers_mapped
 from pagemill.worker.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class ModelRunner:
         self.parallel = parallel or ParallelContext()  # this worker's tensor / pipeline ranks
         mc, cc = config.model_config, config.cache_config
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        keep_step_buffers_mapped()
         self.backend = get_attn_backend(config.attention_backend, config.batch_invariant,
                                         config.cache_config.kv_cache_layout)
         # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.

@@ -27,6 +27,7 @@ from pagemill.layers.encoder_attention import EncoderAttentionMetadata
 from pagemill.layers.pooler import PoolChunk, Pooler
 from pagemill.loader.model_loader import load_model
 from pagemill.pooling_params import PoolingParams
+from pagemill.utils.memory import keep_step_buffers_mapped
 from pagemill.worker.model_runner import ModelRunner, StepInputs
 from pagemill.worker.step_timer import StepTimer
 
@@ -82,6 +83,7 @@ class EncoderModelRunner:
         self.config = config
         mc, cc = config.model_config, config.cache_config
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        keep_step_buffers_mapped()
         backend = get_attn_backend(config.attention_backend)  # (the layers' context names one; BERT's is its own)
         self.model = load_model(mc, select_layer_ops(use_kernels=backend.name != "torch"), backend)
         if self.model.attention_layers():
