@@ -16,6 +16,8 @@
 // Weight layout: q [T, K / 4, 64, 4] int8 (tiles of 64 channels; four consecutive k per channel: the operand of
 // vpdpbusd), scales [T, K / 32, 64] fp32, offsets [T, K / 32, 64] int32 = -128 * (sum of the group's codes): VNNI
 // multiplies unsigned x + 128 by signed w, the offset removes the 128 * sum(w) this adds.
+#include <vector>
+
 #include "simd.h"
 
 namespace pagemill {
@@ -132,7 +134,13 @@ void tile_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t* xu, con
         const int64_t n = a.N - (n0 + c0 + v * 16);
         if (n <= 0) break;
         const __mmask16 m = lanes(n);
-        _mm512_mask_storeu_ps(out + v * 16, m, facc[r][v]);
+        // Whole aligned vectors bypass the caches: the [M, N] logits (33.5 MB for Gemma at 32 rows) are written once
+        // and read back only around each row's maximum, so reading their lines in first (a plain store's RFO)
+        // would double the traffic.
+        if (n >= 16 && (reinterpret_cast<uintptr_t>(out + v * 16) & 63) == 0)
+          _mm512_stream_ps(out + v * 16, facc[r][v]);
+        else
+          _mm512_mask_storeu_ps(out + v * 16, m, facc[r][v]);
         best[r] = fmaxf(best[r], _mm512_mask_reduce_max_ps(m, facc[r][v]));
       }
     }
@@ -253,6 +261,27 @@ inline float exact_dot(const float* w, const float* x, int64_t K) {
   return sum;
 }
 
+// exact_dot of up to 4 table rows `rows[0 .. n)` with x, side by side (independent FMA chains), into out.
+inline void exact_dots(const float* table, const int64_t* rows, int64_t n, const float* x, int64_t K, float* out) {
+  if (n < 4) {
+    for (int64_t l = 0; l < n; ++l) out[l] = exact_dot(table + rows[l] * K, x, K);
+    return;
+  }
+  const float *w0 = table + rows[0] * K, *w1 = table + rows[1] * K, *w2 = table + rows[2] * K, *w3 = table + rows[3] * K;
+  vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+  int64_t k = 0;
+  for (; k + W <= K; k += W) {
+    const vf xv = vload(x + k);
+    a0 = vfma(vload(w0 + k), xv, a0);
+    a1 = vfma(vload(w1 + k), xv, a1);
+    a2 = vfma(vload(w2 + k), xv, a2);
+    a3 = vfma(vload(w3 + k), xv, a3);
+  }
+  float s0 = vsum(a0), s1 = vsum(a1), s2 = vsum(a2), s3 = vsum(a3);
+  for (; k < K; ++k) s0 += w0[k] * x[k], s1 += w1[k] * x[k], s2 += w2[k] * x[k], s3 += w3[k] * x[k];
+  out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
+}
+
 // A row's allowed tokens (structured output): bit n % 32 of word n / 32 set; tokens past the mask's words are
 // disallowed (as apply_token_bitmask does). `words` == nullptr: every token allowed.
 struct RowMask {
@@ -300,8 +329,7 @@ int64_t recheck_row(const HeadScreenArgs& a, int64_t r, const float* tmax, float
   }
   int64_t best = -1;
   float best_value = 0.0f;
-  auto recompute = [&](int64_t n) {
-    const float v = exact_dot(a.table + n * a.K, x, a.K);
+  auto take = [&](int64_t n, float v) {
     row[n] = v;
     if (best < 0 || (!nan_bits(best_value) && (nan_bits(v) || v > best_value))) {
       best = n;  // torch's rule: a NaN is the maximum (the first one wins), else the first largest value
@@ -312,22 +340,36 @@ int64_t recheck_row(const HeadScreenArgs& a, int64_t r, const float* tmax, float
   if (bound < 0.0f || !finite_bits(top)) {  // a non-finite input: no bound holds, the whole row is exact
     for (int64_t n = 0; n < a.N; ++n) {
       if (mask.allowed(n)) {
-        recompute(n);
+        take(n, exact_dot(a.table + n * a.K, x, a.K));
         ++count;
       }
     }
   } else {
     const float threshold = top - 2.0f * bound;
+    std::vector<int64_t> cand;  // ascending, so the first maximum wins as in a scan
     for (int64_t t = 0; t < a.tiles; ++t) {
       if (tm[t] < threshold) continue;
       const int64_t n1 = imin(a.N, (t + 1) * NT);
-      for (int64_t n = t * NT; n < n1; ++n) {
-        if (row[n] >= threshold && mask.allowed(n)) {
-          recompute(n);
-          ++count;
-        }
-      }
+      for (int64_t n = t * NT; n < n1; ++n)
+        if (row[n] >= threshold && mask.allowed(n)) cand.push_back(n);
     }
+    // The table rows sit anywhere in a large table: their reads overlap when several are in flight (a flat row has
+    // thousands of candidates), so kAhead rows ahead are prefetched, and kLanes dots run side by side (each its own
+    // FMA chain in exact_dot's order: the same values as one at a time).
+    constexpr int64_t kAhead = 4, kLanes = 4;
+    const int64_t nc = int64_t(cand.size()), row_bytes = a.K * int64_t(sizeof(float));
+    for (int64_t i = 0; i < imin(nc, kAhead); ++i)
+      for (int64_t b = 0; b < row_bytes; b += 64) prefetch_l2(reinterpret_cast<const char*>(a.table + cand[i] * a.K) + b);
+    for (int64_t i = 0; i < nc; i += kLanes) {
+      const int64_t lanes_here = imin(kLanes, nc - i);
+      for (int64_t j = i + kAhead; j < imin(nc, i + kAhead + kLanes); ++j)
+        for (int64_t b = 0; b < row_bytes; b += 64)
+          prefetch_l2(reinterpret_cast<const char*>(a.table + cand[j] * a.K) + b);
+      float v[kLanes];
+      exact_dots(a.table, cand.data() + i, lanes_here, x, a.K, v);
+      for (int64_t l = 0; l < lanes_here; ++l) take(cand[i + l], v[l]);
+    }
+    count = nc;
   }
   if (mask.words && (best < 0 || f32_bits(best_value) == 0xFF800000u)) best = 0;  // every allowed logit is -inf
   if (a.argmax) a.argmax[r] = best;
@@ -356,6 +398,9 @@ int64_t head_screen(const HeadScreenArgs& a) {
   }
   parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) tile_all_rows(a, xq, xu, sx, t, tmax);
+#if defined(__AVX512F__)
+    _mm_sfence();  // the streamed logits, visible before the recheck reads them
+#endif
   });
   int64_t counts[64] = {0};
   const int64_t chunks = imin(64, M);
