@@ -42,6 +42,6 @@ int main(int argc, char** argv) {
   bench("q5_1", [&] { gemv_records(a, records.data(), RecordFormat::Q5_1); });
   bench("q4_k", [&] { gemv_records(a, records.data(), RecordFormat::Q4_K); });
   bench("q6_k", [&] { gemv_records(a, records.data(), RecordFormat::Q6_K); });
-  bench("nodeq", [&] { run_panel(a, 32, [](int64_t, int64_t, int64_t, float*) {}); });
+  bench("nodeq", [&] { run_panel(a, 32, nullptr, 0, [](int64_t, int64_t, int64_t, float*) {}); });
   return 0;
 }

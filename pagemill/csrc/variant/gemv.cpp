@@ -184,9 +184,14 @@ __attribute__((noinline)) void panel_rows(const float* panel, int64_t k0, int64_
   }
 }
 
+// `tile_bytes`: each tile's weights are that many bytes from `weights` on (tile t at weights + t tile_bytes), read
+// in k order: the bytes of the next k block (the next tile's first at the last) are prefetched into L2 while the
+// current one is computed. Without, a tile's records came from DRAM a few misses at a time (the hardware streamers
+// stop at every 4 KiB page): Gemma 3's 18 gate_up at 32 rows took 11.0 ms against 7.7 with the weights in cache.
 template <class Dequant>
-void run_panel(const GemvArgs& a, int64_t step, Dequant dequant) {
+void run_panel(const GemvArgs& a, int64_t step, const void* weights, int64_t tile_bytes, Dequant dequant) {
   const int64_t M = a.M, K = a.K, kp = round_up(KP, step);
+  const char* base = static_cast<const char*>(weights);
   parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
     Scratch acc_buf, panel_buf;
     float* acc = acc_buf.get(M * NT);
@@ -194,6 +199,12 @@ void run_panel(const GemvArgs& a, int64_t step, Dequant dequant) {
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t k0 = 0; k0 < K; k0 += kp) {
         const int64_t k1 = imin(k0 + kp, K);
+        const int64_t nk0 = k1 < K ? k1 : 0, nt = k1 < K ? t : t + 1;  // the next k block
+        if (nt < a.tiles) {
+          const char* p = base + nt * tile_bytes;
+          const int64_t b1 = imin(tile_bytes, (imin(K, nk0 + kp) * tile_bytes + K - 1) / K);
+          for (int64_t b = nk0 * tile_bytes / K / 64 * 64; b < b1; b += 64) prefetch_l2(p + b);
+        }
         dequant(t, k0, k1, panel);
         panel_rows(panel, k0, k1, a.x, M, K, acc);
       }
@@ -499,7 +510,7 @@ void gemv_nibbles(const GemvArgs& a, const uint8_t* packed, int64_t G) {
   const int64_t M = a.M, K = a.K, ng = K / G, tile_bytes = ng / S::GR * record_bytes<S>(G);
   if (M > kDirectMaxRows && !a.direct_only) {
     const QUnpack<S::B> u;
-    run_panel(a, G, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
+    run_panel(a, G, packed, tile_bytes, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
       dequant_q4<S>(u, packed + t * tile_bytes, G, k0, k1, panel);
     });
     return;
@@ -554,7 +565,7 @@ void gemv_f16(const GemvArgs& a, const uint16_t* packed) {
   const f16* wp = reinterpret_cast<const f16*>(packed);
   const int64_t K = a.K;
   if (a.M > kDirectMaxRows) {
-    run_panel(a, 1, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
+    run_panel(a, 1, wp, K * NT * int64_t(sizeof(f16)), [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
       const F16W w{wp + t * K * NT};
       for (int64_t k = k0; k < k1; ++k)
         for (int v = 0; v < NV; ++v) vstore(panel + (k - k0) * NT + v * W, w.load(k, v));
@@ -568,7 +579,7 @@ void gemv_f16(const GemvArgs& a, const uint16_t* packed) {
 void gemv_int8(const GemvArgs& a, const int8_t* q, const float* scales, const float* mins, int64_t Kp, int64_t G) {
   const int64_t ng = Kp / G;
   if (a.M > kDirectMaxRows && !a.direct_only) {
-    run_panel(a, G, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
+    run_panel(a, G, q, Kp * NT, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
       const I8W w{q + t * Kp * NT};
       for (int64_t k = k0; k < k1; ++k) {
         const int64_t o = (t * ng + k / G) * NT;
