@@ -20,8 +20,11 @@ SECTIONS = ("forward_ms", "logits_ms", "sample_ms")
 
 def step_cost(model: str, k: int, context: int, steps: int) -> tuple[float, dict[str, float]]:
     """(ms per verifying step, the sections) for one request with `context` prompt tokens, k drafts per step."""
+    # No back-off: its threshold is min_acceptance_rate plus the measured cost of a draft token in target steps, and
+    # a self-draft costs about one step per token, so with min_acceptance_rate 0 the scheduler (rightly) stopped
+    # drafting at most k and the "verify" steps were one-token steps (until 2026-11-24 this script measured that).
     spec = {"method": "draft_model", "model": model, "num_speculative_tokens": k,
-            "max_batch_size": 1000, "min_acceptance_rate": 0.0} if k else None
+            "max_batch_size": 1000, "min_acceptance_rate": -2.0} if k else None
     llm = LLM(model, max_model_len=context + 4 * steps * (k + 1), speculative_config=spec, profile=True)
     prompt = {"prompt_token_ids": [(i * 7919) % 20000 + 100 for i in range(context)]}
     sp = SamplingParams(temperature=0, max_tokens=steps * (k + 1), ignore_eos=True)
@@ -30,6 +33,9 @@ def step_cost(model: str, k: int, context: int, steps: int) -> tuple[float, dict
     prof.reset()
     llm.generate(prompt, sp, use_tqdm=False)
     report = prof.report()
+    tokens_per_step = steps * (k + 1) / report["steps"]
+    if tokens_per_step < k + 0.5:  # every step must verify 1 + k tokens, or this measures something else
+        raise RuntimeError(f"k={k}: {tokens_per_step:.2f} tokens per step, not {k + 1}")
     return sum(report[s] for s in SECTIONS), {s: report[s] for s in SECTIONS}
 
 
