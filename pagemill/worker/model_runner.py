@@ -78,7 +78,6 @@ class ModelRunner:
         self.parallel = parallel or ParallelContext()  # this worker's tensor / pipeline ranks
         mc, cc = config.model_config, config.cache_config
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
-        keep_step_buffers_mapped()
         self.backend = get_attn_backend(config.attention_backend, config.batch_invariant,
                                         config.cache_config.kv_cache_layout)
         # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.
@@ -144,6 +143,7 @@ class ModelRunner:
         self.kv_connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER)
         if self.kv_connector is not None:
             self.kv_connector.register_kv_caches(self.kv_cache)
+        keep_step_buffers_mapped()  # from here on (loading's one-off temporaries keep glibc's defaults)
 
     def _allocate_kv_cache(self, shape: tuple[int, ...]) -> torch.Tensor:
         """The KV tensor of every layer position, [group_size, *backend shape] (committed page by page)."""

@@ -83,7 +83,6 @@ class EncoderModelRunner:
         self.config = config
         mc, cc = config.model_config, config.cache_config
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
-        keep_step_buffers_mapped()
         backend = get_attn_backend(config.attention_backend)  # (the layers' context names one; BERT's is its own)
         self.model = load_model(mc, select_layer_ops(use_kernels=backend.name != "torch"), backend)
         if self.model.attention_layers():
@@ -93,6 +92,7 @@ class EncoderModelRunner:
         classify: Callable[[torch.Tensor], torch.Tensor] | None = getattr(self.model, "classify", None)
         self.pooler = Pooler(mc.pooler_config, classify)
         self.profiler = StepTimer(config.profile)
+        keep_step_buffers_mapped()  # from here on (loading's one-off temporaries keep glibc's defaults)
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Forward the step's requests (each whole) and pool them; the section timings come back too."""
