@@ -16,8 +16,6 @@
 // Weight layout: q [T, K / 4, 64, 4] int8 (tiles of 64 channels; four consecutive k per channel: the operand of
 // vpdpbusd), scales [T, K / 32, 64] fp32, offsets [T, K / 32, 64] int32 = -128 * (sum of the group's codes): VNNI
 // multiplies unsigned x + 128 by signed w, the offset removes the 128 * sum(w) this adds.
-#include <vector>
-
 #include "simd.h"
 
 namespace pagemill {
@@ -346,18 +344,28 @@ int64_t recheck_row(const HeadScreenArgs& a, int64_t r, const float* tmax, float
     }
   } else {
     const float threshold = top - 2.0f * bound;
-    std::vector<int64_t> cand;  // ascending, so the first maximum wins as in a scan
-    for (int64_t t = 0; t < a.tiles; ++t) {
-      if (tm[t] < threshold) continue;
-      const int64_t n1 = imin(a.N, (t + 1) * NT);
-      for (int64_t n = t * NT; n < n1; ++n)
-        if (row[n] >= threshold && mask.allowed(n)) cand.push_back(n);
+    Scratch cand_buf;
+    int64_t* cand = nullptr;
+    // The candidates, ascending (so the first maximum wins, as in a scan): counted, then listed. (No std::vector:
+    // its out-of-line template code would be a symbol every ISA variant's object defines.)
+    int64_t nc = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+      if (pass == 1) cand = reinterpret_cast<int64_t*>(cand_buf.get(2 * imax(1, nc))), nc = 0;
+      for (int64_t t = 0; t < a.tiles; ++t) {
+        if (tm[t] < threshold) continue;
+        const int64_t n1 = imin(a.N, (t + 1) * NT);
+        for (int64_t n = t * NT; n < n1; ++n)
+          if (row[n] >= threshold && mask.allowed(n)) {
+            if (pass == 1) cand[nc] = n;
+            ++nc;
+          }
+      }
     }
     // The table rows sit anywhere in a large table: their reads overlap when several are in flight (a flat row has
     // thousands of candidates), so kAhead rows ahead are prefetched, and kLanes dots run side by side (each its own
     // FMA chain in exact_dot's order: the same values as one at a time).
     constexpr int64_t kAhead = 4, kLanes = 4;
-    const int64_t nc = int64_t(cand.size()), row_bytes = a.K * int64_t(sizeof(float));
+    const int64_t row_bytes = a.K * int64_t(sizeof(float));
     for (int64_t i = 0; i < imin(nc, kAhead); ++i)
       for (int64_t b = 0; b < row_bytes; b += 64) prefetch_l2(reinterpret_cast<const char*>(a.table + cand[i] * a.K) + b);
     for (int64_t i = 0; i < nc; i += kLanes) {
@@ -366,7 +374,7 @@ int64_t recheck_row(const HeadScreenArgs& a, int64_t r, const float* tmax, float
         for (int64_t b = 0; b < row_bytes; b += 64)
           prefetch_l2(reinterpret_cast<const char*>(a.table + cand[j] * a.K) + b);
       float v[kLanes];
-      exact_dots(a.table, cand.data() + i, lanes_here, x, a.K, v);
+      exact_dots(a.table, cand + i, lanes_here, x, a.K, v);
       for (int64_t l = 0; l < lanes_here; ++l) take(cand[i + l], v[l]);
     }
     count = nc;
