@@ -9,12 +9,18 @@ import os
 
 
 @functools.cache
-def _malloc_trim():
+def _libc() -> ctypes.CDLL | None:
+    """The C library, or None where it cannot be loaded."""
     name = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        return ctypes.CDLL(name) if name else None
+    except OSError:
         return None
+
+
+def _libc_function(name: str):
+    """A C library function, or None where there is none (not glibc: musl, macOS)."""
+    return getattr(_libc(), name, None)
 
 
 def release_free_memory() -> bool:
@@ -23,7 +29,7 @@ def release_free_memory() -> bool:
     A serving process allocates and frees many short-lived buffers per request; glibc keeps the freed pages in its
     arenas, so RSS creeps up with the number of requests served even though nothing leaks. Trimming when the engine
     goes idle keeps RSS at what is in use, for a few milliseconds only while there is no work."""
-    trim = _malloc_trim()
+    trim = _libc_function("malloc_trim")
     if trim is None:
         return False
     trim(0)
@@ -47,11 +53,7 @@ def keep_step_buffers_mapped() -> bool:
     hands the pages back when the engine goes idle. The role vLLM's CPU guide gives to preloading tcmalloc."""
     if any(k.startswith("MALLOC_") for k in os.environ):
         return False
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt if name else None
-    except (OSError, AttributeError):
-        return False
+    mallopt = _libc_function("mallopt")
     if mallopt is None:
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, STEP_BUFFER_MAX_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD,

@@ -344,35 +344,35 @@ int64_t recheck_row(const HeadScreenArgs& a, int64_t r, const float* tmax, float
     }
   } else {
     const float threshold = top - 2.0f * bound;
-    Scratch cand_buf;
-    int64_t* cand = nullptr;
-    // The candidates, ascending (so the first maximum wins, as in a scan): counted, then listed. (No std::vector:
-    // its out-of-line template code would be a symbol every ISA variant's object defines.)
-    int64_t nc = 0;
-    for (int pass = 0; pass < 2; ++pass) {
-      if (pass == 1) cand = reinterpret_cast<int64_t*>(cand_buf.get(2 * imax(1, nc))), nc = 0;
+    // The candidates, ascending (so the first maximum wins, as in a scan): counted, then listed into a Scratch
+    // buffer (a std::vector's out-of-line template code would be a symbol every ISA variant's object defines).
+    auto each_candidate = [&](auto&& f) {
       for (int64_t t = 0; t < a.tiles; ++t) {
         if (tm[t] < threshold) continue;
         const int64_t n1 = imin(a.N, (t + 1) * NT);
         for (int64_t n = t * NT; n < n1; ++n)
-          if (row[n] >= threshold && mask.allowed(n)) {
-            if (pass == 1) cand[nc] = n;
-            ++nc;
-          }
+          if (row[n] >= threshold && mask.allowed(n)) f(n);
       }
-    }
+    };
+    int64_t nc = 0;
+    each_candidate([&](int64_t) { ++nc; });
+    Scratch cand_buf;
+    int64_t* cand = reinterpret_cast<int64_t*>(cand_buf.get(2 * imax(1, nc)));
+    int64_t listed = 0;
+    each_candidate([&](int64_t n) { cand[listed++] = n; });
     // The table rows sit anywhere in a large table: their reads overlap when several are in flight (a flat row has
-    // thousands of candidates), so kAhead rows ahead are prefetched, and kLanes dots run side by side (each its own
-    // FMA chain in exact_dot's order: the same values as one at a time).
-    constexpr int64_t kAhead = 4, kLanes = 4;
-    const int64_t row_bytes = a.K * int64_t(sizeof(float));
-    for (int64_t i = 0; i < imin(nc, kAhead); ++i)
-      for (int64_t b = 0; b < row_bytes; b += 64) prefetch_l2(reinterpret_cast<const char*>(a.table + cand[i] * a.K) + b);
+    // thousands of candidates), so the next kLanes rows are prefetched while kLanes dots run side by side (each its
+    // own FMA chain in exact_dot's order: the same values as one at a time).
+    constexpr int64_t kLanes = 4;
+    auto prefetch_rows = [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < imin(nc, i1); ++i)
+        for (int64_t b = 0; b < a.K * int64_t(sizeof(float)); b += 64)
+          prefetch_l2(reinterpret_cast<const char*>(a.table + cand[i] * a.K) + b);
+    };
+    prefetch_rows(0, kLanes);
     for (int64_t i = 0; i < nc; i += kLanes) {
+      prefetch_rows(i + kLanes, i + 2 * kLanes);
       const int64_t lanes_here = imin(kLanes, nc - i);
-      for (int64_t j = i + kAhead; j < imin(nc, i + kAhead + kLanes); ++j)
-        for (int64_t b = 0; b < row_bytes; b += 64)
-          prefetch_l2(reinterpret_cast<const char*>(a.table + cand[j] * a.K) + b);
       float v[kLanes];
       exact_dots(a.table, cand + i, lanes_here, x, a.K, v);
       for (int64_t l = 0; l < lanes_here; ++l) take(cand[i + l], v[l]);
