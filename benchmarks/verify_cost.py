@@ -4,7 +4,12 @@ request, against a one-token decode step (issue 13: at most 1.3x for 1 + 7 token
 The target drafts for itself as a separate draft model, so every draft is accepted and every step verifies exactly
 1 + k tokens; the draft's own forwards are timed apart (the profiler's `propose` section) and left out.
 
-    python benchmarks/verify_cost.py [--model PATH] [--ks 1,3,7] [--context 512] [--steps 64]
+    python benchmarks/verify_cost.py [--model PATH] [--quantization auto|none|...] [--ks 1,3,7] [--context 512]
+                                     [--steps 64]
+
+With the GGUF's Q4_1 records (auto) a one-token step streams 60 MB of weights and eight rows are compute-bound on
+two cores; with float32 weights (`--quantization none`, the setting of the issue's torch figures) a step is bound
+by reading the weights for up to 8 rows.
 """
 
 from __future__ import annotations
@@ -18,14 +23,16 @@ from pagemill.loader.default_model import default_model_path
 SECTIONS = ("forward_ms", "logits_ms", "sample_ms")
 
 
-def step_cost(model: str, k: int, context: int, steps: int) -> tuple[float, dict[str, float]]:
+def step_cost(model: str, k: int, context: int, steps: int,
+              quantization: str = "auto") -> tuple[float, dict[str, float]]:
     """(ms per verifying step, the sections) for one request with `context` prompt tokens, k drafts per step."""
     # No back-off: its threshold is min_acceptance_rate plus the measured cost of a draft token in target steps, and
     # a self-draft costs about one step per token, so with min_acceptance_rate 0 the scheduler (rightly) stopped
     # drafting at most k and the "verify" steps were one-token steps (until 2026-11-24 this script measured that).
     spec = {"method": "draft_model", "model": model, "num_speculative_tokens": k,
             "max_batch_size": 1000, "min_acceptance_rate": -2.0} if k else None
-    llm = LLM(model, max_model_len=context + 4 * steps * (k + 1), speculative_config=spec, profile=True)
+    llm = LLM(model, max_model_len=context + 4 * steps * (k + 1), speculative_config=spec, profile=True,
+              quantization=quantization)
     prompt = {"prompt_token_ids": [(i * 7919) % 20000 + 100 for i in range(context)]}
     sp = SamplingParams(temperature=0, max_tokens=steps * (k + 1), ignore_eos=True)
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=2 * (k + 1), ignore_eos=True), use_tqdm=False)
@@ -45,13 +52,15 @@ def main() -> None:
     ap.add_argument("--ks", default="1,3,7")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--quantization", default="auto", help="the engine's quantization (none: float32 weights)")
     args = ap.parse_args()
     model = args.model or default_model_path()
-    print(f"CPU: {platform.processor() or platform.machine()}; model {model}; context {args.context}")
-    base, sections = step_cost(model, 0, args.context, args.steps)
+    print(f"CPU: {platform.processor() or platform.machine()}; model {model}; quantization {args.quantization}; "
+          f"context {args.context}")
+    base, sections = step_cost(model, 0, args.context, args.steps, args.quantization)
     print(f"k=0 (1 token):  {base:7.2f} ms/step  " + "  ".join(f"{s} {v:.2f}" for s, v in sections.items()))
     for k in (int(x) for x in args.ks.split(",")):
-        cost, sections = step_cost(model, k, args.context, args.steps)
+        cost, sections = step_cost(model, k, args.context, args.steps, args.quantization)
         print(f"k={k} ({k + 1} tokens): {cost:7.2f} ms/step = {cost / base:.2f}x  "
               + "  ".join(f"{s} {v:.2f}" for s, v in sections.items()))
 

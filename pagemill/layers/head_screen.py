@@ -9,16 +9,18 @@ from typing import Any
 import torch
 from torch import nn
 
-# Fewer greedy rows than this take the exact head: at 1-3 rows both stream the same int8 bytes from memory (the
-# records GEMV) and the screen only adds its recheck.
+# Fewer greedy rows than this take the exact head when it streams quantized records (a Q8_0 table: at 1-3 rows both
+# read the same int8 bytes from memory and the screen only adds its recheck). A float head (4 bytes per weight, or 2)
+# takes the screen from one row: its int8 codes are a quarter of the bytes.
 HEAD_SCREEN_MIN_ROWS = 4
 
 
 class GreedyHeadScreen:
     """int8 screen of an LM head's float32 table [vocab, hidden] (VNNI / AVX2 int8 dot products)."""
 
-    def __init__(self, table: torch.Tensor, kernels: Any) -> None:
+    def __init__(self, table: torch.Tensor, kernels: Any, min_rows: int = HEAD_SCREEN_MIN_ROWS) -> None:
         self.table, self.kernels = table, kernels
+        self.min_rows = min_rows  # fewer greedy rows take the exact head
         self.q, self.scales, self.offsets, self.weight_error, self.weight_norm = kernels.pack_head_screen(table)
         self.recomputed = 0  # logits recomputed exactly so far (a statistic: a few per row)
         self.rows = 0
@@ -32,7 +34,7 @@ class GreedyHeadScreen:
                 or table.dtype != torch.float32 or table.dim() != 2 or not table.is_contiguous()
                 or table.shape[1] % 32 or getattr(head, "bias", None) is not None):
             return None
-        return cls(table, kernels)
+        return cls(table, kernels, HEAD_SCREEN_MIN_ROWS if getattr(head, "gemv_records", None) is not None else 1)
 
     @property
     def nbytes(self) -> int:

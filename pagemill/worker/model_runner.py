@@ -25,7 +25,7 @@ from pagemill.distributed.parallel_state import ParallelContext
 from pagemill.forward_context import set_forward_context
 from pagemill.kernels.ops import select_layer_ops
 from pagemill.layers.batch_invariant import make_batch_invariant
-from pagemill.layers.head_screen import HEAD_SCREEN_MIN_ROWS, GreedyHeadScreen
+from pagemill.layers.head_screen import GreedyHeadScreen
 from pagemill.loader.model_loader import load_model
 from pagemill.lora.layers import LoRAMapping
 from pagemill.lora.model_manager import LoRAModelManager
@@ -474,7 +474,7 @@ class ModelRunner:
                 has_mask = np.zeros(len(rows), dtype=bool)
                 has_mask[mask[1].numpy()] = True
                 screened &= ~constrained | has_mask  # (every constrained row that samples has a bitmask row)
-                if screened.sum() < HEAD_SCREEN_MIN_ROWS:
+                if screened.sum() < self.head_screen.min_rows:
                     screened = None
         with prof.section("logits"):  # model compute (LM head), not engine overhead
             logits, tokens = self._sample_logits(hidden, screened, mask)
@@ -485,10 +485,10 @@ class ModelRunner:
     def _screened_rows(self, rows: np.ndarray, offsets: np.ndarray | None = None) -> np.ndarray | None:
         """Which logits rows take the greedy head screen (those that need only the argmax), or None: the exact head
         for every row (no screen, or too few such rows for it to pay)."""
-        if self.head_screen is None or len(rows) < HEAD_SCREEN_MIN_ROWS:
+        if self.head_screen is None or len(rows) < self.head_screen.min_rows:
             return None
         argmax_only = self._argmax_only(rows, offsets)
-        return argmax_only if argmax_only.sum() >= HEAD_SCREEN_MIN_ROWS else None
+        return argmax_only if argmax_only.sum() >= self.head_screen.min_rows else None
 
     def _sample_logits(self, hidden: torch.Tensor, screened: np.ndarray | None,
                        mask: tuple[torch.Tensor, torch.Tensor] | None = None

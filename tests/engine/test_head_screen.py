@@ -72,6 +72,24 @@ def test_screen_recomputes_few_logits(smol_llm):
     assert (screen.recomputed - recomputed) / (screen.rows - rows) < 200
 
 
+def test_float_head_takes_the_screen_from_one_row(smol_path, smol_llm):
+    """A float32 head streams four bytes per weight, so a lone greedy row takes the int8 screen (a quarter of the
+    bytes); a head kept in Q8_0 records streams as many bytes as the screen, so 1-3 rows keep the exact head. Greedy
+    tokens equal the exact head's either way."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    float_llm = LLM(smol_path, kv_cache_memory="256MiB", max_model_len=1024, quantization="none")
+    exact = LLM(smol_path, kv_cache_memory="256MiB", max_model_len=1024, quantization="none",
+                greedy_head_screen=False)
+    for llm, min_rows in ((float_llm, 1), (smol_llm, 4)):
+        screen = screen_of(llm)
+        assert screen.min_rows == min_rows
+        rows = screen.rows
+        out = llm.generate(SMOL_PROMPTS[0], params, use_tqdm=False)[0].outputs[0].token_ids
+        assert (screen.rows - rows > 0) == (min_rows == 1)  # one request decoding: one row per step
+        if min_rows == 1:
+            assert out == exact.generate(SMOL_PROMPTS[0], params, use_tqdm=False)[0].outputs[0].token_ids
+
+
 def constrained_requests() -> list[tuple[str, SamplingParams]]:
     """Greedy requests under a JSON schema, a regex and a choice on both backends, next to plain greedy ones."""
     constraints = [dict(json=SCHEMAS[i][1]) for i in (0, 7, 41)] + [
