@@ -52,18 +52,23 @@ def _spec_now(llm: Any) -> SpecDecodingStats | None:
 
 
 def timed_run(llm: Any, prompts: Sequence[Sequence[int]], output_len: int, batch_size: int,
-              lora_requests: Sequence[Any] | None = None) -> Run:
-    """Greedy, ignore_eos generation of `prompts` in waves of `batch_size` concurrent requests (each with its
-    adapter in `lora_requests`, if given)."""
+              lora_requests: Sequence[Any] | None = None, temperature: float = 0.0) -> Run:
+    """ignore_eos generation of `prompts` in waves of `batch_size` concurrent requests (each with its adapter in
+    `lora_requests`, if given): greedy, or sampled at `temperature` (top-p 0.95, request i seeded with i)."""
     from pagemill import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    if temperature > 0:
+        params = [SamplingParams(temperature=temperature, top_p=0.95, seed=i, max_tokens=output_len, ignore_eos=True)
+                  for i in range(len(prompts))]
+    else:
+        params = [SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)] * len(prompts)
     before = _spec_now(llm)
     outputs: list[list[int]] = []
     decode_tokens, decode_s = 0, 0.0
     start = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
-        wave = llm.generate([{"prompt_token_ids": list(p)} for p in prompts[i:i + batch_size]], params,
+        wave = llm.generate([{"prompt_token_ids": list(p)} for p in prompts[i:i + batch_size]],
+                            params[i:i + batch_size],
                             use_tqdm=False,
                             lora_request=lora_requests[i:i + batch_size] if lora_requests is not None else None)
         outputs += [list(o.outputs[0].token_ids) for o in wave]
@@ -120,12 +125,14 @@ def _run_metrics(run: Run, runs: list[Run]) -> dict[str, Any]:
 
 
 def measure_cell(base: Any, spec: Any, prompts: Sequence[Sequence[int]], output_len: int, batch_size: int,
-                 num_iters: int) -> dict[str, Any]:
-    """Time one cell on both engines (ABBA order) and compare their greedy outputs."""
+                 num_iters: int, temperature: float = 0.0) -> dict[str, Any]:
+    """Time one cell on both engines (ABBA order) and compare their greedy outputs (sampled outputs differ: the
+    rejection sampler draws its own random numbers, so `identical` is None)."""
     runs: dict[str, list[Run]] = {"base": [], "spec": []}
     for it in range(num_iters):
         for name in (("base", "spec") if it % 2 == 0 else ("spec", "base")):
-            runs[name].append(timed_run(base if name == "base" else spec, prompts, output_len, batch_size))
+            runs[name].append(timed_run(base if name == "base" else spec, prompts, output_len, batch_size,
+                                        temperature=temperature))
     b, s = _median_run(runs["base"]), _median_run(runs["spec"])
     reference = runs["base"][0].outputs  # every run of both engines must give these tokens
     identical = sum(all(r.outputs[i] == ref for r in runs["base"] + runs["spec"]) for i, ref in enumerate(reference))
@@ -138,7 +145,8 @@ def measure_cell(base: Any, spec: Any, prompts: Sequence[Sequence[int]], output_
             "decode_ratio": s.decode_tokens_per_s / b.decode_tokens_per_s,
             "output_ratio": s.output_tokens_per_s / b.output_tokens_per_s,
             "spec_decoding": spec_summary(spec_total),
-            "identical_requests": identical, "identical": identical == len(prompts)}
+            "identical_requests": identical if temperature == 0 else None,
+            "identical": identical == len(prompts) if temperature == 0 else None}
 
 
 def _load(kwargs: dict[str, Any]) -> tuple[Any, float]:
@@ -207,7 +215,7 @@ def run_speculative(args: argparse.Namespace) -> dict[str, Any]:
                 for workload, prompts in workloads.items():
                     for batch_size in args.batch_sizes:
                         cell = measure_cell(base, spec, cell_prompts(prompts, args.num_prompts, batch_size),
-                                            args.output_len, batch_size, args.num_iters)
+                                            args.output_len, batch_size, args.num_iters, args.temperature)
                         cell.update(workload=workload, method=method, speculative_config=config)
                         payload["cells"].append(cell)
                         print(format_cells([cell]).splitlines()[-1], flush=True)
@@ -217,12 +225,15 @@ def run_speculative(args: argparse.Namespace) -> dict[str, Any]:
         _close(base)
     payload["environment"] = {**environment_info(), "load_avg_1m_at_start": load_at_start}
     cells = payload["cells"]
-    payload["all_identical"] = all(c["identical"] for c in cells)
+    payload["all_identical"] = all(c["identical"] for c in cells) if args.temperature == 0 else None
     print(format_cells(cells))
     print("decode tok/s (first tokens and prefill excluded); ratio = with / without speculation; acc.len = mean "
           "acceptance length (tokens per verification step); acc.rate = accepted / drafted tokens")
-    print(f"greedy outputs identical with and without speculation: {payload['all_identical']} "
-          f"({sum(c['identical'] for c in cells)}/{len(cells)} cells)")
+    if args.temperature == 0:
+        print(f"greedy outputs identical with and without speculation: {payload['all_identical']} "
+              f"({sum(c['identical'] for c in cells)}/{len(cells)} cells)")
+    else:
+        print(f"sampled at temperature {args.temperature} (top-p 0.95, seeded): outputs are not compared")
     if args.save_result:
         save_result(args.save_result, payload)
         print(f"saved {args.save_result}")
@@ -274,6 +285,9 @@ def add_speculative_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-iters", type=int, default=1,
                         help="timed runs per cell and engine (ABBA order); the median is reported")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sharegpt prompts")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy (outputs compared); > 0: sampled, top-p 0.95, request i seeded with i "
+                             "(lower acceptance: what the back-off is for)")
     parser.add_argument("--save-result", "--output-json", dest="save_result", default=None,
                         help="JSON file for the cells, config and environment")
     add_engine_args(parser)

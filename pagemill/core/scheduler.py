@@ -133,8 +133,12 @@ class Scheduler:
         """Queue a new request (WAITING_FOR_FSM while its structured-output grammar compiles)."""
         self.requests[request.request_id] = request
         if self.spec_config is not None and self.spec_acceptance < self._acceptance_threshold():
-            # drafts have been paying poorly: the request starts backed off (it probes again after that)
-            request.spec_backoff_len = request.spec_backoff_until = self.spec_backoff_len
+            # Drafts have been paying poorly: the request starts backed off, and probes within its own length (the
+            # probes are what lift the engine-wide average: with requests shorter than the back-off and no probe,
+            # one poor spell stopped speculation for good).
+            wait = self.spec_backoff_len if request.max_tokens is None else min(self.spec_backoff_len,
+                                                                                 request.max_tokens // 2)
+            request.spec_backoff_len = request.spec_backoff_until = wait
             request.spec_acceptance = self._acceptance_threshold()
         if request.structured_output is not None and not request.structured_output.is_ready():
             request.status = RequestStatus.WAITING_FOR_FSM

@@ -79,6 +79,19 @@ def test_tiny_run_reports_identical_greedy_outputs(capsys, tmp_path):
     assert out.exists()
 
 
+def test_tiny_sampled_run_times_both_engines_without_comparing_outputs(capsys):
+    """--temperature: seeded sampled requests (lower acceptance, the back-off's case); outputs are not compared."""
+    args = _parse("--methods", "ngram", "--batch-sizes", "2", "--num-prompts", "2", "--output-len", "12",
+                  "--workloads", "edit", "--kv-cache-memory", "128MiB", "--max-model-len", "1024",
+                  "--engine-arg", "num_threads=1", "--temperature", "1.0")
+    assert args.temperature == 1.0 and _parse().temperature == 0.0
+    payload = run_speculative(args)
+    (cell,) = payload["cells"]
+    assert payload["all_identical"] is None and cell["identical"] is None
+    assert cell["base"]["decode_tokens_per_s"] > 0 and cell["spec"]["decode_tokens_per_s"] > 0
+    assert "sampled at temperature 1.0" in capsys.readouterr().out
+
+
 def test_bench_tables_report_acceptance():
     summary = spec_summary(SpecDecodingStats(num_spec_tokens=2, num_drafts=10, num_draft_tokens=20,
                                              num_accepted_tokens=15, num_accepted_tokens_per_pos=[9, 6]))

@@ -170,3 +170,34 @@ def test_costly_drafts_back_off_and_new_requests_start_backed_off():
     assert 3 <= drafted["first"] <= 12  # half of the drafts accepted: not worth 0.8 of a step each
     run("second", 40)
     assert drafted["second"] <= 1  # starts backed off
+
+
+def test_after_a_poor_spell_short_requests_still_probe_and_speculation_recovers():
+    """Every draft rejected for a while backs off to 256 tokens; a later request of 64 tokens still probes within
+    its length (one poor spell must not stop speculation for good), and once drafts are accepted again new
+    requests draft from their first step."""
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_model_len=2048), CacheConfig(block_size=4),
+                  KVCacheConfig(2000, 4), SpeculativeConfig(method="ngram", num_speculative_tokens=4))
+
+    def run(rid: str, max_tokens: int, accept: bool) -> list[int]:
+        s.add_request(Request(rid, [5, 6, 7], SamplingParams(max_tokens=max_tokens, ignore_eos=True), None, 0.0))
+        drafted = []
+        while rid in s.requests and len(drafted) < 2000:
+            so = s.schedule()
+            drafts = so.scheduled_spec_decode_tokens.get(rid, [])
+            drafted.append(len(drafts))
+            proposals = {rid: [9, 9, 9, 9]} if rid in so.num_spec_tokens_to_propose else {}
+            s.update_from_output(so, ModelRunnerOutput({rid: (drafts if accept else []) + [8]},
+                                                       draft_token_ids=proposals))
+        return drafted
+
+    for i in range(10):
+        run(f"poor{i}", 1000, accept=False)
+        if s.spec_acceptance < s._acceptance_threshold():
+            break
+    assert s.spec_backoff_len == 256 and s.spec_acceptance < s._acceptance_threshold()  # poor engine-wide
+    short = run("short", 64, accept=True)
+    assert not any(short[:8]) and any(short)  # backed off at first, then a probe inside its 64 tokens
+    for i in range(12):
+        drafted = run(f"good{i}", 64, accept=True)
+    assert drafted[1] == 4  # acceptance recovered engine-wide: the next request drafts at once
