@@ -73,4 +73,6 @@ class ModelRunnerOutput:
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)  # proposals for the next step
     # Seconds of proposing per draft position, over the seconds of this step's target forward and sampling.
     draft_cost: float | None = None
+    # Seconds of this step's target forward and sampling (with speculation configured): the verification cost model.
+    target_seconds: float | None = None
     pooler_output: dict[str, bytes] = field(default_factory=dict)  # pooling requests whose prompt is computed

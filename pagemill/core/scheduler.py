@@ -25,6 +25,7 @@ from pagemill.distributed.kv_transfer.base import KVConnectorBase_V1
 from pagemill.messages import EngineCoreEventType, EngineCoreOutput, LogprobsLists
 from pagemill.metrics.stats import SchedulerStats, SpecDecodingStats
 from pagemill.request import Request, RequestStatus
+from pagemill.spec_decode.verify_cost import VerifyCostModel
 
 
 class _WaitingQueue:
@@ -97,6 +98,9 @@ class Scheduler:
         # token costs relative to a target step (a draft model's forwards; ~0 for n-gram / suffix).
         self.spec_acceptance = 1.0
         self.draft_cost = 0.0
+        # What a verified draft token costs at the batch size of the last verifying step (in plain-step units).
+        self.verify_costs, self.verify_cost = VerifyCostModel(), 0.0
+        self.num_steps = 0  # steps scheduled (the verification cost model's clock)
         self.spec_backoff_len = 0  # the last back-off's length: a new request starts with it while acceptance is poor
         self.spec_stats = SpecDecodingStats(speculative_config.num_speculative_tokens, 0, 0, 0,
                                             [0] * speculative_config.num_speculative_tokens) \
@@ -349,6 +353,9 @@ class Scheduler:
         total = sum(num_scheduled.values())
         to_propose: dict[str, int] = {}
         speculate = self.spec_config is not None and len(self.running) < self.spec_config.max_batch_size
+        self.num_steps += 1
+        if speculate and self.verify_costs.plain_due(len(self.running), self.num_steps):
+            speculate = False  # no drafts next step: it times the plain step the verification cost compares with
         for rid, n in num_scheduled.items():
             req = self.requests[rid]
             prompt_left = max(0, req.num_prompt_tokens - req.num_computed_tokens)
@@ -400,8 +407,19 @@ class Scheduler:
 
     def _acceptance_threshold(self) -> float:
         """The draft acceptance rate below which speculation costs more than it gives: the configured minimum plus
-        the measured cost of proposing a draft token (in target steps)."""
-        return self.spec_config.min_acceptance_rate + self.draft_cost
+        the measured costs of proposing a draft token and of verifying it at the current batch (in target steps)."""
+        return self.spec_config.min_acceptance_rate + self.draft_cost + self.verify_cost
+
+    def _measure_verify_cost(self, sched: SchedulerOutput, seconds: float) -> None:
+        """Record a decode-only step's time (no prefill tokens in it) and, if it verified drafts, the cost of a draft
+        token at its batch size (spec_decode/verify_cost.py)."""
+        batch = len(sched.num_scheduled_tokens)
+        drafts = sum(len(d) for d in sched.scheduled_spec_decode_tokens.values())
+        if not batch or sched.total_num_scheduled_tokens != batch + drafts:
+            return
+        self.verify_costs.record(batch + drafts, seconds, self.num_steps)
+        if drafts:
+            self.verify_cost = self.verify_costs.cost_per_draft(batch, drafts)
 
     def _constrained_drafts(self, req: Request, drafts: list[int]) -> list[int]:
         """A constrained request's drafts: the proposer's, cut where its grammar would reject them, or the tokens
@@ -526,6 +544,8 @@ class Scheduler:
             self.in_flight.difference_update(sched.num_scheduled_tokens)
         if out.draft_cost is not None:
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * out.draft_cost
+        if out.target_seconds is not None:
+            self._measure_verify_cost(sched, out.target_seconds)
         for rid in sched.num_scheduled_tokens:
             if rid in self._stale_tokens and rid in out.sampled:  # a finished request's extra token: discarded
                 self._stale_tokens[rid] -= 1

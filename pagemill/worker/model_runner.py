@@ -228,8 +228,9 @@ class ModelRunner:
         if not self.parallel.is_last_stage:  # the hidden states went on to the next pipeline stage
             return ModelRunnerOutput({})
         out = self._sample(hidden, step, so)
+        if self.proposer is not None:
+            target = out.target_seconds = time.perf_counter() - start
         if so.num_spec_tokens_to_propose and self.proposer is not None:
-            target = time.perf_counter() - start
             with prof.section("propose"):
                 positions = self._propose(out, so.num_spec_tokens_to_propose)
             if positions:
