@@ -406,9 +406,10 @@ class Scheduler:
         return self.spec_config.num_speculative_tokens
 
     def _acceptance_threshold(self) -> float:
-        """The draft acceptance rate below which speculation costs more than it gives: the configured minimum plus
-        the measured costs of proposing a draft token and of verifying it at the current batch (in target steps)."""
-        return self.spec_config.min_acceptance_rate + self.draft_cost + self.verify_cost
+        """The draft acceptance rate below which speculation costs more than it gives: the measured costs of
+        proposing a draft token and of verifying it at the current batch (in target steps), at least the configured
+        minimum."""
+        return max(self.spec_config.min_acceptance_rate, self.draft_cost + self.verify_cost)
 
     def _measure_verify_cost(self, sched: SchedulerOutput, seconds: float) -> None:
         """Record a decode-only step's time (no prefill tokens in it) and, if it verified drafts, the cost of a draft
@@ -455,7 +456,8 @@ class Scheduler:
                 self._cut_tables[req.request_id] = kept
         rate, threshold = num_accepted / num_drafts, self._acceptance_threshold()
         self.spec_acceptance = 0.9 * self.spec_acceptance + 0.1 * rate
-        req.spec_acceptance = 0.6 * req.spec_acceptance + 0.4 * rate
+        # (slow enough that one rejected draft run among well-accepted ones does not cross a threshold near 0.5)
+        req.spec_acceptance = 0.75 * req.spec_acceptance + 0.25 * rate
         if req.spec_acceptance < threshold:
             # Poor acceptance: no drafts for a while (doubling while it stays poor), then one more try, which
             # starts the next back-off at once if it is poor too.
