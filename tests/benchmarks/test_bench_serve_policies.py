@@ -90,21 +90,22 @@ def test_bench_serve_compares_policies_on_real_servers(tiny_model, tmp_path):
     result, plot, kv_plot = tmp_path / "p.json", tmp_path / "p.png", tmp_path / "kv.png"
     args = build_parser().parse_args([
         "bench", "serve", "--model", tiny_model, "--compare-policies", "fcfs,srtf,two-level",
-        "--pagemill-serve-args", SERVE_ARGS + " --max-num-seqs 1", "--num-prompts", "6", "--random-input-len", "24",
+        "--pagemill-serve-args", SERVE_ARGS + " --max-num-seqs 1", "--num-prompts", "24", "--random-input-len", "24",
         "--random-output-len", "128", "--request-rate", "inf", "--save-result", str(result), "--plot", str(plot),
         "--kv-metrics-plot", str(kv_plot), "--kv-metrics-interval", "0.2", "--disable-tqdm"])
     args.func(args)
     data = json.loads(result.read_text())
     assert [r["target"] for r in data["runs"]] == ["fcfs", "srtf", "two-level"]
     for run in data["runs"]:
-        assert run["completed"] == 6 and run["failed"] == 0, run.get("error_samples")
-        assert run["total_output_tokens"] == 6 * 128
+        assert run["completed"] == 24 and run["failed"] == 0, run.get("error_samples")
+        assert run["total_output_tokens"] == 24 * 128
         assert 0 < run["normalized_latency_ms"]["mean"] <= run["normalized_latency_ms"]["p99"]
         samples = run["kv_metrics"]["samples"]
         assert samples and all(s["kv_cache_total_slots"] == 255 * 4 for s in samples)
-        # the accounting is refreshed every 0.25 s while busy and set to zero when the engine drains: six requests
-        # arriving at once and run one at a time keep it busy for 768 decode steps without a gap, so samples every
-        # 0.2 s see slots in use whatever the machine's speed (at 3 req/s a fast machine drained between arrivals
+        # the accounting is refreshed every 0.25 s while busy and set to zero when the engine drains: 24 requests
+        # arriving at once and run one at a time keep it busy for 3,072 decode steps without a gap (~1.2 s; six
+        # requests took 0.3 s once a lone greedy row of a float head took the head screen: too close to one
+        # refresh), so samples every 0.2 s see slots in use (at 3 req/s a fast machine drained between arrivals
         # and every sample could fall in an idle gap)
         assert max(s["kv_cache_token_slots"] for s in samples) > 0
     assert [r["policy"] for r in data["policies"]] == ["fcfs", "srtf", "two-level"]
