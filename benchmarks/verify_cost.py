@@ -8,8 +8,8 @@ The target drafts for itself as a separate draft model, so every draft is accept
                                      [--steps 64]
 
 With the GGUF's Q4_1 records (auto) a one-token step streams 60 MB of weights and eight rows are compute-bound on
-two cores; with float32 weights (`--quantization none`, the setting of the issue's torch figures) a step is bound
-by reading the weights for up to 8 rows.
+two cores; with float32 weights (`--quantization none`, the setting of the issue's torch figures) the one-token step
+is bound by reading the weights, and 1 + 7 measured ~1.4x (benchmarks/README.md, session 13).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ SECTIONS = ("forward_ms", "logits_ms", "sample_ms")
 def step_cost(model: str, k: int, context: int, steps: int,
               quantization: str = "auto") -> tuple[float, dict[str, float]]:
     """(ms per verifying step, the sections) for one request with `context` prompt tokens, k drafts per step."""
-    # No back-off: its threshold is min_acceptance_rate plus the measured cost of a draft token in target steps, and
-    # a self-draft costs about one step per token, so with min_acceptance_rate 0 the scheduler (rightly) stopped
-    # drafting at most k and the "verify" steps were one-token steps (until 2026-11-24 this script measured that).
+    # No back-off (a negative min_acceptance_rate): a self-draft costs about one target step per token, so the
+    # scheduler would (rightly) stop drafting and the "verify" steps would be one-token steps (until 2026-11-24 this
+    # script measured that).
     spec = {"method": "draft_model", "model": model, "num_speculative_tokens": k,
             "max_batch_size": 1000, "min_acceptance_rate": -2.0} if k else None
     llm = LLM(model, max_model_len=context + 4 * steps * (k + 1), speculative_config=spec, profile=True,

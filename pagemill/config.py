@@ -225,7 +225,8 @@ class SpeculativeConfig:
     suffix_decoding_min_token_prob: float = 0.1  # suffix: stop drafting below this estimated probability
     # Back-off: no drafts while the running batch is this large or more (verification stops being free) ...
     max_batch_size: int = 8
-    # ... nor for a request whose recent acceptance (tokens accepted per draft token, moving average) is below this.
+    # ... nor for a request whose recent acceptance (tokens accepted per draft token, moving average) is below this
+    # or below the measured cost of proposing and verifying a draft token, if higher (negative: no back-off).
     min_acceptance_rate: float = 0.15
 
     def __post_init__(self) -> None:

@@ -408,7 +408,9 @@ class Scheduler:
     def _acceptance_threshold(self) -> float:
         """The draft acceptance rate below which speculation costs more than it gives: the measured costs of
         proposing a draft token and of verifying it at the current batch (in target steps), at least the configured
-        minimum."""
+        minimum; a negative minimum turns the back-off off (benchmarks/verify_cost.py times every verify step)."""
+        if self.spec_config.min_acceptance_rate < 0:
+            return self.spec_config.min_acceptance_rate
         return max(self.spec_config.min_acceptance_rate, self.draft_cost + self.verify_cost)
 
     def _measure_verify_cost(self, sched: SchedulerOutput, seconds: float) -> None:

@@ -2,8 +2,8 @@
 price of one verified draft token relative to a plain step of the same batch (the back-off's verification term).
 
 Verification is nearly free only while a step is bound by reading the weights: on two cores a Q4_1 step over 20
-rows (4 requests, 4 drafts each) costs about 2.5x one over 4 rows, so 45% acceptance loses 8% there while it wins at
-batch 1. A draft token pays when its acceptance rate exceeds (T(B + D) / T(B) - 1) B / D for a step of B requests
+rows (4 requests, 4 drafts each) cost 2.9x one over 4 rows (23.4 vs 8.0 ms), so 45% acceptance lost 8% there while
+it wins at batch 1. A draft token pays when its acceptance rate exceeds (T(B + D) / T(B) - 1) B / D for a step of B requests
 and D drafts: the extra seconds of the D rows over the plain step's, per draft, in plain-step units. While every
 step verifies, plain steps are never measured: the scheduler then leaves one step in PLAIN_PROBE_EVERY without
 proposals (`plain_due`), so T(B) is known and fresh.
@@ -69,9 +69,9 @@ class VerifyCostModel:
         return max(0.0, (verify / plain - 1.0) * batch / drafts)
 
     def plain_due(self, batch: int, step: int) -> bool:
-        """Whether step `step` should propose no drafts, so that the next one times a plain step of `batch` requests:
-        verifying steps of more tokens were timed, its own time is unknown or stale, and the last such probe is
-        PLAIN_PROBE_EVERY steps back."""
+        """Whether step `step` should propose no drafts, so that the next one times a plain step of `batch` requests
+        (and if so, records it as the last probe): verifying steps of more tokens were timed, its own time is unknown
+        or stale, and the last probe is PLAIN_PROBE_EVERY steps back."""
         if batch <= 0 or not self.counts or self.counts[-1] <= batch or step - self.last_probe < PLAIN_PROBE_EVERY:
             return False
         if batch in self.seconds and step - self.recorded_at[batch] <= PLAIN_STALE_STEPS:
