@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "gguf_rows.h"
 #include "kernels.h"
 #include "packing.h"
 
@@ -350,11 +351,43 @@ void gemv_q4(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::opti
   active->gemv_q4(a, packed.data_ptr<uint8_t>(), G);
 }
 
+// A GGUF block-quantized matrix given as its blocks, uint8 [N, K / block length, block bytes] or [N, row bytes] (rows
+// may be strided, e.g. a view of the file map), checked against K.
+pagemill::GGUFRows gguf_rows_of(const char* who, const torch::Tensor& blocks, int64_t ggml_type, int64_t K) {
+  int64_t length = 0, bytes = 0;
+  TORCH_CHECK(pagemill::gguf_row_format(static_cast<int>(ggml_type), &length, &bytes), who,
+              ": ggml type ", ggml_type, " is not a block format decoded here (Q4_0 .. Q8_0, Q2_K .. Q6_K)");
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && (blocks.dim() == 2 || blocks.dim() == 3), who,
+              ": the GGUF blocks must be uint8 [N, blocks, bytes] or [N, row bytes]");
+  const int64_t row_bytes = blocks.numel() / std::max<int64_t>(1, blocks.size(0));
+  TORCH_CHECK(K % length == 0 && row_bytes == K / length * bytes, who, ": rows of ", row_bytes, " bytes do not hold ",
+              K, " ggml type ", ggml_type, " weights");
+  const bool rows_contiguous = blocks.dim() == 2 ? blocks.stride(1) == 1
+                                                 : blocks.stride(2) == 1 && blocks.stride(1) == bytes;
+  TORCH_CHECK(rows_contiguous, who, ": each row's blocks must be contiguous");
+  return pagemill::GGUFRows{blocks.data_ptr<uint8_t>(), blocks.stride(0), K, static_cast<int>(ggml_type)};
+}
+
+// out [n, K] = rows ids of a GGUF block-quantized matrix as float32, bit for bit gguf.quants' values (gguf_rows.cpp).
+void gguf_rows(torch::Tensor out, torch::Tensor blocks, int64_t ggml_type, torch::Tensor ids) {
+  TORCH_CHECK(out.dim() == 2 && out.scalar_type() == at::kFloat && out.is_contiguous(),
+              "gguf_rows: out must be a contiguous float32 [n, K] tensor");
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && ids.is_contiguous() && ids.size(0) == out.size(0),
+              "gguf_rows: ids must be a contiguous int64 [n] tensor, one per row of out");
+  const auto src = gguf_rows_of("gguf_rows", blocks, ggml_type, out.size(1));
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const int64_t n = ids.size(0), N = blocks.size(0);
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < N, "gguf_rows: id ", id[i], " out of range [0, ", N, ")");
+  at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
+    pagemill::gguf_dequantize_rows(src, id + i0, i1 - i0, out.data_ptr<float>() + i0 * out.size(1));
+  });
+}
+
 // logits [M, N] fp32 for greedy rows: int8 screen, exact float32 wherever a row's maximum may be (variant/head_screen.cpp).
 int64_t head_screen(torch::Tensor logits, torch::Tensor x, torch::Tensor q, torch::Tensor scales, torch::Tensor offsets,
                     torch::Tensor table, double weight_error, double weight_norm,
                     c10::optional<torch::Tensor> argmax, c10::optional<torch::Tensor> bitmask,
-                    c10::optional<torch::Tensor> mask_rows) {
+                    c10::optional<torch::Tensor> mask_rows, int64_t table_ggml_type) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "head_screen: x must be contiguous float32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K % 32 == 0, "head_screen: K must be a multiple of 32");
@@ -365,14 +398,25 @@ int64_t head_screen(torch::Tensor logits, torch::Tensor x, torch::Tensor q, torc
     TORCH_CHECK(t->dim() == 3 && t->size(0) == tiles && t->size(1) * 32 == K && t->size(2) == kGemvTile &&
                     t->is_contiguous(), "head_screen: scales / offsets must come from pack_head_screen");
   TORCH_CHECK(scales.scalar_type() == at::kFloat && offsets.scalar_type() == at::kInt, "head_screen: scales float32, offsets int32");
-  TORCH_CHECK(table.dim() == 2 && table.is_contiguous() && table.scalar_type() == at::kFloat && table.size(1) == K &&
-                  table.size(0) <= tiles * kGemvTile && table.size(0) > (tiles - 1) * kGemvTile,
-              "head_screen: table must be the contiguous float32 [N, K] weight");
+  pagemill::GGUFRows rows_src{};
+  if (table_ggml_type == 0) {
+    TORCH_CHECK(table.dim() == 2 && table.is_contiguous() && table.scalar_type() == at::kFloat && table.size(1) == K,
+                "head_screen: table must be the contiguous float32 [N, K] weight");
+  } else {
+    rows_src = gguf_rows_of("head_screen", table, table_ggml_type, K);
+  }
+  TORCH_CHECK(table.size(0) <= tiles * kGemvTile && table.size(0) > (tiles - 1) * kGemvTile,
+              "head_screen: table has ", table.size(0), " rows, the screen ", tiles, " tiles of ", kGemvTile);
   TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.scalar_type() == at::kFloat &&
                   logits.size(0) == M && logits.size(1) == table.size(0), "head_screen: logits must be contiguous float32 [M, N]");
   pagemill::HeadScreenArgs a;
   a.logits = logits.data_ptr<float>(), a.x = x.data_ptr<float>(), a.q = q.data_ptr<int8_t>();
-  a.scales = scales.data_ptr<float>(), a.offsets = offsets.data_ptr<int32_t>(), a.table = table.data_ptr<float>();
+  a.scales = scales.data_ptr<float>(), a.offsets = offsets.data_ptr<int32_t>();
+  if (table_ggml_type == 0) {
+    a.table = table.data_ptr<float>();
+  } else {
+    a.table = nullptr, a.table_rows = &pagemill::gguf_dequantize_rows_cb, a.table_rows_src = &rows_src;
+  }
   a.weight_error = static_cast<float>(weight_error), a.weight_norm = static_cast<float>(weight_norm);
   TORCH_CHECK(!argmax || (argmax->scalar_type() == at::kLong && argmax->is_contiguous() && argmax->numel() == M),
               "head_screen: argmax must be a contiguous int64 [M]");
@@ -477,7 +521,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("head_screen", &head_screen, "Greedy-exact LM head logits: int8 screen plus exact float32 recheck (a row with "
         "a bitmask row, mask_rows[r] >= 0: over its allowed tokens only); returns the number of logits recomputed", py::arg("logits"), py::arg("x"), py::arg("q"), py::arg("scales"),
         py::arg("offsets"), py::arg("table"), py::arg("weight_error"), py::arg("weight_norm"),
-        py::arg("argmax") = py::none(), py::arg("bitmask") = py::none(), py::arg("mask_rows") = py::none());
+        py::arg("argmax") = py::none(), py::arg("bitmask") = py::none(), py::arg("mask_rows") = py::none(),
+        py::arg("table_ggml_type") = 0);
+  m.def("gguf_rows", &gguf_rows, "out[i] = row ids[i] of a GGUF block-quantized matrix (its blocks, uint8 [N, nb, "
+        "bytes]) as float32, gguf.quants' values bit for bit", py::arg("out"), py::arg("blocks"), py::arg("ggml_type"),
+        py::arg("ids"));
   m.def("gemv_records", &gemv_records,
         "out = x @ W^T + bias over GGUF bit-plane records (q4_1, q5_1, q4_k, q5_k, q6_k, q2_k, q3_k; layouts: "
         "csrc/variant/gemv.cpp, made by pagemill.layers.quantization.gguf_records)",

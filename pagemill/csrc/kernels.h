@@ -75,7 +75,11 @@ struct HeadScreenArgs {
   const int8_t* q;
   const float* scales;
   const int32_t* offsets;
-  const float* table;
+  const float* table;  // the float32 [N, K] head, or nullptr: rows come from table_rows
+  // Where the head has no float32 table (a quantized head): table_rows(table_rows_src, rows, n, out) writes rows
+  // rows[0 .. n) as float32 to out [n, K] (gguf_rows.h: the file's blocks, decoded with gguf.quants' arithmetic)
+  void (*table_rows)(const void* src, const int64_t* rows, int64_t n, float* out) = nullptr;
+  const void* table_rows_src = nullptr;
   int64_t* argmax;  // [M] the rows' argmax tokens (first maximum), or nullptr
   // Structured output: int32 bitmask [R, mask_words] (bit set = allowed) and the bitmask row of each x row (-1: no
   // mask), or nullptr: a masked row's maximum and argmax are taken over its allowed tokens

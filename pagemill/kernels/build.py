@@ -56,7 +56,7 @@ def _variant_sources() -> list[str]:
 
 
 def _binding_sources() -> list[str]:
-    return [os.path.join(_CSRC, name) for name in ("bindings.cpp", "packing.cpp", "shm_comm.cpp")]
+    return [os.path.join(_CSRC, name) for name in ("bindings.cpp", "packing.cpp", "gguf_rows.cpp", "shm_comm.cpp")]
 
 
 def build_dir() -> str:

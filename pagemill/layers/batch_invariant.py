@@ -2,7 +2,7 @@
 the other rows, so a request's hidden states and logits do not depend on the batch it runs in.
 
 The default paths choose a kernel by the number of rows M, and the kernels round differently: the records GEMV's
-direct path up to 16 rows, its fp32 panels up to 64, oneDNN above; MKL's sgemm (F.linear) for float weights
+direct path up to 16 rows, its fp32 panels above; MKL's sgemm (F.linear) for float weights
 computes a row one way at M = 1, another at M = 2-3, and the last M mod 4 rows of a small M another. Here every
 layer takes the weight-streaming kernels' direct path for any M (csrc/variant/gemv.cpp, `direct_only`): rows in
 chunks of 16, each row summed per k block into its own accumulators, so its result depends on neither M nor its
@@ -24,7 +24,6 @@ from torch import nn
 from pagemill.layers.quantization.base import LinearMethodBase
 from pagemill.layers.quantization.dense import UnquantizedLinearMethod
 from pagemill.layers.quantization.gguf import RecordsLinearMethod
-from pagemill.layers.quantization.gguf_records import PLANE_LAYOUTS
 
 GEMV_TILE = 64  # output channels per packed tile (gemv.cpp's NT)
 
@@ -66,18 +65,8 @@ def fixed_order_apply(method: LinearMethodBase, layer: nn.Module, kernels: Any, 
 
 
 def _records_apply(method: RecordsLinearMethod) -> Apply:
-    kernels = method.kernels
-
     def apply(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(method.input_dtype).contiguous()
-        out = torch.empty(x.shape[0], layer.out_features, dtype=method.input_dtype)
-        rec = layer.gemv_records
-        if method.records == "int8":
-            kernels.gemv_int8(out, x, rec[0], rec[1], layer.gemv_bias, rec[2] if len(rec) > 2 else None,
-                              direct_only=True)
-        else:
-            kernels.gemv_records(out, x, rec, PLANE_LAYOUTS[method.records][3], layer.gemv_bias, direct_only=True)
-        return out
+        return method.matmul(layer, x.to(method.input_dtype), direct_only=True)
 
     return apply
 

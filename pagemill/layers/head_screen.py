@@ -13,28 +13,64 @@ from torch import nn
 # read the same int8 bytes from memory and the screen only adds its recheck). A float head (4 bytes per weight, or 2)
 # takes the screen from one row: its int8 codes are a quarter of the bytes.
 HEAD_SCREEN_MIN_ROWS = 4
+SCREEN_TILE = 64  # channels per tile of the screen's codes (pack_head_screen)
+_PACK_CHUNK_ROWS = 64 * SCREEN_TILE  # rows of a quantized head decoded at a time while its screen is packed
 
 
 class GreedyHeadScreen:
-    """int8 screen of an LM head's float32 table [vocab, hidden] (VNNI / AVX2 int8 dot products)."""
+    """int8 screen of an LM head [vocab, hidden] (VNNI / AVX2 int8 dot products) whose exact rows come from its float32
+    table, or from the GGUF blocks of a quantized head (`table_ggml_type`, decoded per candidate row)."""
 
-    def __init__(self, table: torch.Tensor, kernels: Any, min_rows: int = HEAD_SCREEN_MIN_ROWS) -> None:
-        self.table, self.kernels = table, kernels
+    def __init__(self, table: torch.Tensor, kernels: Any, min_rows: int = HEAD_SCREEN_MIN_ROWS,
+                 table_ggml_type: int = 0, in_features: int | None = None) -> None:
+        self.table, self.kernels, self.table_ggml_type = table, kernels, table_ggml_type
+        self.in_features = table.shape[1] if table_ggml_type == 0 else in_features
         self.min_rows = min_rows  # fewer greedy rows take the exact head
-        self.q, self.scales, self.offsets, self.weight_error, self.weight_norm = kernels.pack_head_screen(table)
+        if table_ggml_type == 0:
+            self.q, self.scales, self.offsets, self.weight_error, self.weight_norm = kernels.pack_head_screen(table)
+        else:
+            self._pack_from_blocks()
         self.recomputed = 0  # logits recomputed exactly so far (a statistic: a few per row)
         self.rows = 0
 
+    def _pack_from_blocks(self) -> None:
+        """The screen of a quantized head, packed a chunk of rows at a time from their decoded float32 values (no
+        float table of the whole head is ever held)."""
+        n, k = self.table.shape[0], self.in_features
+        tiles = -(-n // SCREEN_TILE)
+        self.q = torch.empty(tiles, k // 4, SCREEN_TILE, 4, dtype=torch.int8)
+        self.scales = torch.empty(tiles, k // 32, SCREEN_TILE)
+        self.offsets = torch.empty(tiles, k // 32, SCREEN_TILE, dtype=torch.int32)
+        self.weight_error = self.weight_norm = 0.0
+        rows = torch.empty(min(n, _PACK_CHUNK_ROWS), k)
+        for r0 in range(0, n, _PACK_CHUNK_ROWS):
+            r1 = min(n, r0 + _PACK_CHUNK_ROWS)
+            chunk = rows[:r1 - r0]
+            self.kernels.gguf_rows(chunk, self.table, self.table_ggml_type, torch.arange(r0, r1))
+            q, scales, offsets, err, norm = self.kernels.pack_head_screen(chunk)
+            t0 = r0 // SCREEN_TILE
+            self.q[t0:t0 + q.shape[0]] = q
+            self.scales[t0:t0 + q.shape[0]] = scales
+            self.offsets[t0:t0 + q.shape[0]] = offsets
+            self.weight_error, self.weight_norm = max(self.weight_error, err), max(self.weight_norm, norm)
+
     @classmethod
     def for_head(cls, head: nn.Module, kernels: Any) -> "GreedyHeadScreen | None":
-        """A screen of the head's float32 table (its own weight or the tied embedding's), or None when it has none
-        (e.g. a float16 head, or a quantized head kept only in its records and oneDNN copy)."""
-        table = getattr(head, "weight", None)
-        if (kernels is None or getattr(head, "tp_size", 1) != 1 or not hasattr(kernels, "head_screen") or not isinstance(table, torch.Tensor)
-                or table.dtype != torch.float32 or table.dim() != 2 or not table.is_contiguous()
-                or table.shape[1] % 32 or getattr(head, "bias", None) is not None):
+        """A screen of the head's float32 table (its own weight or the tied embedding's) or of its GGUF blocks (a
+        quantized head), or None when it has neither (e.g. a float16 head, or int8 / int4 records of its own)."""
+        if (kernels is None or getattr(head, "tp_size", 1) != 1 or not hasattr(kernels, "head_screen")
+                or getattr(head, "bias", None) is not None):
             return None
-        return cls(table, kernels, HEAD_SCREEN_MIN_ROWS if getattr(head, "gemv_records", None) is not None else 1)
+        table = getattr(head, "weight", None)
+        if isinstance(table, torch.Tensor):
+            if table.dtype != torch.float32 or table.dim() != 2 or not table.is_contiguous() or table.shape[1] % 32:
+                return None
+            return cls(table, kernels, HEAD_SCREEN_MIN_ROWS if getattr(head, "gemv_records", None) is not None else 1)
+        rows = getattr(head, "gguf_rows", None)
+        if rows is None or head.in_features % 32 or not hasattr(kernels, "gguf_rows"):
+            return None
+        blocks, ggml_type = rows
+        return cls(blocks, kernels, HEAD_SCREEN_MIN_ROWS, ggml_type, head.in_features)
 
     @property
     def nbytes(self) -> int:
@@ -54,6 +90,7 @@ class GreedyHeadScreen:
         out = torch.empty(x.shape[0], self.table.shape[0], dtype=torch.float32)
         tokens = torch.empty(x.shape[0], dtype=torch.int64)
         self.recomputed += self.kernels.head_screen(out, x, self.q, self.scales, self.offsets, self.table,
-                                                    self.weight_error, self.weight_norm, tokens, bitmask, mask_rows)
+                                                    self.weight_error, self.weight_norm, tokens, bitmask, mask_rows,
+                                                    table_ggml_type=self.table_ggml_type)
         self.rows += x.shape[0]
         return out, tokens

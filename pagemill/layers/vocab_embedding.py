@@ -23,27 +23,54 @@ def vocab_range(vocab_size: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
 
 
 class VocabParallelEmbedding(nn.Module):
-    """Token ids -> embeddings from this rank's vocabulary rows (ids elsewhere give zeros, summed over ranks)."""
+    """Token ids -> embeddings from this rank's vocabulary rows (ids elsewhere give zeros, summed over ranks).
+
+    A block-quantized GGUF table stays as the file's blocks (`blocks`, a view of the file map: no float copy) and
+    its looked-up rows are decoded by the kernels with gguf.quants' arithmetic, the same float32 values a float
+    table would hold; `weight` is then None. A table another layer reads as floats (`keep_float_table`, set by a
+    tied float LM head) and every table without the kernels stay float."""
 
     def __init__(self, vocab_size: int, hidden_size: int, ctx: LayerContext) -> None:
         super().__init__()
         self.vocab_size, self.tp_size, self.tp_group = vocab_size, ctx.tp_size, ctx.tp_group
         self.vocab_start, self.vocab_end = vocab_range(vocab_size, ctx.tp_rank, ctx.tp_size)
+        self.hidden_size, self.dtype = hidden_size, ctx.dtype
+        self.kernels = ctx.ops.kernels if ctx.ops is not None else None
+        self.keep_float_table = False
+        self.blocks: torch.Tensor | None = None  # uint8 [rows, nb, bytes] when the table stays quantized
+        self.ggml_type = 0
+        # Uncommitted until loaded (torch.empty maps pages lazily), dropped when the table stays quantized.
         self.weight = nn.Parameter(torch.empty(self.vocab_end - self.vocab_start, hidden_size, dtype=ctx.dtype),
                                    requires_grad=False)
 
     def load_weight(self, param: str, loaded: Any, shard_id: Any = None) -> None:
-        """This rank's rows of the checkpoint's [vocab, hidden] table."""
+        """This rank's rows of the checkpoint's [vocab, hidden] table (a GGUF block format: kept as blocks)."""
+        if (self.kernels is not None and not self.keep_float_table and self.dtype == torch.float32
+                and getattr(loaded, "format", None) is not None and hasattr(self.kernels, "gguf_rows")):
+            self.blocks = loaded.blocks[self.vocab_start:self.vocab_end]
+            self.ggml_type = loaded.tensor.ggml_type
+            self.weight = None
+            return
+        if self.weight is None:
+            raise ValueError("the embedding table was loaded twice")
         if self.tp_size > 1:
             loaded = as_float_tensor(loaded)[self.vocab_start:self.vocab_end]
         copy_into(self.weight, loaded)
 
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` (local, in range) of this rank's table: [T, hidden]."""
+        if self.blocks is None:
+            return F.embedding(ids, self.weight)
+        out = torch.empty(ids.shape[0], self.hidden_size, dtype=torch.float32)
+        self.kernels.gguf_rows(out, self.blocks, self.ggml_type, ids.to(torch.int64).contiguous())
+        return out
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] ids -> [T, hidden]."""
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self.lookup(input_ids)
         mine = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
-        out = F.embedding(torch.where(mine, input_ids - self.vocab_start, 0), self.weight)
+        out = self.lookup(torch.where(mine, input_ids - self.vocab_start, 0))
         out.masked_fill_(~mine[:, None], 0)
         self.tp_group.all_reduce(out)
         return out
@@ -64,6 +91,7 @@ class ParallelLMHead(nn.Module):
         self.shares_embedding = (tied_to is not None and type(self.quant_method) is UnquantizedLinearMethod
                                  and self.quant_method.input_dtype == ctx.dtype)
         if self.shares_embedding:
+            tied_to.keep_float_table = True
             self.weight = tied_to.weight
         else:
             self.quant_method.create_weights(self, hidden_size, self.vocab_end - self.vocab_start)
@@ -88,14 +116,10 @@ class ParallelLMHead(nn.Module):
 
     def process_weights_after_loading(self) -> None:
         """The method's form of the weight (nothing to do when shared)."""
-        if not self.shares_embedding:
-            embedding = self._tied[0]
-            if embedding is not None and embedding.weight.dtype == torch.float32:
-                # The embedding's table holds the head's values already decoded: the method reads it instead of
-                # decoding a second float32 copy (113 MB for SmolLM2, the load's peak).
-                self.float_weight = embedding.weight
+        if self.shares_embedding:
+            self.weight = self._tied[0].weight  # the table as loaded
+        else:
             self.quant_method.process_weights_after_loading(self)
-            self.float_weight = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] logits in the hidden states' dtype (gathered over ranks)."""

@@ -12,7 +12,7 @@ from torch import nn
 
 from pagemill.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagemill.layers.quantization.dense import UnquantizedLinearMethod
-from pagemill.layers.quantization.gguf import RECORDS_MAX_ROWS, GGUFLinearMethod
+from pagemill.layers.quantization.gguf import GGUFLinearMethod
 from pagemill.layers.quantization.gguf_records import RECORD_TYPES
 from pagemill.layers.quantization.gguf_report import weight_format_table
 from pagemill.loader.gguf_loader import GGUFWeights
@@ -88,7 +88,7 @@ def test_methods_follow_the_tensor_table_and_compute_the_file_weights(gguf_file)
     for layer, w in expected.items():
         w = torch.from_numpy(w)
         assert torch.equal(layer.quant_method.dequantized_weight(layer), w)  # bit for bit
-        for rows in (1, 5, 16, 17, RECORDS_MAX_ROWS, RECORDS_MAX_ROWS + 1, 130):  # GEMV, panels, oneDNN
+        for rows in (1, 5, 16, 17, 64, 65, 130, 300):  # streamed, panels
             x = torch.randn(rows, layer.input_size)
             torch.testing.assert_close(layer(x), x @ w.T, rtol=1e-4, atol=1e-4)
 
@@ -152,7 +152,7 @@ def test_every_record_format_computes_the_file_weights(format_file):
     for layer, w in expected.items():
         assert isinstance(layer.quant_method, GGUFLinearMethod) and layer.weight_format == fmt
         assert torch.equal(layer.quant_method.dequantized_weight(layer), w)  # bit for bit
-        for rows in (1, 5, 17, RECORDS_MAX_ROWS, RECORDS_MAX_ROWS + 1):  # GEMV, panels, oneDNN
+        for rows in (1, 5, 17, 64, 65, 300):  # streamed, panels
             x = torch.randn(rows, layer.input_size)
             ref = x @ w.T  # random K-quant blocks give large weights: the tolerance follows the outputs' scale
             torch.testing.assert_close(layer(x), ref, rtol=1e-4, atol=1e-5 * ref.abs().max().item())

@@ -252,8 +252,8 @@ def test_llm_default_load_peak_memory():
 
 
 def test_linear_weights_are_dropped_and_rebuilt_exactly(smol_llm, smol_weights):
-    """Q4_1 / Q8_0 linears hold no plain float32 weight (the tied head reads the embedding's own table, no copy);
-    their records hold it bit for bit."""
+    """Q4_1 / Q8_0 linears, the tied LM head included, hold no float32 weight, and the embedding no float32 table
+    (its rows are decoded from the file's blocks); records and looked-up rows hold the values bit for bit."""
     from pagemill.layers.quantization.gguf import GGUFLinearMethod
     from tests.layers.helpers import engine_model
 
@@ -261,9 +261,12 @@ def test_linear_weights_are_dropped_and_rebuilt_exactly(smol_llm, smol_weights):
     weights, _ = smol_weights
     model = engine_model(smol_llm)
     layers = [m for m in model.modules() if isinstance(getattr(m, "quant_method", None), GGUFLinearMethod)]
-    assert len(layers) == 121 and all(m.weight is None for m in layers if m is not model.lm_head)
-    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    assert model.lm_head.mkldnn_weight is None
+    assert len(layers) == 121 and all(m.weight is None and not hasattr(m, "mkldnn_weight") for m in layers)
+    embedding = model.model.embed_tokens
+    assert embedding.weight is None and embedding.blocks is not None
+    ids = torch.tensor([0, 1, 17, 49151, 17])
+    table = weights["model.embed_tokens.weight"]
+    assert torch.equal(embedding(ids).view(torch.int32), table[ids].view(torch.int32))
     attn, mlp = model.model.layers[3].self_attn, model.model.layers[3].mlp
     pre = "model.layers.3."
     expected = {

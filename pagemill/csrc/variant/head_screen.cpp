@@ -336,9 +336,13 @@ int64_t recheck_row(const HeadScreenArgs& a, int64_t r, const float* tmax, float
   };
   int64_t count = 0;
   if (bound < 0.0f || !finite_bits(top)) {  // a non-finite input: no bound holds, the whole row is exact
+    Scratch row_buf;
+    float* decoded = a.table ? nullptr : row_buf.get(a.K);
     for (int64_t n = 0; n < a.N; ++n) {
       if (mask.allowed(n)) {
-        take(n, exact_dot(a.table + n * a.K, x, a.K));
+        const float* w = a.table ? a.table + n * a.K : decoded;
+        if (!a.table) a.table_rows(a.table_rows_src, &n, 1, decoded);
+        take(n, exact_dot(w, x, a.K));
         ++count;
       }
     }
@@ -363,18 +367,28 @@ int64_t recheck_row(const HeadScreenArgs& a, int64_t r, const float* tmax, float
     // The table rows sit anywhere in a large table: their reads overlap when several are in flight (a flat row has
     // thousands of candidates), so the next kLanes rows are prefetched while kLanes dots run side by side (each its
     // own FMA chain in exact_dot's order: the same values as one at a time).
+    // A head without a float32 table has each group of rows decoded into a scratch first (the same values).
     constexpr int64_t kLanes = 4;
     auto prefetch_rows = [&](int64_t i0, int64_t i1) {
+      if (!a.table) return;
       for (int64_t i = i0; i < imin(nc, i1); ++i)
         for (int64_t b = 0; b < a.K * int64_t(sizeof(float)); b += 64)
           prefetch_l2(reinterpret_cast<const char*>(a.table + cand[i] * a.K) + b);
     };
+    Scratch rows_buf;
+    float* decoded = a.table ? nullptr : rows_buf.get(kLanes * a.K);
+    const int64_t lane_rows[kLanes] = {0, 1, 2, 3};
     prefetch_rows(0, kLanes);
     for (int64_t i = 0; i < nc; i += kLanes) {
       prefetch_rows(i + kLanes, i + 2 * kLanes);
       const int64_t lanes_here = imin(kLanes, nc - i);
       float v[kLanes];
-      exact_dots(a.table, cand + i, lanes_here, x, a.K, v);
+      if (a.table) {
+        exact_dots(a.table, cand + i, lanes_here, x, a.K, v);
+      } else {
+        a.table_rows(a.table_rows_src, cand + i, lanes_here, decoded);
+        exact_dots(decoded, lane_rows, lanes_here, x, a.K, v);
+      }
       for (int64_t l = 0; l < lanes_here; ++l) take(cand[i + l], v[l]);
     }
     count = nc;

@@ -1,11 +1,12 @@
 """GGUF weights kept as stored: the file's blocks laid out for our GEMV kernels (Q4_0 .. Q8_0, Q2_K .. Q6_K).
 
-Up to `max_rows` rows (single streams, small batches) the weight-streaming kernels (csrc/variant/gemv.cpp) read
-records laid out from the file's blocks by re-arranging bits, no fitting (`gguf_records`): bit-plane records
-(4-bit codes for Q4_0 / Q4_1 / Q4_K and, in 4-bit records, Q2_K / Q3_K; 5-bit for Q5_0 / Q5_1 / Q5_K; 6-bit for
-Q6_K) with the file's scales, int8 tiles for Q8_0 and for fused layers whose parts mix record kinds. They hold
-exactly the file's dequantized float32 weights. More rows use oneDNN on the dequantized weight, reordered once at
-load.
+Every matmul reads records laid out from the file's blocks by re-arranging bits, no fitting (`gguf_records`):
+bit-plane records (4-bit codes for Q4_0 / Q4_1 / Q4_K and, in 4-bit records, Q2_K / Q3_K; 5-bit for Q5_0 / Q5_1 /
+Q5_K; 6-bit for Q6_K) with the file's scales, int8 tiles for Q8_0 and for fused layers whose parts mix record kinds.
+They hold exactly the file's dequantized float32 weights, and they are the only copy of them: up to 16 rows the
+kernels (csrc/variant/gemv.cpp) stream the records inside the dot products, more rows (batched decode, prefill)
+dequantize k blocks of a tile into cache-resident fp32 panels, as fast as oneDNN's fp32 GEMM on a float copy from
+17 to 512 rows (benchmarks/README.md) at a quarter or less of the memory.
 """
 
 from __future__ import annotations
@@ -17,16 +18,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig
-from pagemill.layers.quantization.dense import F16_GEMV_MAX_ROWS, DenseQuantConfig, mkldnn_pack
+from pagemill.layers.quantization.dense import DenseQuantConfig
 from pagemill.layers.quantization.gguf_records import (BLOCK_LENGTHS, PLANE_LAYOUTS, RECORD_TYPES, pack_int8,
                                                        pack_planes, record_bytes, record_kind, unpack_int8,
                                                        unpack_planes)
 
 GGUF_FORMATS = {t: name for t, (name, _, _) in RECORD_TYPES.items()}  # ggml type -> format kept as records
-# float32 records: beyond 16 rows the kernels dequantize k blocks into L1 panels (an fp32 GEMM reading 0.6-1.1
-# bytes per weight); measured per token (30 layers + head) on a Zen 5 at 32 / 64 rows: 31 / 55 ms vs oneDNN fp32
-# 75 / 125 ms (AVX-512 variant), 69 / 120 ms (AVX2 variant). Larger prefill chunks stay on oneDNN.
-RECORDS_MAX_ROWS = 64
 
 
 def pack_q4_1_blocks(blocks: torch.Tensor) -> torch.Tensor:
@@ -58,49 +55,38 @@ def pack_records(parts: list[tuple[str, torch.Tensor]]) -> tuple[str, Any]:
 
 
 class RecordsLinearMethod(LinearMethodBase):
-    """Weights held as GEMV records (`records` names the kind: q4, q5, q4k, q5k, q6k, int8) for up to max_rows
-    rows, plus a oneDNN copy of their dequantized values for more rows. Subclasses make the records at load."""
+    """Weights held only as GEMV records (`records` names the kind: q4, q5, q4k, q5k, q6k, int8), for every number
+    of rows. Subclasses make the records at load."""
 
     def __init__(self, records: str, weight_format: str, dtype: torch.dtype, kernels: Any) -> None:
         self.records, self.weight_format, self.input_dtype, self.kernels = records, weight_format, dtype, kernels
-        self.max_rows = RECORDS_MAX_ROWS if dtype == torch.float32 else F16_GEMV_MAX_ROWS
         self.record_bytes = 0  # of the layer's records, once packed (the weight-format report)
 
-    def set_records(self, layer: nn.Module, records: Any, weight: torch.Tensor | None = None,
-                    shared: bool = False) -> None:
-        """Install the layer's records and the oneDNN copy of `weight` (their float32 values; decoded if None). A
-        `shared` weight (a tied LM head's embedding table) in the matmul dtype is used as it is, with no copy."""
+    def set_records(self, layer: nn.Module, records: Any) -> None:
+        """Install the layer's records (and its bias in float32, which the kernels add)."""
         layer.gemv_records = records
         self.record_bytes = record_bytes(records)
         layer.gemv_bias = None if layer.bias is None else layer.bias.float()
-        if weight is None:
-            weight = self.dequantized_weight(layer)
-        if shared and weight.dtype == self.input_dtype:
-            # The head's many-row matmuls (> max_rows sequences, prompt logprobs) are rare: F.linear on the shared
-            # table instead of a second copy (Gemma 3's 262k x 640 table: 671 MB saved).
-            layer.mkldnn_weight, layer.weight = None, weight
-            return
-        weight = weight.to(self.input_dtype)
-        layer.mkldnn_weight = mkldnn_pack(weight)
-        # With the oneDNN copy nothing reads a plain weight (a third copy, 4 bytes per weight): it is kept only where
-        # oneDNN is unavailable.
-        layer.weight = None if layer.mkldnn_weight is not None else weight
+        layer.weight = None
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """The records GEMV up to max_rows rows, else oneDNN."""
-        x = x.to(self.input_dtype)
-        if x.dim() == 2 and x.shape[0] <= self.max_rows:
-            out = torch.empty(x.shape[0], layer.out_features, dtype=self.input_dtype)
-            rec = layer.gemv_records
-            if self.records == "int8":
-                self.kernels.gemv_int8(out, x.contiguous(), rec[0], rec[1], layer.gemv_bias,
-                                       rec[2] if len(rec) > 2 else None)
-            else:
-                self.kernels.gemv_records(out, x.contiguous(), rec, PLANE_LAYOUTS[self.records][3], layer.gemv_bias)
-            return out
-        if layer.mkldnn_weight is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, layer.mkldnn_weight, layer.bias, "none", [], "")
-        return F.linear(x, layer.weight, layer.bias)
+        """The records kernels: streamed up to 16 rows, fp32 panels dequantized per k block beyond."""
+        return self.matmul(layer, x.to(self.input_dtype), direct_only=False)
+
+    def matmul(self, layer: nn.Module, x: torch.Tensor, direct_only: bool) -> torch.Tensor:
+        """x [T, in] in input_dtype -> [T, out]; `direct_only` streams the records for every row count (each row
+        summed in one fixed order: the batch-invariant path)."""
+        lead = x.shape[:-1]
+        x = x.reshape(-1, x.shape[-1]).contiguous()
+        out = torch.empty(x.shape[0], layer.out_features, dtype=self.input_dtype)
+        rec = layer.gemv_records
+        if self.records == "int8":
+            self.kernels.gemv_int8(out, x, rec[0], rec[1], layer.gemv_bias, rec[2] if len(rec) > 2 else None,
+                                   direct_only=direct_only)
+        else:
+            self.kernels.gemv_records(out, x, rec, PLANE_LAYOUTS[self.records][3], layer.gemv_bias,
+                                      direct_only=direct_only)
+        return out.view(*lead, layer.out_features)
 
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
         """The float32 weight the records hold."""
@@ -131,20 +117,15 @@ class GGUFLinearMethod(RecordsLinearMethod):
         layer.gguf_parts[row_offset] = loaded
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Records from the blocks, the oneDNN copy from their dequantized values; the file pages are released."""
+        """Records from the blocks (nothing is decoded to floats); the file pages are released."""
         parts = sorted(layer.gguf_parts.items())  # (row offset, GGUF weight)
         rows = sum(p.shape[0] for _, p in parts)
         if rows != layer.out_features:
             raise ValueError(f"GGUF blocks cover {rows} of {layer.out_features} rows")
         self.records, records = pack_records([(p.format, p.blocks) for _, p in parts])
-        # A layer may already hold the same values as floats (a tied LM head: the embedding's table); else decode.
-        weight = getattr(layer, "float_weight", None)
-        shared = weight is not None
-        if weight is None:
-            weight = torch.empty(layer.out_features, layer.in_features, dtype=torch.float32)
-            for offset, part in parts:
-                part.load_into(weight.narrow(0, offset, part.shape[0]))  # gguf.quants' arithmetic, bit for bit
-        self.set_records(layer, records, weight, shared)
+        self.set_records(layer, records)
+        # One tensor's blocks in the file's row order (an LM head's): the rows the greedy head screen rechecks.
+        layer.gguf_rows = (parts[0][1].blocks, parts[0][1].tensor.ggml_type) if len(parts) == 1 else None
         for _, part in parts:
             part.release()
         layer.gguf_parts = {}

@@ -10,8 +10,8 @@
 - int4: asymmetric, per group of 32 (w = d * q + m, q in 0..15, fp16 d = (max - min) / 15, fp16 m = min): the
   Q4_1 records `pack_gemv_weight_q4` fits for `gemv_q4` (0.625 bytes per weight).
 
-Few rows stream the records (GGUFLinearMethod.apply); more rows use oneDNN on the dequantized records, so both
-paths multiply by the same weight values. The LM head (tied or not) and the embedding stay float: the head's
+Every row count runs on the records alone (RecordsLinearMethod.apply: streamed up to 16 rows, fp32 panels
+dequantized per k block beyond); no float copy of a quantized weight is kept. The LM head (tied or not) and the embedding stay float: the head's
 error lands directly on the logits, and a tied head shares the embedding's table at no extra memory.
 """
 
@@ -36,8 +36,8 @@ FLOAT_LAYER_SUFFIXES = ("lm_head.weight", "embed_tokens.weight")  # the LM head'
 
 
 class WeightOnlyLinearMethod(RecordsLinearMethod):
-    """A float checkpoint weight quantized at load into int8 tiles or int4 (Q4_1) records, plus the oneDNN copy of
-    their dequantized values; apply / dequantized_weight are the GGUF records' (same kernels, same layouts)."""
+    """A float checkpoint weight quantized at load into int8 tiles or int4 (Q4_1) records, its only copy;
+    apply / dequantized_weight are the GGUF records' (same kernels, same layouts)."""
 
     def __init__(self, weight_format: str, dtype: torch.dtype, kernels: Any) -> None:
         if weight_format not in WEIGHT_ONLY_FORMATS:
@@ -57,7 +57,7 @@ class WeightOnlyLinearMethod(RecordsLinearMethod):
         copy_into(layer.weight.narrow(0, row_offset, loaded.shape[0]), loaded)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Quantize the staging weight into the kernel's layout, then the oneDNN copy of the dequantized values."""
+        """Quantize the staging weight into the kernel's layout (the staging weight is freed)."""
         w = layer.weight
         if not torch.isfinite(w).all():
             raise ValueError(f"quantization={self.weight_format!r}: the checkpoint weight has non-finite values")
@@ -67,7 +67,6 @@ class WeightOnlyLinearMethod(RecordsLinearMethod):
             records, err = self.kernels.pack_gemv_weight_q4(w, QUANT_GROUP)
             if not math.isfinite(float(err)):  # d or m past float16's range
                 raise ValueError("quantization='int4' needs weights within float16 range (|w| <= 32768)")
-        layer.weight = None
         del w
         self.set_records(layer, records)
 
