@@ -27,6 +27,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,11 +159,13 @@ def require_tools() -> None:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One checkpoint tensor: its HF name, shape and init (`normal` for matrices, the model's own for the rest)."""
+    """One checkpoint tensor: its name on disk, shape, init (`normal` for matrices, `module` for vectors: the
+    family's own init) and the model parameter it comes from (the same name unless the family renames on save)."""
 
     name: str
     shape: tuple[int, ...]
     init: str
+    source: str = ""
 
     @property
     def numel(self) -> int:
@@ -182,15 +185,28 @@ def meta_model(config: Mapping[str, Any]) -> torch.nn.Module:
         return AutoModelForCausalLM.from_config(hf_config)
 
 
+def saved_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state dict as save_pretrained writes it: transformers 5 reverts its load-time conversions
+    (Mixtral's fused `experts.gate_up_proj` becomes per-expert w1/w3, ...); works on meta tensors."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: the checkpoint layout is the module layout
+        return state
+    return revert_weight_conversion(model, state)
+
+
 def tensor_specs(model: torch.nn.Module) -> list[TensorSpec]:
-    """The tensors save_pretrained would write, in state-dict order (tied copies left out)."""
-    specs, seen = [], set()
+    """The tensors save_pretrained would write (tied copies left out), with their on-disk names."""
+    state: dict[str, torch.Tensor] = {}
+    source: dict[int, str] = {}  # id -> model name; a tied tensor appears once
     for name, tensor in model.state_dict(keep_vars=True).items():
-        if id(tensor) in seen:
-            continue
-        seen.add(id(tensor))
+        if id(tensor) not in source:
+            source[id(tensor)] = name
+            state[name] = tensor
+    specs = []
+    for name, tensor in saved_state(model, dict(state)).items():
         init = "normal" if tensor.dim() >= 2 and tensor.is_floating_point() else "module"
-        specs.append(TensorSpec(name, tuple(tensor.shape), init))
+        specs.append(TensorSpec(name, tuple(tensor.shape), init, source.get(id(tensor), name)))
     return specs
 
 
@@ -201,10 +217,13 @@ def tensor_seed(seed: int, name: str) -> int:
 
 def module_init(model: torch.nn.Module, spec: TensorSpec, seed: int) -> torch.Tensor:
     """A vector (norm weight, bias) as the family initializes it (RMSNorm ones, Gemma's offset norms zeros)."""
-    module_name, _, attr = spec.name.rpartition(".")
-    owner = model.get_submodule(module_name)
-    if sum(t.numel() for t in owner.state_dict().values()) > MODULE_INIT_LIMIT:  # not a small norm/bias owner
-        return torch.ones(spec.shape) if "norm" in spec.name else torch.zeros(spec.shape)
+    module_name, _, attr = (spec.source or spec.name).rpartition(".")
+    try:
+        owner = model.get_submodule(module_name)
+    except AttributeError:  # renamed on save: no module to ask
+        owner = None
+    if owner is None or sum(t.numel() for t in owner.state_dict().values()) > MODULE_INIT_LIMIT:
+        return torch.ones(spec.shape) if "norm" in spec.name else torch.zeros(spec.shape)  # not a small owner
     module = copy.deepcopy(owner).to_empty(device="cpu")
     torch.manual_seed(tensor_seed(seed, spec.name))
     init_weights = getattr(model, "_init_weights", None)
@@ -340,60 +359,117 @@ def write_hf_model(config: Mapping[str, Any], out: Path, seed: int = 0, dtype: t
 
 @dataclass
 class StageReport:
-    """What one stage took: wall time, peak RSS (of this process or of the tool's process) and output size."""
+    """What one stage took: wall time, peak RSS and peak anonymous RSS (memory not backed by a file: what the
+    stage really holds; mmap-ed model pages count in RSS but are page cache) and output size."""
 
     stage: str
     seconds: float
     peak_rss_bytes: int
+    peak_anon_bytes: int
     output_bytes: int
 
     def line(self) -> str:
         """The log line."""
         return (f"[models] {self.stage}: {self.seconds:.1f} s, output {self.output_bytes / 1e9:.3f} GB, "
-                f"peak RSS {self.peak_rss_bytes / 1e9:.2f} GB")
+                f"peak RSS {self.peak_rss_bytes / 1e9:.2f} GB (anonymous {self.peak_anon_bytes / 1e9:.2f} GB)")
 
 
-def run_tool(cmd: list[str], env: Mapping[str, str] | None = None) -> int:
-    """Run a tool (its output to stderr); return its peak RSS in bytes; raise CalledProcessError on failure."""
+def memory_now(pid: int) -> tuple[int, int]:
+    """(peak RSS so far, current anonymous RSS) of a process from /proc/PID/status; zeros where unreadable."""
+    values = {"VmHWM:": 0, "RssAnon:": 0}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key = line.split(maxsplit=1)[0] if line else ""
+            if key in values:
+                values[key] = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return values["VmHWM:"], values["RssAnon:"]
+
+
+class MemorySampler:
+    """Samples a process's memory every 50 ms in a thread, as a context manager: peak RSS and peak anonymous RSS
+    (a forked tool's ru_maxrss would also count the copy of this process it was forked from)."""
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        self.pid, self.interval = pid, interval
+        self.peak_rss = self.peak_anon = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(self.interval):
+                return
+
+    def sample(self) -> None:
+        """Take one sample."""
+        rss, anon = memory_now(self.pid)
+        self.peak_rss, self.peak_anon = max(self.peak_rss, rss), max(self.peak_anon, anon)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run_tool(cmd: list[str], env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """Run a tool (its output to stderr); return its (peak RSS, peak anonymous RSS); raise on failure."""
     log("+ " + " ".join(cmd))
     proc = subprocess.Popen(cmd, stdout=sys.stderr, env=None if env is None else dict(env))
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    with MemorySampler(proc.pid) as sampler:
+        while proc.poll() is None:
+            sampler.sample()  # the last samples before exit
+            time.sleep(sampler.interval)
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, cmd)
-    return usage.ru_maxrss * 1024
+    return sampler.peak_rss, sampler.peak_anon
 
 
-def convert_to_gguf(hf_dir: Path, out: Path, outtype: str = "F16") -> int:
-    """convert_hf_to_gguf.py HF_DIR -> out (f16 / bf16 / f32), atomically; return the converter's peak RSS."""
+def _run_into(cmd: list[str], partial: Path, out: Path, env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """Run a tool writing `partial`; rename it to `out` on success, delete it on failure; return peak memory."""
+    try:
+        memory = run_tool(cmd, env)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.rename(out)
+    return memory
+
+
+def convert_to_gguf(hf_dir: Path, out: Path, outtype: str = "F16") -> tuple[int, int]:
+    """convert_hf_to_gguf.py HF_DIR -> out (f16 / bf16 / f32), atomically; return the converter's peak memory."""
     require_tools()
     partial = out.with_name(out.name + ".partial")
     script = converter_script()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(script.parent / "gguf-py"),
                                                                      os.environ.get("PYTHONPATH")]))}
-    rss = run_tool([sys.executable, str(script), str(hf_dir), "--outfile", str(partial),
-                    "--outtype", outtype.lower()], env)
-    partial.rename(out)
-    return rss
+    cmd = [sys.executable, str(script), str(hf_dir), "--outfile", str(partial), "--outtype", outtype.lower()]
+    return _run_into(cmd, partial, out, env)
 
 
-def quantize_gguf(src: Path, out: Path, quant: str, threads: int | None = None) -> int:
-    """llama-quantize src -> out at `quant`, atomically; return its peak RSS."""
+def quantize_gguf(src: Path, out: Path, quant: str, threads: int | None = None) -> tuple[int, int]:
+    """llama-quantize src -> out at `quant`, atomically; return its (peak RSS, peak anonymous RSS)."""
     require_tools()
     partial = out.with_name(out.name + ".partial")
     cmd = [str(quantize_binary()), str(src), str(partial), normalize_quant(quant)]
-    rss = run_tool(cmd + ([str(threads)] if threads else []))
-    partial.rename(out)
-    return rss
+    return _run_into(cmd + ([str(threads)] if threads else []), partial, out)
 
 
-def _timed(stage: str, action: Callable[[], int | None], output: Callable[[], int]) -> StageReport:
-    """Run a stage; report its time, peak RSS (the tool's, or this process's so far) and output size."""
+def _timed(stage: str, action: Callable[[], tuple[int, int] | None], output: Callable[[], int]) -> StageReport:
+    """Run a stage; report its time, peak memory (the tool's, or this process's while it ran) and output size."""
     start = time.perf_counter()
-    rss = action()
-    if rss is None:  # in-process stage: this process's peak so far
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    report = StageReport(stage, time.perf_counter() - start, rss, output())
+    with MemorySampler(os.getpid()) as own:
+        memory = action()
+    rss, anon = memory if memory is not None else (own.peak_rss, own.peak_anon)
+    if rss == 0:  # no /proc: the peak of this process and its children so far
+        rss = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        rss *= 1024
+    report = StageReport(stage, time.perf_counter() - start, rss, anon, output())
     log(report.line())
     return report
 

@@ -38,6 +38,15 @@ def test_named_shapes_have_the_real_parameter_counts():
     assert "lm_head.weight" not in names_1b and "model.embed_tokens.weight" in names_1b
 
 
+def test_specs_use_the_checkpoint_layout_not_the_fused_modules():
+    mixtral = {**TINY, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 4,
+               "num_experts_per_tok": 2}
+    specs = {s.name: s for s in models.tensor_specs(models.meta_model(mixtral))}
+    assert specs["model.layers.0.block_sparse_moe.experts.3.w1.weight"].shape == (512, 256)  # per expert, as on disk
+    assert not any("gate_up_proj" in name for name in specs)
+    assert specs["model.layers.1.post_attention_layernorm.weight"].init == "module"
+
+
 def test_cache_names_key_shape_quant_seed_and_version(tmp_path):
     path = models.gguf_path("llama-3.2-1b", "q4_k_m", 3, tmp_path)
     assert path == tmp_path / f"llama-3.2-1b-Q4_K_M-s3-v{models.VERSION}.gguf"
