@@ -4,8 +4,10 @@ Usage: python benchmarks/peers/build_llama_cpp.py [--jobs 2] [--force]
 
 The sdist of llama-cpp-python==VERSION contains a full llama.cpp tree in vendor/llama.cpp; we
 configure it with -DGGML_NATIVE=ON (the same -march=native the pagemill kernels use) and build
-llama-server, llama-bench and llama-batched-bench into
+llama-server, llama-bench, llama-batched-bench and llama-quantize into
 $PAGEMILL_PEERS_DIR/llama.cpp-VERSION (default ~/.cache/pagemill/peers/llama.cpp-VERSION).
+The same tree's convert_hf_to_gguf.py (run with its own gguf-py on PYTHONPATH, see converter())
+turns an HF directory into a GGUF; benchmarks/models.py uses both to build models of real shapes.
 When the binaries already exist it only prints their paths. Stdlib only (no pagemill import).
 """
 
@@ -20,7 +22,7 @@ import tarfile
 from pathlib import Path
 
 VERSION = "0.3.36"
-TARGETS = ("llama-server", "llama-bench", "llama-batched-bench")
+TARGETS = ("llama-server", "llama-bench", "llama-batched-bench", "llama-quantize")
 
 
 def peers_dir() -> Path:
@@ -40,6 +42,17 @@ def binaries(version: str = VERSION) -> dict[str, Path]:
     return {name: bin_dir / name for name in TARGETS}
 
 
+def source_tree(version: str = VERSION) -> Path:
+    """The extracted llama.cpp source tree (vendor/llama.cpp of the sdist)."""
+    return install_dir(version) / "src" / "vendor" / "llama.cpp"
+
+
+def converter(version: str = VERSION) -> tuple[Path, Path]:
+    """(convert_hf_to_gguf.py, its gguf-py directory): run the script with that directory on PYTHONPATH."""
+    tree = source_tree(version)
+    return tree / "convert_hf_to_gguf.py", tree / "gguf-py"
+
+
 def _run(cmd: list[str], cwd: Path | None = None) -> None:
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=cwd, check=True)
@@ -49,7 +62,7 @@ def fetch_source(version: str) -> Path:
     """Download (pip, sdist only) and extract llama-cpp-python; return its vendor/llama.cpp tree."""
     root = install_dir(version)
     src = root / "src"
-    tree = src / "vendor" / "llama.cpp"
+    tree = source_tree(version)
     if (tree / "CMakeLists.txt").is_file():
         return tree
     download = peers_dir() / "downloads"
@@ -106,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         paths = build(args.version, args.jobs)
     for name, path in paths.items():
         print(f"{name}: {path}")
+    script, gguf_py = converter(args.version)
+    print(f"convert_hf_to_gguf.py: {script} (PYTHONPATH={gguf_py})")
     return 0
 
 

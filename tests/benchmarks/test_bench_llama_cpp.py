@@ -96,7 +96,7 @@ def test_build_script_uses_the_same_cache_layout(tmp_path, monkeypatch):
     spec.loader.exec_module(script)
     monkeypatch.setenv("PAGEMILL_PEERS_DIR", str(tmp_path))
     monkeypatch.delenv("PAGEMILL_LLAMA_CPP_BIN", raising=False)
-    assert script.VERSION == llama_cpp.VERSION and set(script.TARGETS) == set(llama_cpp.BINARIES)
+    assert script.VERSION == llama_cpp.VERSION and set(script.TARGETS) == {*llama_cpp.BINARIES, "llama-quantize"}
     assert script.binaries()["llama-server"].parent == llama_cpp.bin_dir()
 
 
