@@ -21,7 +21,7 @@ from pagemill.metrics.kv_cache import KV_STATS_INTERVAL_S, hit_rate, kv_log_line
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.request import Request, RequestStatus
 from pagemill.structured_output.manager import StructuredOutputManager
-from pagemill.worker.executor import Executor
+from pagemill.worker.executor_factory import executor_class
 from pagemill.worker.step_queue import StepFuture
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig, tokenizer: Any = None) -> None:
         self.config = config
-        self.executor = Executor.get_class(config)(config)
+        self.executor = executor_class(config)(config)
         self.kv_cache_config = self.executor.kv_cache_config
         sc = config.scheduler_config
         needed = self.kv_cache_config.max_blocks_per_request(sc.max_model_len, sc.max_num_batched_tokens)

@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-import torch
 from torch import nn
 
 from pagemill.config import EngineConfig
@@ -41,18 +40,6 @@ _SHUTDOWN_GRACE_S = 2.0
 
 class WorkerDiedError(RuntimeError):
     """A worker process ended while the engine was using it."""
-
-
-class ResolvedGrammar:
-    """A step's structured-output bitmask, already filled (the background fill lives in the engine process)."""
-
-    def __init__(self, grammar: Any) -> None:
-        self._bitmask: torch.Tensor = grammar.bitmask()
-        self.req_ids, self.offsets, self.fill_seconds = grammar.req_ids, grammar.offsets, grammar.fill_seconds
-
-    def bitmask(self) -> torch.Tensor:
-        """[rows, ceil(vocab / 32)] int32, as GrammarStep.bitmask."""
-        return self._bitmask
 
 
 def merge_kv_cache_configs(configs: list[KVCacheConfig]) -> KVCacheConfig:
