@@ -20,7 +20,9 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from pagemill.config import EngineArgs, EngineConfig
+from pagemill.config import EngineConfig
+
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.engine import core_proc
 from pagemill.messages import EngineCoreOutputs, EngineCoreRequest

@@ -16,7 +16,8 @@ from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.lora.request import LoRARequest
-from pagemill.worker.pooling_runner import make_model_runner
+from pagemill.platforms import current_platform
+from pagemill.utils.import_utils import resolve_obj_by_qualname
 from pagemill.worker.step_queue import InFlightSteps, StepFuture
 
 
@@ -82,7 +83,8 @@ class UniProcExecutor(Executor):
     """A single worker in the engine core's own process."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.model_runner = make_model_runner(config)  # generate, or a pooling model's runner
+        # the platform's runner factory: generate, or a pooling model's runner
+        self.model_runner = resolve_obj_by_qualname(current_platform.model_runner_factory)(config)
 
     @property
     def kv_cache_config(self) -> KVCacheConfig:

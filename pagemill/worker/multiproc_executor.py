@@ -27,7 +27,7 @@ from torch import nn
 from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from pagemill.worker.cpu_binding import rank_cores
+from pagemill.platforms import current_platform
 from pagemill.worker.executor import WorkerGroupExecutor
 from pagemill.worker.step_queue import InFlightSteps
 from pagemill.worker.worker_proc import run_worker
@@ -73,7 +73,7 @@ class MultiprocExecutor(WorkerGroupExecutor):
         init_method = f"tcp://127.0.0.1:{free_port()}"
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.conns: list[Connection] = []
-        for rank, cores in enumerate(rank_cores(self.world_size)):
+        for rank, cores in enumerate(current_platform.rank_cores(self.world_size)):
             parent_conn, child_conn = ctx.Pipe()
             proc = ctx.Process(target=run_worker, args=(config, rank, init_method, child_conn, cores),
                                name=f"pagemill-worker-{rank}", daemon=True)

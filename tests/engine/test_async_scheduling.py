@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pagemill import LLM
-from pagemill.config import EngineArgs
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.core.sched_output import SchedulerOutput
 from pagemill.engine.async_llm import AsyncLLM
 from pagemill.engine.core import EngineCore

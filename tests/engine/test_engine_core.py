@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pagemill.config import EngineArgs
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.engine.core import EngineCore
 from pagemill.messages import EngineCoreEventType, EngineCoreOutput, EngineCoreRequest

@@ -8,7 +8,9 @@ import time
 
 import pytest
 
-from pagemill.config import SCHEDULING_POLICIES, EngineArgs
+from pagemill.config import SCHEDULING_POLICIES
+
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.core.sched_policy import SRTFQueue, TwoLevelQueue
 from pagemill.engine.core import EngineCore
 from pagemill.entrypoints.cli import build_parser
