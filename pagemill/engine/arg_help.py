@@ -26,6 +26,8 @@ ENGINE_ARG_HELP: dict[str, str] = {
     "num_gpu_blocks_override": "Exact number of KV blocks (testing).",
     "kv_cache_layout": "paged (blocks and block tables) or virtual (Linux: each request's KV contiguous in "
                        "reserved virtual memory, physical chunks of block_size tokens mapped on demand; vTensor).",
+    "attention_backend": "auto (the platform's choice: on the CPU the compiled kernel, else the torch reference), cpu "
+                         "or torch; kv_cache_layout virtual brings its own (leave auto).",
     "num_threads": "Torch threads of the engine core (None: all cores).",
     "disable_log_stats": "Do not log the periodic stats line.",
     "quantization": "auto (a GGUF file's own blocks, else none), none, gguf, or int8 / int4: quantize a safetensors "
