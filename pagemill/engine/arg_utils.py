@@ -200,14 +200,15 @@ class EngineArgs:
             async_scheduling=self.async_scheduling,
         )
         if spec_config is not None and spec_config.method == "draft_model" and spec_config.model is not None:
-            spec_config.draft_model_config = EngineArgs(
-                model=spec_config.model, dtype=str(model_config.dtype).removeprefix("torch."),
-                max_model_len=max_model_len).create_engine_config().model_config
+            draft = EngineArgs(model=spec_config.model, dtype=str(model_config.dtype).removeprefix("torch."),
+                               max_model_len=max_model_len).create_engine_config().model_config
+            spec_config = dataclasses.replace(spec_config, draft_model_config=draft)
         config = EngineConfig(model_config, cache_config, scheduler_config,
                               num_threads=self.num_threads, log_stats=not self.disable_log_stats,
                               attention_backend=self.attention_backend, profile=self.profile,
                               # (batch-invariant: off, its exact recheck sums in another order than the head)
-                              greedy_head_screen=self.greedy_head_screen and not self.batch_invariant and pooler is None,
+                              greedy_head_screen=(self.greedy_head_screen and not self.batch_invariant
+                                                  and pooler is None),
                               structured_outputs_config=so_config,
                               speculative_config=spec_config, lora_config=lora_config,
                               batch_invariant=self.batch_invariant, data_parallel_config=dp_config,
