@@ -17,12 +17,12 @@ import msgspec
 from pagemill.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from pagemill.core.draft_policy import DraftPolicy
 from pagemill.core.kv_cache_manager import KVCacheManager, SwapLayout, cdiv
-from pagemill.core.kv_connector import SchedulerConnector
 from pagemill.core.kv_cache_utils import KVCacheConfig
-from pagemill.core.sched_policy import SRTF_POLICIES, make_policy_queue
-from pagemill.core.swap_space import SwapSpace
+from pagemill.core.kv_connector import SchedulerConnector
 from pagemill.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                         SchedulerOutput)
+from pagemill.core.sched_policy import SRTF_POLICIES, make_policy_queue
+from pagemill.core.swap_space import SwapSpace
 from pagemill.messages import EngineCoreEventType, EngineCoreOutput, LogprobsLists
 from pagemill.metrics.stats import SchedulerStats, SpecDecodingStats
 from pagemill.request import Request, RequestStatus

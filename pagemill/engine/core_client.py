@@ -22,9 +22,9 @@ import zmq.asyncio
 
 from pagemill.config import EngineConfig
 
-from pagemill.engine.arg_utils import EngineArgs
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.engine import core_proc
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.messages import EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger(__name__)

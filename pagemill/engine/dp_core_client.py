@@ -17,8 +17,8 @@ from typing import Any
 import msgspec
 
 from pagemill.config import DataParallelConfig, EngineConfig
-from pagemill.engine.arg_utils import EngineArgs
 from pagemill.core.kv_cache_utils import KVCacheConfig
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.engine.core_client import CoreOutputBatch, EngineCoreClient, EngineDeadError
 from pagemill.engine.dp_router import DPRouter
 from pagemill.messages import EngineCoreRequest

@@ -20,11 +20,11 @@ from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagemill.distributed.parallel_state import ParallelContext
 from pagemill.forward_context import set_forward_context
 from pagemill.kernels.ops import select_layer_ops
 from pagemill.layers.encoder_attention import EncoderAttentionMetadata
 from pagemill.layers.pooler import PoolChunk, Pooler
-from pagemill.distributed.parallel_state import ParallelContext
 from pagemill.loader.model_loader import load_model
 from pagemill.platforms import current_platform
 from pagemill.pooling_params import PoolingParams

@@ -8,9 +8,9 @@ import pytest
 
 from pagemill.benchmarks.cli import build_parser
 from pagemill.benchmarks.datasets import SampleRequest
+from pagemill.benchmarks.openai_client import build_payload
 from pagemill.benchmarks.plots import plot_sweep
 from pagemill.benchmarks.report import environment_info, format_table, save_result
-from pagemill.benchmarks.openai_client import build_payload
 from pagemill.benchmarks.serve_load import arrival_times, choose_model_name
 
 
