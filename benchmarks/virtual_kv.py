@@ -187,7 +187,7 @@ def memory_table(num_prompts: int, prompt_len: int) -> None:
     """KV bytes resident (pages the OS backs, mincore) once a fresh engine has prefilled `num_prompts` prompts,
     against tokens x bytes per token: the waste is each request's partly filled last chunk / block."""
     from pagemill import SamplingParams
-    from pagemill.config import EngineArgs
+    from pagemill.engine.arg_utils import EngineArgs
     from pagemill.engine.core import EngineCore
     from pagemill.messages import EngineCoreRequest
 

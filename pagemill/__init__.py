@@ -1,14 +1,9 @@
 """pagemill: a vLLM-class LLM inference and serving engine for CPUs."""
 
-import os as _os
+from pagemill.platforms import current_platform as _platform
 
-# OpenMP threads that spin while waiting lose badly whenever anything else needs a core (the API server,
-# a load generator, the tokenizer): measured 3-6x lower throughput on 2 cores. Sleep instead — but only
-# after a short spin (GOMP_SPINCOUNT): a decode step runs ~200 parallel regions microseconds apart, and
-# waking a sleeping thread for each cost 20% of a single-stream step. These must be set before torch loads
-# its OpenMP runtime; the user's own settings win.
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-_os.environ.setdefault("GOMP_SPINCOUNT", "30000")
+# Before anything loads torch: the device's process-wide settings (on the CPU, OpenMP threads that sleep when idle).
+_platform.set_up_process_env()
 
 from pagemill.lora.request import LoRARequest
 from pagemill.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
@@ -33,7 +28,7 @@ def __getattr__(name: str):
         from pagemill.llm import LLM
         return LLM
     if name == "EngineArgs":
-        from pagemill.config import EngineArgs
+        from pagemill.engine.arg_utils import EngineArgs
         return EngineArgs
     if name == "LLMEngine":
         from pagemill.engine.llm_engine import LLMEngine

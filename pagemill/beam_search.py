@@ -10,25 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pagemill.outputs import Logprob
-from pagemill.sampling_params import SamplingParams
-
-
-@dataclass
-class BeamSearchParams:
-    """Beam search settings, named as in vLLM."""
-
-    beam_width: int
-    max_tokens: int
-    ignore_eos: bool = False
-    temperature: float = 0.0
-    length_penalty: float = 1.0
-    include_stop_str_in_output: bool = False
-
-    def __post_init__(self) -> None:
-        if self.beam_width < 1:
-            raise ValueError(f"beam_width must be >= 1, got {self.beam_width}.")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+from pagemill.sampling_params import BeamSearchParams, SamplingParams
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from pagemill.config import EngineArgs
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.engine.llm_engine import LLMEngine
 from pagemill.engine.processor import PromptType
 from pagemill.lora.request import LoRARequest

@@ -205,10 +205,19 @@ class SamplingParams:
         return out
 
 
-def __getattr__(name: str):
-    # vLLM defines BeamSearchParams here; ours lives with beam search (imported lazily: no import cycle).
-    if name == "BeamSearchParams":
-        from pagemill.beam_search import BeamSearchParams
+@dataclass
+class BeamSearchParams:
+    """Beam search settings, named as in vLLM (which defines them here too; the search is in beam_search.py)."""
 
-        return BeamSearchParams
-    raise AttributeError(name)
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if self.beam_width < 1:
+            raise ValueError(f"beam_width must be >= 1, got {self.beam_width}.")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")

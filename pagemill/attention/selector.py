@@ -1,43 +1,30 @@
-"""Choose the attention backend: the compiled CPU kernel when it builds, else the torch reference."""
+"""Build the attention backend the platform chooses (platforms/: which backends a device offers, in what order)."""
 
 from __future__ import annotations
 
 import logging
 
+from pagemill.attention.backend import AttentionBackend
+from pagemill.platforms import current_platform
+from pagemill.utils.import_utils import resolve_obj_by_qualname
+
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "cpu", "torch")
 
-
-def get_attn_backend(name: str = "auto", batch_invariant: bool = False, kv_cache_layout: str = "paged"):
-    """An attention backend instance for `name` (auto = cpu kernel if available); `batch_invariant`: the cpu kernel
-    for every request (an error without it); kv_cache_layout="virtual": SDPA over virtual-contiguous KV."""
-    from pagemill.attention.backends.torch_paged import TorchPagedAttention
-
-    if name not in BACKENDS:
-        raise ValueError(f"attention_backend must be one of {', '.join(BACKENDS)}, got {name!r}.")
-    if kv_cache_layout == "virtual":
-        from pagemill.attention.backends.virtual_contiguous import VirtualContiguousAttention
-
-        return VirtualContiguousAttention()
-    if batch_invariant:
-        from pagemill.attention.backends.cpu_invariant import BatchInvariantCpuAttention
-
-        if name == "torch":
-            raise ValueError("batch_invariant=True needs attention_backend auto or cpu, not torch.")
+def get_attn_backend(name: str = "auto", batch_invariant: bool = False,
+                     kv_cache_layout: str = "paged") -> AttentionBackend:
+    """An attention backend instance for `name` (auto: the platform's first that builds here, e.g. the compiled CPU
+    kernel, else the torch reference); `batch_invariant`: the fixed-order kernel for every request (an error
+    without it); kv_cache_layout="virtual": SDPA over virtual-contiguous KV."""
+    candidates = current_platform.get_attn_backend_cls(name, batch_invariant, kv_cache_layout)
+    for i, qualname in enumerate(candidates):
         try:
-            return BatchInvariantCpuAttention()
+            return resolve_obj_by_qualname(qualname)()
         except RuntimeError:
-            raise ValueError("batch_invariant=True needs pagemill's compiled CPU kernels, which are not built here "
-                             "(`pagemill env` says why; build them with `make kernels`).") from None
-    if name == "torch":
-        return TorchPagedAttention()
-    try:
-        from pagemill.attention.backends.cpu_paged import CpuPagedAttention
-
-        return CpuPagedAttention()
-    except RuntimeError:
-        if name == "cpu":
-            raise
-        logger.warning("Falling back to the torch attention backend.")
-        return TorchPagedAttention()
+            if batch_invariant:
+                raise ValueError("batch_invariant=True needs pagemill's compiled CPU kernels, which are not built "
+                                 "here (`pagemill env` says why; build them with `make kernels`).") from None
+            if i == len(candidates) - 1:
+                raise
+            logger.warning("Falling back to the %s attention backend.", resolve_obj_by_qualname(candidates[i + 1]).name)
+    raise ValueError(f"attention_backend={name!r}: the {current_platform.device_name} platform offers no backend.")

@@ -29,7 +29,7 @@ def default_max_num_seqs(args: argparse.Namespace) -> int:
     if getattr(args, "max_num_seqs", None):
         return int(args.max_num_seqs)
     try:
-        from pagemill.config import EngineArgs
+        from pagemill.engine.arg_utils import EngineArgs
 
         return int(EngineArgs.max_num_seqs)
     except (ImportError, AttributeError):

@@ -7,7 +7,7 @@ import ast
 import gc
 from typing import Any, Sequence
 
-from pagemill.entrypoints.json_flags import config_flag
+from pagemill.engine.arg_utils import config_flag
 
 
 def parse_engine_args(items: Sequence[str] | None) -> dict[str, Any]:

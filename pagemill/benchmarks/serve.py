@@ -1,4 +1,4 @@
-"""`bench serve`: an asyncio load generator for any OpenAI-compatible streaming endpoint.
+"""`bench serve`: load an OpenAI-compatible streaming endpoint (serve_load.py sends the requests) and report.
 
 Requests arrive as a Poisson (or gamma, `--burstiness`) process at `--request-rate`, optionally
 capped by `--max-concurrency`; each streams its answer and the client records chunk times.
@@ -10,105 +10,20 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
-import time
 from typing import Any, Sequence
-
-import numpy as np
 
 from pagemill.benchmarks.datasets import SampleRequest, add_dataset_args, get_samples
 from pagemill.benchmarks.kv_metrics import KVSampler, kv_summary
-from pagemill.benchmarks.metrics import (LATENCY_METRICS, RequestResult, compute_metrics,
-                                         parse_goodput)
+from pagemill.benchmarks.metrics import RequestResult, compute_metrics, parse_goodput
 from pagemill.benchmarks.model_path import default_model_path, load_hf_tokenizer
 from pagemill.benchmarks.openai_client import build_payload, send_request
-from pagemill.benchmarks.report import (check_machine_idle, config_dict, environment_info,
-                                        format_table, save_result)
+from pagemill.benchmarks.report import check_machine_idle, config_dict, environment_info, save_result
+from pagemill.benchmarks.serve_load import choose_model_name, run_load, served_model_names
+from pagemill.benchmarks.serve_report import serve_table
+from pagemill.benchmarks.serve_structured import run_structured_serve
 from pagemill.benchmarks.server_metrics import fetch_spec_counters
-from pagemill.benchmarks.spec_report import spec_rows
 from pagemill.metrics.spec_decode import spec_delta, spec_summary
-
-REQUEST_TIMEOUT_S = 6 * 3600
-
-
-def arrival_times(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> list[float]:
-    """Send offsets (s) of `n` requests: gamma inter-arrival gaps (shape=burstiness, mean 1/rate).
-
-    burstiness 1.0 is a Poisson process; an infinite rate sends everything at time 0.
-    """
-    if rate <= 0:
-        raise ValueError(f"--request-rate must be positive, got {rate}")
-    if burstiness <= 0:
-        raise ValueError(f"--burstiness must be positive, got {burstiness}")
-    if math.isinf(rate):
-        return [0.0] * n
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
-    gaps[0] = 0.0  # the first request goes out immediately, as in `vllm bench serve`
-    return [float(t) for t in np.cumsum(gaps)]
-
-
-async def run_load(samples: Sequence[SampleRequest], url: str, model: str, chat: bool,
-                   request_rate: float, burstiness: float, max_concurrency: int | None,
-                   ignore_eos: bool, temperature: float, seed: int,
-                   extra_body: dict[str, Any] | None = None,
-                   disable_tqdm: bool = False,
-                   per_request_bodies: Sequence[dict[str, Any]] | None = None) -> tuple[list[RequestResult], float]:
-    """Send every sample on its arrival schedule; return per-request results and wall time. `per_request_bodies`:
-    fields merged into each sample's own request (after `extra_body`)."""
-    import aiohttp
-    from tqdm.asyncio import tqdm
-
-    offsets = arrival_times(len(samples), request_rate, burstiness, np.random.default_rng(seed))
-    semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    progress = tqdm(total=len(samples), disable=disable_tqdm, desc=f"rate={request_rate:g}")
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        start = time.perf_counter()
-
-        async def one(sample: SampleRequest, offset: float, body: dict[str, Any] | None) -> RequestResult:
-            await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
-            payload = build_payload(sample, model, chat, ignore_eos, temperature, extra_body)
-            payload.update(body or {})
-            if semaphore is None:
-                result = await send_request(session, url, payload, sample.prompt_len, chat)
-            else:
-                async with semaphore:
-                    result = await send_request(session, url, payload, sample.prompt_len, chat)
-            progress.update(1)
-            return result
-
-        bodies = per_request_bodies or [None] * len(samples)
-        results = await asyncio.gather(*(one(s, t, b) for s, t, b in zip(samples, offsets, bodies)))
-        duration = time.perf_counter() - start
-    progress.close()
-    return list(results), duration
-
-
-async def served_model_names(base_url: str) -> list[str]:
-    """Model ids listed by the server's /v1/models."""
-    import aiohttp
-
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        async with session.get(base_url.rstrip("/") + "/v1/models") as resp:
-            resp.raise_for_status()
-            body = await resp.json()
-    return [m["id"] for m in body.get("data", [])]
-
-
-def choose_model_name(args: argparse.Namespace, served: Sequence[str]) -> str:
-    """The `model` field to send: --served-model-name, else --model if served, else the only one."""
-    if args.served_model_name:
-        return args.served_model_name
-    if args.model in served:
-        return args.model
-    if served:
-        return served[0]
-    if args.model:
-        return args.model
-    raise ValueError("the server lists no models; pass --served-model-name")
 
 
 def tokenizer_source(args: argparse.Namespace) -> str:
@@ -118,53 +33,6 @@ def tokenizer_source(args: argparse.Namespace) -> str:
     if args.model and os.path.exists(args.model):
         return args.model
     return default_model_path()
-
-
-def serve_table(metrics: dict[str, Any], percentiles: Sequence[str], title: str) -> str:
-    """Format one run's metrics like `vllm bench serve` does."""
-    rows: list[tuple[str, Any]] = [
-        ("Successful requests", metrics["completed"]),
-        ("Failed requests", metrics["failed"]),
-        ("Request rate (req/s)", f"{metrics['request_rate']:g}"),
-        ("Benchmark duration (s)", metrics["duration_s"]),
-        ("Total input tokens", metrics["total_input_tokens"]),
-        ("Total generated tokens", metrics["total_output_tokens"]),
-        ("Request throughput (req/s)", metrics["request_throughput"]),
-        ("Output token throughput (tok/s)", metrics["output_throughput"]),
-        ("Total token throughput (tok/s)", metrics["total_token_throughput"]),
-        ("Normalized latency (s/token)", f"{metrics['normalized_latency_s_per_token']:.4f}"),
-    ]
-    if "request_goodput" in metrics:
-        rows.append(("Request goodput (req/s)", metrics["request_goodput"]))
-    names = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
-             "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
-    for metric in LATENCY_METRICS:
-        stats = metrics[f"{metric}_ms"]
-        rows.append((f"--{names[metric]}", ""))
-        rows.append((f"Mean {metric.upper()} (ms)", stats["mean"]))
-        rows.append((f"Median {metric.upper()} (ms)", stats["median"]))
-        rows.append((f"Std {metric.upper()} (ms)", stats["std"]))
-        for p in percentiles:
-            rows.append((f"P{p} {metric.upper()} (ms)", stats[f"p{p}"]))
-    if "normalized_latency_ms" in metrics:  # E2EL / output tokens, per request
-        stats = metrics["normalized_latency_ms"]
-        rows.append(("--Normalized Latency (E2EL / output tokens)", ""))
-        rows.append(("Mean normalized latency (ms/token)", stats["mean"]))
-        rows.append(("Median normalized latency (ms/token)", stats["median"]))
-        for p in percentiles:
-            rows.append((f"P{p} normalized latency (ms/token)", stats[f"p{p}"]))
-    rows += spec_rows(metrics)  # a pagemill server that speculated: its /metrics counters over the run
-    kv = metrics.get("kv_metrics", {}).get("summary", {})
-    if "mean_token_states_pct_of_used" in kv:  # --kv-metrics-plot: the KV accounting sampled over the run
-        rows.append(("--KV Cache (mean over the run)", ""))
-        rows.append(("Slots in use (% of cache)", kv["mean_used_slots_pct"]))
-        rows.append(("Token states (% of used)", kv["mean_token_states_pct_of_used"]))
-        rows.append(("Internal fragmentation (% of used)", kv["mean_fragmentation_pct_of_used"]))
-        rows.append(("Reservation (% of used)", kv["mean_reservation_pct_of_used"]))
-        rows.append(("Blocks shared", kv["mean_shared_blocks"]))
-    if "prefix_cache_hit_rate" in kv:
-        rows.append(("Prefix cache hit rate (%)", 100 * kv["prefix_cache_hit_rate"]))
-    return format_table(title, rows)
 
 
 def _rates(args: argparse.Namespace) -> list[float]:
@@ -242,8 +110,6 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     cannot reuse an earlier run's prompts; every target sees the same prompts per rate.
     """
     if getattr(args, "structured_output", None):
-        from pagemill.benchmarks.serve_structured import run_structured_serve
-
         return run_structured_serve(args)
     load_at_start = check_machine_idle()
     tokenizer = load_hf_tokenizer(tokenizer_source(args))

@@ -18,6 +18,8 @@ from typing import Any
 from pagemill.benchmarks.datasets import SampleRequest
 from pagemill.benchmarks.metrics import RequestResult, compute_metrics, parse_goodput
 from pagemill.benchmarks.report import check_machine_idle, config_dict, environment_info, save_result
+from pagemill.benchmarks.serve_load import choose_model_name, run_load, served_model_names
+from pagemill.benchmarks.serve_report import serve_table
 from pagemill.benchmarks.structured_output import DATASET, is_valid
 
 CHAT_ENDPOINT = "/v1/chat/completions"
@@ -25,8 +27,6 @@ CHAT_ENDPOINT = "/v1/chat/completions"
 
 async def _timed_load(args: argparse.Namespace, url: str, model: str, samples: list[SampleRequest],
                       bodies: list[dict[str, Any]] | None, ignore_eos: bool) -> tuple[list[RequestResult], float]:
-    from pagemill.benchmarks.serve import run_load
-
     return await run_load(samples, url, model, True, args.request_rate, args.burstiness, args.max_concurrency,
                           ignore_eos, 0.0, args.seed, None, args.disable_tqdm, per_request_bodies=bodies)
 
@@ -47,8 +47,6 @@ def _warmup_s(args: argparse.Namespace, url: str, model: str, samples: list[Samp
 
 def run_structured_serve(args: argparse.Namespace) -> dict[str, Any]:
     """Constrained vs unconstrained serving of the built-in request set of `args.structured_output`."""
-    from pagemill.benchmarks.serve import choose_model_name, serve_table, served_model_names
-
     load_at_start = check_machine_idle()
     kind = args.structured_output
     items = [DATASET[kind][k % len(DATASET[kind])] for k in range(args.num_prompts)]

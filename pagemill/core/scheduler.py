@@ -15,17 +15,17 @@ from collections import deque
 import msgspec
 
 from pagemill.config import CacheConfig, SchedulerConfig, SpeculativeConfig
+from pagemill.core.draft_policy import DraftPolicy
 from pagemill.core.kv_cache_manager import KVCacheManager, SwapLayout, cdiv
 from pagemill.core.kv_cache_utils import KVCacheConfig
-from pagemill.core.sched_policy import SRTF_POLICIES, make_policy_queue
-from pagemill.core.swap_space import SwapSpace
+from pagemill.core.kv_connector import SchedulerConnector
 from pagemill.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                         SchedulerOutput)
-from pagemill.distributed.kv_transfer.base import KVConnectorBase_V1
+from pagemill.core.sched_policy import SRTF_POLICIES, make_policy_queue
+from pagemill.core.swap_space import SwapSpace
 from pagemill.messages import EngineCoreEventType, EngineCoreOutput, LogprobsLists
 from pagemill.metrics.stats import SchedulerStats, SpecDecodingStats
 from pagemill.request import Request, RequestStatus
-from pagemill.spec_decode.verify_cost import VerifyCostModel
 
 
 class _WaitingQueue:
@@ -74,7 +74,8 @@ class Scheduler:
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  kv_cache_config: KVCacheConfig, speculative_config: SpeculativeConfig | None = None,
-                 max_loras: int = 0, kv_connector: KVConnectorBase_V1 | None = None) -> None:
+                 max_loras: int = 0, kv_connector: SchedulerConnector | None = None,
+                 draft_policy: DraftPolicy | None = None) -> None:
         self.config = scheduler_config
         # The scheduler side of a KV connector: prompt blocks found outside count as computed (disaggregated
         # prefill, KV offload) and are loaded by the worker before the step's forward.
@@ -86,6 +87,11 @@ class Scheduler:
         self.max_loras = max_loras  # adapters one step may mix (the runner's LoRA slots; 0: LoRA disabled)
         self._reset_preempted: set[str] = set()  # preempted outside schedule() (reset_prefix_cache): for the runner
         self.spec_config = speculative_config
+        # Speculative decoding: which steps and requests get drafts (spec_decode/backoff.py's back-off).
+        if speculative_config is not None and draft_policy is None:
+            raise ValueError("speculative_config needs a draft_policy (pagemill.spec_decode.backoff."
+                             "SpeculativeBackoff) to decide which requests get drafts.")
+        self.draft_policy = draft_policy
         # A draft model writes its own KV for the tokens it proposes: their slots are allocated ahead (lookahead).
         self.num_lookahead_tokens = (speculative_config.num_speculative_tokens
                                      if speculative_config is not None and speculative_config.method == "draft_model"
@@ -94,14 +100,6 @@ class Scheduler:
         # ahead, off the critical path): the block of one more token is allocated a step early, from the same pool.
         # (A scheduled request has at most max_model_len - 1 tokens, so this stays within max_model_len.)
         self.num_lookahead_tokens += cache_config.kv_cache_layout == "virtual"
-        # Engine-wide moving averages: draft acceptance (a new request starts from it) and what proposing one draft
-        # token costs relative to a target step (a draft model's forwards; ~0 for n-gram / suffix).
-        self.spec_acceptance = 1.0
-        self.draft_cost = 0.0
-        # What a verified draft token costs at the batch size of the last verifying step (in plain-step units).
-        self.verify_costs, self.verify_cost = VerifyCostModel(), 0.0
-        self.num_steps = 0  # steps scheduled (the verification cost model's clock)
-        self.spec_backoff_len = 0  # the last back-off's length: a new request starts with it while acceptance is poor
         self.spec_stats = SpecDecodingStats(speculative_config.num_speculative_tokens, 0, 0, 0,
                                             [0] * speculative_config.num_speculative_tokens) \
             if speculative_config is not None else None
@@ -136,14 +134,8 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queue a new request (WAITING_FOR_FSM while its structured-output grammar compiles)."""
         self.requests[request.request_id] = request
-        if self.spec_config is not None and self.spec_acceptance < self._acceptance_threshold():
-            # Drafts have been paying poorly: the request starts backed off, and probes within its own length (the
-            # probes are what lift the engine-wide average: with requests shorter than the back-off and no probe,
-            # one poor spell stopped speculation for good).
-            wait = self.spec_backoff_len if request.max_tokens is None else min(self.spec_backoff_len,
-                                                                                 request.max_tokens // 2)
-            request.spec_backoff_len = request.spec_backoff_until = wait
-            request.spec_acceptance = self._acceptance_threshold()
+        if self.draft_policy is not None:
+            self.draft_policy.add_request(request)
         if request.structured_output is not None and not request.structured_output.is_ready():
             request.status = RequestStatus.WAITING_FOR_FSM
         parent = self.requests.get(request.fork_of) if request.fork_of else None
@@ -352,10 +344,7 @@ class Scheduler:
 
         total = sum(num_scheduled.values())
         to_propose: dict[str, int] = {}
-        speculate = self.spec_config is not None and len(self.running) < self.spec_config.max_batch_size
-        self.num_steps += 1
-        if speculate and self.verify_costs.plain_due(len(self.running), self.num_steps):
-            speculate = False  # no drafts next step: it times the plain step the verification cost compares with
+        speculate = self.draft_policy is not None and self.draft_policy.speculate_this_step(len(self.running))
         for rid, n in num_scheduled.items():
             req = self.requests[rid]
             prompt_left = max(0, req.num_prompt_tokens - req.num_computed_tokens)
@@ -397,32 +386,10 @@ class Scheduler:
             req.max_tokens is not None and num_tokens - req.num_prompt_tokens >= req.max_tokens)
 
     def _num_drafts_wanted(self, req: Request) -> int:
-        """Draft tokens to propose for the request's next step: none when it opted out or is backing off after poor
-        acceptance."""
+        """Draft tokens to propose for the request's next step: none when it opted out, else the policy's."""
         if not req.sampling_params.speculative_decoding:
             return 0
-        if req.num_output_tokens < req.spec_backoff_until:
-            return 0
-        return self.spec_config.num_speculative_tokens
-
-    def _acceptance_threshold(self) -> float:
-        """The draft acceptance rate below which speculation costs more than it gives: the measured costs of
-        proposing a draft token and of verifying it at the current batch (in target steps), at least the configured
-        minimum; a negative minimum turns the back-off off (benchmarks/verify_cost.py times every verify step)."""
-        if self.spec_config.min_acceptance_rate < 0:
-            return self.spec_config.min_acceptance_rate
-        return max(self.spec_config.min_acceptance_rate, self.draft_cost + self.verify_cost)
-
-    def _measure_verify_cost(self, sched: SchedulerOutput, seconds: float) -> None:
-        """Record a decode-only step's time (no prefill tokens in it) and, if it verified drafts, the cost of a draft
-        token at its batch size (spec_decode/verify_cost.py)."""
-        batch = len(sched.num_scheduled_tokens)
-        drafts = sum(len(d) for d in sched.scheduled_spec_decode_tokens.values())
-        if not batch or sched.total_num_scheduled_tokens != batch + drafts:
-            return
-        self.verify_costs.record(batch + drafts, seconds, self.num_steps)
-        if drafts:
-            self.verify_cost = self.verify_costs.cost_per_draft(batch, drafts)
+        return self.draft_policy.num_drafts(req)
 
     def _constrained_drafts(self, req: Request, drafts: list[int]) -> list[int]:
         """A constrained request's drafts: the proposer's, cut where its grammar would reject them, or the tokens
@@ -442,7 +409,7 @@ class Scheduler:
         return forced if len(forced) > len(drafts) else drafts
 
     def _verified(self, req: Request, num_drafts: int, num_accepted: int) -> None:
-        """Account one verification: counters, the rollback of rejected slots and the request's back-off."""
+        """Account one verification: counters, the rollback of rejected slots, and the draft policy's averages."""
         stats = self.spec_stats
         stats.num_drafts += 1
         stats.num_draft_tokens += num_drafts
@@ -456,18 +423,7 @@ class Scheduler:
             kept = self.kv_cache_manager.free_tail(req, req.num_computed_tokens)
             if kept is not None:  # the runner's copy of the tables must be cut too
                 self._cut_tables[req.request_id] = kept
-        rate, threshold = num_accepted / num_drafts, self._acceptance_threshold()
-        self.spec_acceptance = 0.9 * self.spec_acceptance + 0.1 * rate
-        # (slow enough that one rejected draft run among well-accepted ones does not cross a threshold near 0.5)
-        req.spec_acceptance = 0.75 * req.spec_acceptance + 0.25 * rate
-        if req.spec_acceptance < threshold:
-            # Poor acceptance: no drafts for a while (doubling while it stays poor), then one more try, which
-            # starts the next back-off at once if it is poor too.
-            req.spec_backoff_len = self.spec_backoff_len = min(max(8, 2 * req.spec_backoff_len), 256)
-            req.spec_backoff_until = req.num_output_tokens + req.spec_backoff_len
-            req.spec_acceptance = threshold
-        elif req.spec_acceptance >= 2 * threshold:
-            req.spec_backoff_len = 0
+        self.draft_policy.verified(req, num_drafts, num_accepted)
 
     def _fail_grammar(self, req: Request) -> None:
         """A grammar that passed validation but failed to compile: the request ends (reported as an abort)."""
@@ -546,10 +502,8 @@ class Scheduler:
         outputs, self._failed_outputs = self._failed_outputs, []
         if self.in_flight:
             self.in_flight.difference_update(sched.num_scheduled_tokens)
-        if out.draft_cost is not None:
-            self.draft_cost = 0.8 * self.draft_cost + 0.2 * out.draft_cost
-        if out.target_seconds is not None:
-            self._measure_verify_cost(sched, out.target_seconds)
+        if self.draft_policy is not None:
+            self.draft_policy.step_done(sched, out)
         for rid in sched.num_scheduled_tokens:
             if rid in self._stale_tokens and rid in out.sampled:  # a finished request's extra token: discarded
                 self._stale_tokens[rid] -= 1

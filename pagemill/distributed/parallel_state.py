@@ -13,6 +13,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pagemill.platforms import current_platform
+from pagemill.utils.import_utils import resolve_obj_by_qualname
+
 
 @dataclass(frozen=True)
 class ParallelContext:
@@ -72,20 +75,21 @@ def layer_range(num_layers: int, pp_rank: int, pp_size: int) -> tuple[int, int]:
 
 def init_distributed(rank: int, tp_size: int, pp_size: int, init_method: str,
                      timeout_s: float = 600.0) -> ParallelContext:
-    """Join the gloo process group of all ranks and build this rank's tensor-parallel group (its collectives through
+    """Join the process group of all ranks (the platform's backend: gloo on the CPU) and build this rank's
+    tensor-parallel group, with the platform's device communicator for its collectives where it can run (on the CPU,
     shared memory where the group's ranks share a host: see shm_communicator)."""
     from pagemill.distributed.group_coordinator import GroupCoordinator
-    from pagemill.distributed.shm_communicator import create_shm_communicator
 
     world = tp_size * pp_size
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
+    dist.init_process_group(current_platform.dist_backend, init_method=init_method, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
+    create_communicator = resolve_obj_by_qualname(current_platform.device_communicator)
     pp_rank, tp_rank = divmod(rank, tp_size)
     tp_group = None
     for stage in range(pp_size):  # every rank creates every group (torch.distributed's rule), keeps its own
         ranks = list(range(stage * tp_size, (stage + 1) * tp_size))
         group = dist.new_group(ranks) if tp_size > 1 else None
         if stage == pp_rank and group is not None:
-            shm = create_shm_communicator(group, tp_rank, tp_size, timeout_s)
-            tp_group = GroupCoordinator(ranks, tp_rank, group, shm)
+            comm = create_communicator(group, tp_rank, tp_size, timeout_s)
+            tp_group = GroupCoordinator(ranks, tp_rank, group, comm)
     return ParallelContext(tp_rank, tp_size, pp_rank, pp_size, tp_group)

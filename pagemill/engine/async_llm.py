@@ -8,7 +8,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from pagemill.config import EngineArgs, EngineConfig
+from pagemill.config import EngineConfig
+
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.engine.core_client import CoreOutputBatch, EngineCoreClient, EngineDeadError
 from pagemill.engine.dp_core_client import DPEngineCoreClient, make_engine_core_client
 from pagemill.engine.output_processor import OutputProcessor, first_scheduled_time

@@ -20,8 +20,9 @@ from pagemill.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreReq
 from pagemill.metrics.kv_cache import KV_STATS_INTERVAL_S, hit_rate, kv_log_line
 from pagemill.metrics.stats import SchedulerStats
 from pagemill.request import Request, RequestStatus
+from pagemill.spec_decode.backoff import SpeculativeBackoff
 from pagemill.structured_output.manager import StructuredOutputManager
-from pagemill.worker.executor import Executor
+from pagemill.worker.executor_factory import executor_class
 from pagemill.worker.step_queue import StepFuture
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig, tokenizer: Any = None) -> None:
         self.config = config
-        self.executor = Executor.get_class(config)(config)
+        self.executor = executor_class(config)(config)
         self.kv_cache_config = self.executor.kv_cache_config
         sc = config.scheduler_config
         needed = self.kv_cache_config.max_blocks_per_request(sc.max_model_len, sc.max_num_batched_tokens)
@@ -44,9 +45,11 @@ class EngineCore:
                 f"kv_cache_memory holds {self.kv_cache_config.usable_blocks} blocks, fewer than one sequence of "
                 f"max_model_len ({sc.max_model_len}) needs ({needed}): raise kv_cache_memory or lower max_model_len.")
         lora = config.lora_config
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.kv_cache_config,
-                                   config.speculative_config, lora.max_loras if lora is not None else 0,
-                                   KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER))
+        spec = config.speculative_config
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.kv_cache_config, spec,
+                                   lora.max_loras if lora is not None else 0,
+                                   KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER),
+                                   draft_policy=SpeculativeBackoff(spec) if spec is not None else None)
         self._last_log = self._last_memory = time.monotonic()
         # vLLM's batch queue: the steps submitted and not yet applied, oldest first (None: synchronous steps).
         # Async scheduling keeps two steps in flight (the next one is planned on output placeholders); pipeline

@@ -20,9 +20,11 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from pagemill.config import EngineArgs, EngineConfig
+from pagemill.config import EngineConfig
+
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.engine import core_proc
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.messages import EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger(__name__)

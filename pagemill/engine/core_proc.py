@@ -19,7 +19,9 @@ from typing import Any
 import msgspec
 import zmq
 
-from pagemill.config import EngineArgs, EngineConfig
+from pagemill.config import EngineConfig
+
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.lora.request import LoRARequest
 from pagemill.messages import EngineCoreOutputs, EngineCoreRequest
 from pagemill.utils.memory import release_free_memory

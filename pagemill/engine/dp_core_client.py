@@ -16,8 +16,9 @@ from typing import Any
 
 import msgspec
 
-from pagemill.config import DataParallelConfig, EngineArgs, EngineConfig
+from pagemill.config import DataParallelConfig, EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.engine.core_client import CoreOutputBatch, EngineCoreClient, EngineDeadError
 from pagemill.engine.dp_router import DPRouter
 from pagemill.messages import EngineCoreRequest
@@ -30,7 +31,7 @@ def dp_config_of(config: EngineConfig | EngineArgs) -> DataParallelConfig:
     """The data-parallel configuration of resolved or user-facing arguments."""
     if isinstance(config, EngineConfig):
         return config.data_parallel_config
-    return DataParallelConfig.from_args(config)
+    return config.create_data_parallel_config()
 
 
 def make_engine_core_client(config: EngineConfig | EngineArgs) -> EngineCoreClient | DPEngineCoreClient:

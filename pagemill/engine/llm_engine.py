@@ -6,7 +6,9 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from pagemill.config import EngineArgs, EngineConfig
+from pagemill.config import EngineConfig
+
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.engine.core import EngineCore
 from pagemill.engine.dp_sync_core import DPSyncEngineCore
 from pagemill.engine.output_processor import OutputProcessor

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pagemill.platforms import current_platform
+
 
 def _inv_freq(hf_config, layer_type: str | None) -> tuple[torch.Tensor, float]:
     """Inverse frequencies and attention scaling for the config's RoPE type (HF's own init functions).
@@ -17,14 +19,15 @@ def _inv_freq(hf_config, layer_type: str | None) -> tuple[torch.Tensor, float]:
     if layer_type is not None and layer_type in params:
         params = params[layer_type]
     rope_type = params.get("rope_type", "default")
+    device = current_platform.device
     if rope_type == "default":
         base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
         dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         dim = int(dim * params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0)))
-        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim)), 1.0
     if rope_type not in ROPE_INIT_FUNCTIONS or rope_type == "dynamic":
         raise ValueError(f"rope type {rope_type!r} is not supported.")
-    return ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"), layer_type=layer_type)
+    return ROPE_INIT_FUNCTIONS[rope_type](hf_config, device, layer_type=layer_type)
 
 
 class RotaryEmbedding(nn.Module):
@@ -33,7 +36,7 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, hf_config, max_position: int, dtype: torch.dtype, layer_type: str | None = None) -> None:
         super().__init__()
         inv_freq, scaling = _inv_freq(hf_config, layer_type)
-        pos = torch.arange(max_position, dtype=torch.float)
+        pos = torch.arange(max_position, dtype=torch.float, device=inv_freq.device)
         freqs = pos[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.rotary_dim = emb.shape[-1]

@@ -1,18 +1,12 @@
 """KV cache accounting as metrics: the PagedAttention paper's Fig. 2 breakdown of the slots in use (token states,
-internal fragmentation, reservation), what block sharing saves, and the prefix-cache hit rate.
+internal fragmentation, reservation), what block sharing saves, and the prefix-cache hit rate (the gauges that
+export them are in prometheus.py: the engine core imports this module for its log line, without prometheus).
 
 The engine core adds the accounting (`SchedulerStats.memory`, from KVCacheManager.memory_stats) to its stats at
 most every KV_STATS_INTERVAL_S while busy, and whenever it drains.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from pagemill.metrics.stats import SchedulerStats
-
-if TYPE_CHECKING:  # the engine core imports this module for its log line; only the front end needs prometheus
-    from prometheus_client import CollectorRegistry, Gauge
 
 KV_STATS_INTERVAL_S = 0.25
 
@@ -36,30 +30,6 @@ HIT_RATE_GAUGE = "kv_cache_prefix_hit_rate"
 def hit_rate(hits: float, queries: float) -> float:
     """Hits over queries (0 without queries)."""
     return hits / queries if queries > 0 else 0.0
-
-
-class KVCacheGauges:
-    """The pagemill:kv_cache_* accounting gauges of one registry."""
-
-    def __init__(self, registry: CollectorRegistry, model_name: str, labels: dict[str, str] | None = None) -> None:
-        from prometheus_client import Gauge
-
-        from pagemill.metrics.prometheus import family
-
-        labels = labels or {"model_name": model_name}
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return family(registry, Gauge, f"pagemill:{name}", doc, list(labels)).labels(**labels)
-
-        self.gauges = {key: gauge(name, doc) for key, (name, doc) in KV_GAUGES.items()}
-        self.hit_rate = gauge(HIT_RATE_GAUGE, "Prefix-cache hit rate since start: tokens found / tokens looked up.")
-
-    def record(self, stats: SchedulerStats) -> None:
-        """Set the gauges from a snapshot (the accounting ones only when it carries the accounting)."""
-        self.hit_rate.set(hit_rate(stats.prefix_cache_hits, stats.prefix_cache_queries))
-        if stats.memory is not None:
-            for key, g in self.gauges.items():
-                g.set(stats.memory.get(key, 0))
 
 
 def kv_log_line(memory: dict[str, float]) -> str:

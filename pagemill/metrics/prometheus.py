@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from pagemill.metrics.kv_cache import KVCacheGauges
+from pagemill.metrics.kv_cache import HIT_RATE_GAUGE, KV_GAUGES, hit_rate
 from pagemill.metrics.spec_decode import spec_delta
 from pagemill.metrics.stats import IterationStats, SchedulerStats, SpecDecodingStats
 
@@ -28,6 +28,26 @@ def family(registry: CollectorRegistry, kind: type, name: str, doc: str, labelna
     if name not in families:
         families[name] = kind(name, doc, labelnames, registry=registry, **kw)
     return families[name]
+
+
+class KVCacheGauges:
+    """The pagemill:kv_cache_* accounting gauges of one registry."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str, labels: dict[str, str] | None = None) -> None:
+        labels = labels or {"model_name": model_name}
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return family(registry, Gauge, f"pagemill:{name}", doc, list(labels)).labels(**labels)
+
+        self.gauges = {key: gauge(name, doc) for key, (name, doc) in KV_GAUGES.items()}
+        self.hit_rate = gauge(HIT_RATE_GAUGE, "Prefix-cache hit rate since start: tokens found / tokens looked up.")
+
+    def record(self, stats: SchedulerStats) -> None:
+        """Set the gauges from a snapshot (the accounting ones only when it carries the accounting)."""
+        self.hit_rate.set(hit_rate(stats.prefix_cache_hits, stats.prefix_cache_queries))
+        if stats.memory is not None:
+            for key, g in self.gauges.items():
+                g.set(stats.memory.get(key, 0))
 
 
 def metric_labels(model_name: str, engine_index: int | None) -> dict[str, str]:

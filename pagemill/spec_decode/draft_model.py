@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from pagemill.attention.backend import batch_permutation
-from pagemill.config import EngineArgs, SpeculativeConfig
+from pagemill.config import SpeculativeConfig
 from pagemill.forward_context import set_forward_context
 from pagemill.loader.model_loader import load_model
-from pagemill.worker.model_runner import lazy_zeros
+from pagemill.utils.memory import lazy_zeros
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +53,11 @@ class DraftModelProposer:
     def _load(self, model: str, runner: Any) -> torch.nn.Module:
         """Load a separate draft model and give its attention layers KV tensors indexed by the target's block ids."""
         mc = runner.config.model_config
-        draft_config = EngineArgs(model=model, dtype=str(mc.dtype).removeprefix("torch."),
-                                  max_model_len=mc.max_model_len).create_engine_config().model_config
+        # resolved with the engine's configuration (engine/arg_utils.py): its dtype and context length
+        draft_config = runner.config.speculative_config.draft_model_config
+        if draft_config is None:
+            raise ValueError(f"speculative_config.model {model!r}: its draft_model_config is missing (build the engine "
+                             "configuration with EngineArgs.create_engine_config, which resolves it).")
         if draft_config.hf_config.vocab_size != mc.hf_config.vocab_size:
             raise ValueError(f"speculative_config.model {model!r} has a vocabulary of "
                              f"{draft_config.hf_config.vocab_size} tokens, the target {mc.hf_config.vocab_size}: the "

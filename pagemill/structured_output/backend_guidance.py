@@ -10,7 +10,7 @@ import llguidance.hf
 import torch
 from llguidance.gbnf_to_lark import any_to_lark
 
-from pagemill.structured_output.spec import GrammarSpec
+from pagemill.structured_output.grammar_spec import GrammarSpec
 
 _WS = r"[\x20\x0A\x0D\x09]"
 

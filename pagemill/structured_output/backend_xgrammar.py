@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
-from pagemill.structured_output.spec import GrammarSpec
+from pagemill.structured_output.grammar_spec import GrammarSpec
 
 
 def _choice_ebnf(choices: list[str]) -> str:

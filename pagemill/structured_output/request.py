@@ -7,7 +7,7 @@ from concurrent.futures import Future
 from collections.abc import Callable
 from typing import Any
 
-from pagemill.structured_output.spec import GrammarSpec
+from pagemill.structured_output.grammar_spec import GrammarSpec
 
 logger = logging.getLogger(__name__)
 

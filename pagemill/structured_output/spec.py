@@ -7,43 +7,17 @@ spec, and raises ValueError naming the field, so a bad request is rejected befor
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass
 from functools import lru_cache
 
 from pagemill.config import STRUCTURED_OUTPUT_BACKENDS, StructuredOutputsConfig
 from pagemill.sampling_params import StructuredOutputsParams
+from pagemill.structured_output.grammar_spec import GrammarSpec
 
 # JSON-schema keywords xgrammar accepts but does not enforce (vLLM routes these to llguidance under `auto`).
 _XGRAMMAR_IGNORED_KEYWORDS = frozenset({
     "multipleOf", "uniqueItems", "contains", "minContains", "maxContains", "patternProperties", "propertyNames",
     "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "unevaluatedItems", "minProperties",
     "maxProperties"})
-_XGRAMMAR_LOG_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
-
-
-@dataclass(frozen=True)
-class GrammarSpec:
-    """What to compile: kind (json | json_object | regex | choice | grammar | structural_tag), its canonical text,
-    and the JSON whitespace options. Hashable: it keys the compiled-grammar cache."""
-
-    kind: str
-    text: str
-    any_whitespace: bool = True
-    max_whitespace: int = 2
-    whitespace_pattern: str | None = None
-    disable_additional_properties: bool = False
-
-    @property
-    def field(self) -> str:
-        """The request field this spec came from, for error messages."""
-        return f"structured_outputs.{self.kind}"
-
-    def error(self, message: str) -> ValueError:
-        """A ValueError that names the field."""
-        return ValueError(f"{self.field}: {_XGRAMMAR_LOG_PREFIX.sub('', str(message)).strip()}")
-
-
 def grammar_spec(params: StructuredOutputsParams, config: StructuredOutputsConfig) -> GrammarSpec:
     """The canonical spec of a request's constraint (JSON schemas re-serialized, key order kept)."""
     kind = params.kind

@@ -1,11 +1,18 @@
-"""The heap: large step buffers kept mapped between steps, freed pages handed back to the OS when idle (glibc)."""
+"""Process memory: large step buffers kept mapped between steps, freed pages handed back to the OS when idle (glibc),
+and zero tensors whose pages are committed only when written (the KV cache)."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import functools
+import math
+import mmap
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @functools.cache
@@ -58,3 +65,19 @@ def keep_step_buffers_mapped() -> bool:
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, STEP_BUFFER_MAX_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD,
                                                                                    STEP_BUFFER_MAX_BYTES))
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """torch.zeros(shape, dtype) whose memory is committed page by page on first write.
+
+    An anonymous mapping reads as zeros and the OS backs a page only when it is written, so a 2 GiB KV cache
+    costs neither the ~1-5 s of zero-filling every page at start-up nor resident memory for blocks never used
+    (torch.zeros writes them all). The tensor keeps the mapping alive; it is page-aligned.
+    """
+    import torch
+
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):  # (Windows: no anonymous-mapping flags)
+        return torch.zeros(shape, dtype=dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)

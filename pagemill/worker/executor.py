@@ -9,13 +9,15 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import torch
 from torch import nn
 
 from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.lora.request import LoRARequest
-from pagemill.worker.pooling_runner import make_model_runner
+from pagemill.platforms import current_platform
+from pagemill.utils.import_utils import resolve_obj_by_qualname
 from pagemill.worker.step_queue import InFlightSteps, StepFuture
 
 
@@ -24,20 +26,6 @@ class Executor(ABC):
 
     kv_cache_config: KVCacheConfig  # the KV cache every worker allocated (blocks, swap blocks, block size)
     _step_thread: ThreadPoolExecutor | None = None  # async scheduling: runs the steps, one at a time, in order
-
-    @staticmethod
-    def get_class(config: EngineConfig) -> type[Executor]:
-        """The executor class `distributed_executor_backend` names."""
-        backend = config.parallel_config.distributed_executor_backend
-        if backend == "mp":
-            from pagemill.worker.multiproc_executor import MultiprocExecutor
-
-            return MultiprocExecutor
-        if backend == "ray":
-            from pagemill.worker.ray_executor import RayDistributedExecutor
-
-            return RayDistributedExecutor
-        return UniProcExecutor
 
     @property
     def max_concurrent_batches(self) -> int:
@@ -95,7 +83,8 @@ class UniProcExecutor(Executor):
     """A single worker in the engine core's own process."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.model_runner = make_model_runner(config)  # generate, or a pooling model's runner
+        # the platform's runner factory: generate, or a pooling model's runner
+        self.model_runner = resolve_obj_by_qualname(current_platform.model_runner_factory)(config)
 
     @property
     def kv_cache_config(self) -> KVCacheConfig:
@@ -136,6 +125,18 @@ class UniProcExecutor(Executor):
             connector.shutdown()
 
 
+class ResolvedGrammar:
+    """A step's structured-output bitmask, already filled (the background fill lives in the engine process)."""
+
+    def __init__(self, grammar: Any) -> None:
+        self._bitmask: torch.Tensor = grammar.bitmask()
+        self.req_ids, self.offsets, self.fill_seconds = grammar.req_ids, grammar.offsets, grammar.fill_seconds
+
+    def bitmask(self) -> torch.Tensor:
+        """[rows, ceil(vocab / 32)] int32, as GrammarStep.bitmask."""
+        return self._bitmask
+
+
 class WorkerGroupExecutor(Executor):
     """Base of the executors with worker processes or actors (mp, ray): steps go to every rank and the driver
     rank's output comes back, up to one step per pipeline stage in flight. LoRA is refused there (config check), so
@@ -159,8 +160,6 @@ class WorkerGroupExecutor(Executor):
                       non_block: bool = False) -> ModelRunnerOutput | StepFuture:
         """Send the step to every rank; the driver rank's output, or with `non_block` its future."""
         if scheduler_output.grammar is not None:
-            from pagemill.worker.multiproc_executor import ResolvedGrammar
-
             scheduler_output.grammar = ResolvedGrammar(scheduler_output.grammar)
         future = self.steps.submit(lambda sampled: self._send_step(scheduler_output, sampled))
         return future if non_block else future.result()

@@ -10,6 +10,7 @@ import torch
 
 from pagemill.core.sched_output import NewRequestData
 from pagemill.lora.request import LoRARequest
+from pagemill.platforms import current_platform
 from pagemill.sampling_params import SamplingParams
 
 
@@ -20,6 +21,7 @@ class InputBatch:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.max_blocks = -(-max_model_len // block_size)
+        self.device = current_platform.device  # where seeded requests' random generators draw
         self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int64)
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int64)
@@ -60,7 +62,7 @@ class InputBatch:
         if sp.seed is not None and not sp.greedy:
             gen = self._req_generators.get(new.req_id)
             if gen is None:  # a resumed request continues its random stream
-                gen = self._req_generators[new.req_id] = torch.Generator().manual_seed(sp.seed)
+                gen = self._req_generators[new.req_id] = torch.Generator(self.device).manual_seed(sp.seed)
             self.generators[row] = gen
         return row
 

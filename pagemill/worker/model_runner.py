@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
-import mmap
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,11 +27,12 @@ from pagemill.loader.model_loader import load_model
 from pagemill.lora.layers import LoRAMapping
 from pagemill.lora.model_manager import LoRAModelManager
 from pagemill.messages import LogprobsLists
+from pagemill.platforms import current_platform
 from pagemill.sample.metadata import SamplingMetadata
 from pagemill.sample.rejection_sampler import rejection_sample
 from pagemill.sample.sampler import Sampler, gather_logprobs
 from pagemill.spec_decode.select import make_proposer
-from pagemill.utils.memory import keep_step_buffers_mapped
+from pagemill.utils.memory import keep_step_buffers_mapped, lazy_zeros
 from pagemill.worker.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
@@ -56,20 +54,6 @@ class StepInputs:
     seq_lens: np.ndarray  # tokens cached after the step
 
 
-def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """torch.zeros(shape, dtype) whose memory is committed page by page on first write.
-
-    An anonymous mapping reads as zeros and the OS backs a page only when it is written, so a 2 GiB KV cache
-    costs neither the ~1-5 s of zero-filling every page at start-up nor resident memory for blocks never used
-    (torch.zeros writes them all). The tensor keeps the mapping alive; it is page-aligned.
-    """
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):  # (Windows: no anonymous-mapping flags)
-        return torch.zeros(shape, dtype=dtype)
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
-
-
 class ModelRunner:
     """Owns the model, the paged KV cache and the persistent input batch."""
 
@@ -77,7 +61,7 @@ class ModelRunner:
         self.config = config
         self.parallel = parallel or ParallelContext()  # this worker's tensor / pipeline ranks
         mc, cc = config.model_config, config.cache_config
-        torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        current_platform.init_threads(config.num_threads)
         self.backend = get_attn_backend(config.attention_backend, config.batch_invariant,
                                         config.cache_config.kv_cache_layout)
         # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.

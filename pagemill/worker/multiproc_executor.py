@@ -22,13 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-import torch
 from torch import nn
 
 from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from pagemill.worker.cpu_binding import rank_cores
+from pagemill.platforms import current_platform
 from pagemill.worker.executor import WorkerGroupExecutor
 from pagemill.worker.step_queue import InFlightSteps
 from pagemill.worker.worker_proc import run_worker
@@ -41,18 +40,6 @@ _SHUTDOWN_GRACE_S = 2.0
 
 class WorkerDiedError(RuntimeError):
     """A worker process ended while the engine was using it."""
-
-
-class ResolvedGrammar:
-    """A step's structured-output bitmask, already filled (the background fill lives in the engine process)."""
-
-    def __init__(self, grammar: Any) -> None:
-        self._bitmask: torch.Tensor = grammar.bitmask()
-        self.req_ids, self.offsets, self.fill_seconds = grammar.req_ids, grammar.offsets, grammar.fill_seconds
-
-    def bitmask(self) -> torch.Tensor:
-        """[rows, ceil(vocab / 32)] int32, as GrammarStep.bitmask."""
-        return self._bitmask
 
 
 def merge_kv_cache_configs(configs: list[KVCacheConfig]) -> KVCacheConfig:
@@ -86,7 +73,7 @@ class MultiprocExecutor(WorkerGroupExecutor):
         init_method = f"tcp://127.0.0.1:{free_port()}"
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.conns: list[Connection] = []
-        for rank, cores in enumerate(rank_cores(self.world_size)):
+        for rank, cores in enumerate(current_platform.rank_cores(self.world_size)):
             parent_conn, child_conn = ctx.Pipe()
             proc = ctx.Process(target=run_worker, args=(config, rank, init_method, child_conn, cores),
                                name=f"pagemill-worker-{rank}", daemon=True)

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -21,19 +20,22 @@ from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagemill.distributed.parallel_state import ParallelContext
 from pagemill.forward_context import set_forward_context
 from pagemill.kernels.ops import select_layer_ops
 from pagemill.layers.encoder_attention import EncoderAttentionMetadata
 from pagemill.layers.pooler import PoolChunk, Pooler
 from pagemill.loader.model_loader import load_model
+from pagemill.platforms import current_platform
 from pagemill.pooling_params import PoolingParams
 from pagemill.utils.memory import keep_step_buffers_mapped
 from pagemill.worker.model_runner import ModelRunner, StepInputs
 from pagemill.worker.step_timer import StepTimer
 
 
-def make_model_runner(config: EngineConfig) -> Any:
-    """The runner for the engine's model: generate, decoder pooling or encoder pooling."""
+def make_model_runner(config: EngineConfig, parallel: ParallelContext | None = None) -> Any:
+    """The runner for the engine's model: generate, decoder pooling or encoder pooling; `parallel`: this worker's
+    tensor / pipeline ranks (the config checks keep every runner but the generate one to a single rank)."""
     pooler_config = config.model_config.pooler_config
     if config.cache_config.kv_cache_layout == "virtual":
         if pooler_config is not None:
@@ -42,7 +44,7 @@ def make_model_runner(config: EngineConfig) -> Any:
 
         return VirtualKVModelRunner(config)
     if pooler_config is None:
-        return ModelRunner(config)
+        return ModelRunner(config, parallel)
     if pooler_config.encoder_only:
         return EncoderModelRunner(config)
     return DecoderPoolingRunner(config)
@@ -82,7 +84,7 @@ class EncoderModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         mc, cc = config.model_config, config.cache_config
-        torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        current_platform.init_threads(config.num_threads)
         backend = get_attn_backend(config.attention_backend)  # (the layers' context names one; BERT's is its own)
         self.model = load_model(mc, select_layer_ops(use_kernels=backend.name != "torch"), backend)
         if self.model.attention_layers():

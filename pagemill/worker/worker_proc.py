@@ -52,18 +52,17 @@ def run_worker(config: EngineConfig, rank: int, init_method: str, conn: Connecti
 def start_worker(config: EngineConfig, rank: int, init_method: str,
                  cores: list[int] | None) -> tuple[ModelRunner, ParallelContext]:
     """Pin this process to `cores`, join the process group of all ranks, build this rank's model runner."""
-    import torch
-
     from pagemill.distributed.parallel_state import init_distributed
-    from pagemill.worker.cpu_binding import pin_to_cores
-    from pagemill.worker.model_runner import ModelRunner
+    from pagemill.platforms import current_platform
+    from pagemill.utils.import_utils import resolve_obj_by_qualname
 
-    threads = pin_to_cores(cores)
+    threads = current_platform.pin_to_cores(cores)
     pc = config.parallel_config
-    num_threads = config.num_threads or threads or max(1, (os.cpu_count() or 1) // pc.world_size)
-    torch.set_num_threads(num_threads)
+    num_threads = current_platform.init_threads(
+        config.num_threads or threads or max(1, (os.cpu_count() or 1) // pc.world_size))
     parallel = init_distributed(rank, pc.tensor_parallel_size, pc.pipeline_parallel_size, init_method)
-    runner = ModelRunner(dataclasses.replace(config, num_threads=num_threads), parallel)
+    make_runner = resolve_obj_by_qualname(current_platform.model_runner_factory)
+    runner = make_runner(dataclasses.replace(config, num_threads=num_threads), parallel)
     logger.info("Ready: tp rank %d/%d, pp rank %d/%d, %d threads on cores %s", parallel.tp_rank, parallel.tp_size,
                 parallel.pp_rank, parallel.pp_size, num_threads, cores)
     return runner, parallel

@@ -8,10 +8,10 @@ import pytest
 
 from pagemill.benchmarks.cli import build_parser
 from pagemill.benchmarks.datasets import SampleRequest
+from pagemill.benchmarks.openai_client import build_payload
 from pagemill.benchmarks.plots import plot_sweep
 from pagemill.benchmarks.report import environment_info, format_table, save_result
-from pagemill.benchmarks.openai_client import build_payload
-from pagemill.benchmarks.serve import arrival_times, choose_model_name
+from pagemill.benchmarks.serve_load import arrival_times, choose_model_name
 
 
 def test_poisson_arrivals_have_the_requested_rate():
@@ -106,7 +106,7 @@ def test_format_table():
 
 def test_serve_table_lists_every_metric_family():
     from pagemill.benchmarks.metrics import RequestResult, compute_metrics
-    from pagemill.benchmarks.serve import serve_table
+    from pagemill.benchmarks.serve_report import serve_table
 
     results = [RequestResult(0.0, [0.1, 0.2, 0.35], 3, 10, True)]
     metrics = compute_metrics(results, 1.0, [50, 99], {"ttft": 200})

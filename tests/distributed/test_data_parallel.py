@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pagemill.config import EngineArgs
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.engine.async_llm import AsyncLLM, EngineDeadError, RequestOutputCollector
 from pagemill.outputs import RequestOutput
 from pagemill.sampling_params import SamplingParams

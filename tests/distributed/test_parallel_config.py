@@ -6,11 +6,13 @@ import argparse
 
 import pytest
 
-from pagemill.config import EngineArgs, ParallelConfig
+from pagemill.config import ParallelConfig
+
 from pagemill.distributed.parallel_state import layer_range
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.entrypoints.openai.cli_args import add_engine_args, engine_args_from_namespace
 from pagemill.layers.linear import kv_heads_per_rank
-from pagemill.worker.cpu_binding import rank_cores
+from pagemill.platforms.cpu_binding import rank_cores
 
 
 def test_cli_flags_and_short_forms():

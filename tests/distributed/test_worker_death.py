@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 
 from pagemill import LLM, SamplingParams
-from pagemill.config import EngineArgs
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.engine.async_llm import AsyncLLM, EngineDeadError
 from pagemill.sampling_params import RequestOutputKind
 from pagemill.entrypoints.openai.api_server import build_app

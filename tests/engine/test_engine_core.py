@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from pagemill.config import EngineArgs
 from pagemill.core.kv_cache_utils import KVCacheConfig
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.engine.core import EngineCore
 from pagemill.messages import EngineCoreEventType, EngineCoreOutput, EngineCoreRequest
 from pagemill.sampling_params import SamplingParams

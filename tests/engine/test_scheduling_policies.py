@@ -8,8 +8,10 @@ import time
 
 import pytest
 
-from pagemill.config import SCHEDULING_POLICIES, EngineArgs
+from pagemill.config import SCHEDULING_POLICIES
+
 from pagemill.core.sched_policy import SRTFQueue, TwoLevelQueue
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.engine.core import EngineCore
 from pagemill.entrypoints.cli import build_parser
 from pagemill.entrypoints.openai.cli_args import engine_args_from_namespace

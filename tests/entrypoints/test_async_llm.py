@@ -13,7 +13,7 @@ import httpx
 import pytest
 import uvicorn
 
-from pagemill.config import EngineArgs
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.engine.async_llm import AsyncLLM, EngineDeadError
 from pagemill.entrypoints.openai.api_server import build_app
 from pagemill.sampling_params import RequestOutputKind, SamplingParams

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from pagemill.config import EngineArgs
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.entrypoints.cli import build_parser
 from pagemill.entrypoints.openai.cli_args import engine_args_from_namespace, served_model_names
 

@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 from starlette.testclient import TestClient
 
-from pagemill.config import EngineArgs
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.entrypoints.cli import build_parser
 from pagemill.entrypoints.openai.serving_tokenizer_files import add_tokenizer_routes
 from pagemill.entrypoints.openai.tokenizer_files import TokenizerFiles, git_blob_id, tokenizer_info

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from pagemill.config import EngineArgs
+from pagemill.engine.arg_utils import EngineArgs
 
 
 def test_async_llm_bad_model_stops_the_prestarted_core():

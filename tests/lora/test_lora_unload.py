@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 from pagemill import LoRARequest, SamplingParams
-from pagemill.config import EngineArgs
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.engine.llm_engine import LLMEngine
 from tests.lora.conftest import hf_peft_greedy
 

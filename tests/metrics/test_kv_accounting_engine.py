@@ -8,7 +8,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pagemill.config import EngineArgs
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.engine.core import EngineCore
 from pagemill.messages import EngineCoreRequest
 from pagemill.metrics.kv_cache import KV_STATS_INTERVAL_S

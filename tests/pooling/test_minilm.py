@@ -104,7 +104,7 @@ def test_bad_dimensions_and_tasks(minilm_llm):
 
 
 def test_runner_arguments(minilm_path):
-    from pagemill.config import EngineArgs
+    from pagemill.engine.arg_utils import EngineArgs
 
     assert EngineArgs(model=minilm_path, task="embed").create_engine_config().model_config.runner_type == "pooling"
     with pytest.raises(ValueError, match="runner='generate'"):

@@ -15,7 +15,19 @@ from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.core.scheduler import Scheduler
 from pagemill.request import Request, RequestStatus
 from pagemill.sampling_params import SamplingParams
+from pagemill.spec_decode.backoff import SpeculativeBackoff
 from tests.core.test_scheduler_invariants import check_invariants
+
+
+def speculative_scheduler(scheduler_config: SchedulerConfig, cache_config: CacheConfig, kv_cache_config: KVCacheConfig,
+                          spec: SpeculativeConfig) -> Scheduler:
+    """A scheduler that speculates, with the engine's back-off as its draft policy."""
+    return Scheduler(scheduler_config, cache_config, kv_cache_config, spec, draft_policy=SpeculativeBackoff(spec))
+
+
+def test_a_speculating_scheduler_needs_a_draft_policy():
+    with pytest.raises(ValueError, match="draft_policy"):
+        Scheduler(SchedulerConfig(), CacheConfig(block_size=4), KVCacheConfig(16, 4), SpeculativeConfig())
 
 
 class RunnerTables:
@@ -42,10 +54,10 @@ def make_scheduler(rng: random.Random, method: str, k: int) -> Scheduler:
     num_blocks, block_size = rng.choice([16, 24, 48]), rng.choice([2, 4, 8])
     spec = SpeculativeConfig(method=method, num_speculative_tokens=k, max_batch_size=1000,
                              min_acceptance_rate=rng.choice([0.0, 0.3]))
-    return Scheduler(SchedulerConfig(max_num_seqs=rng.choice([2, 4, 16]), max_num_batched_tokens=rng.choice([8, 16, 64]),
-                                     max_model_len=(num_blocks - 1) * block_size - 2 * k),
-                     CacheConfig(block_size=block_size, enable_prefix_caching=rng.random() < 0.7),
-                     KVCacheConfig(num_blocks, block_size), spec)
+    sched = SchedulerConfig(max_num_seqs=rng.choice([2, 4, 16]), max_num_batched_tokens=rng.choice([8, 16, 64]),
+                            max_model_len=(num_blocks - 1) * block_size - 2 * k)
+    return speculative_scheduler(sched, CacheConfig(block_size=block_size, enable_prefix_caching=rng.random() < 0.7),
+                                 KVCacheConfig(num_blocks, block_size), spec)
 
 
 def step(s: Scheduler, rng: random.Random, tables: RunnerTables, counts: dict[str, int]) -> None:
@@ -121,8 +133,8 @@ def test_random_workload_with_speculation(seed):
 
 
 def test_back_off_after_poor_acceptance_then_retry():
-    s = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_model_len=512), CacheConfig(block_size=4),
-                  KVCacheConfig(200, 4), SpeculativeConfig(method="ngram", num_speculative_tokens=4))
+    s = speculative_scheduler(SchedulerConfig(max_num_batched_tokens=64, max_model_len=512), CacheConfig(block_size=4),
+                              KVCacheConfig(200, 4), SpeculativeConfig(method="ngram", num_speculative_tokens=4))
     s.add_request(Request("r", [5, 6, 7], SamplingParams(max_tokens=200, ignore_eos=True), None, 0.0))
     drafted = []
     for _ in range(120):
@@ -136,13 +148,13 @@ def test_back_off_after_poor_acceptance_then_retry():
 
 
 def test_no_drafts_for_a_large_batch_or_an_opted_out_request():
-    s = Scheduler(SchedulerConfig(max_num_batched_tokens=256, max_model_len=512), CacheConfig(block_size=4),
-                  KVCacheConfig(400, 4), SpeculativeConfig(method="ngram", max_batch_size=4))
+    s = speculative_scheduler(SchedulerConfig(max_num_batched_tokens=256, max_model_len=512), CacheConfig(block_size=4),
+                              KVCacheConfig(400, 4), SpeculativeConfig(method="ngram", max_batch_size=4))
     for i in range(4):
         s.add_request(Request(f"r{i}", [5, 6, 7], SamplingParams(max_tokens=50, ignore_eos=True), None, float(i)))
     assert not s.schedule().num_spec_tokens_to_propose  # 4 running: the back-off's batch size
-    s2 = Scheduler(SchedulerConfig(max_num_batched_tokens=256, max_model_len=512), CacheConfig(block_size=4),
-                   KVCacheConfig(400, 4), SpeculativeConfig(method="ngram"))
+    s2 = speculative_scheduler(SchedulerConfig(max_num_batched_tokens=256, max_model_len=512),
+                               CacheConfig(block_size=4), KVCacheConfig(400, 4), SpeculativeConfig(method="ngram"))
     s2.add_request(Request("in", [5, 6, 7], SamplingParams(max_tokens=50), None, 0.0))
     s2.add_request(Request("out", [5, 6, 7], SamplingParams(max_tokens=50, speculative_decoding=False), None, 1.0))
     assert set(s2.schedule().num_spec_tokens_to_propose) == {"in"}
@@ -151,8 +163,8 @@ def test_no_drafts_for_a_large_batch_or_an_opted_out_request():
 def test_costly_drafts_back_off_and_new_requests_start_backed_off():
     """A draft model whose proposals cost ~0.8 of a target step needs more than 80% acceptance to pay: 50% backs
     off, and once acceptance is poor engine-wide a new request starts backed off instead of re-learning it."""
-    s = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_model_len=2048), CacheConfig(block_size=4),
-                  KVCacheConfig(2000, 4), SpeculativeConfig(method="ngram", num_speculative_tokens=4))
+    s = speculative_scheduler(SchedulerConfig(max_num_batched_tokens=64, max_model_len=2048), CacheConfig(block_size=4),
+                              KVCacheConfig(2000, 4), SpeculativeConfig(method="ngram", num_speculative_tokens=4))
     drafted: dict[str, int] = {}
 
     def run(rid: str, steps: int) -> None:
@@ -176,8 +188,8 @@ def test_after_a_poor_spell_short_requests_still_probe_and_speculation_recovers(
     """Every draft rejected for a while backs off to 256 tokens; a later request of 64 tokens still probes within
     its length (one poor spell must not stop speculation for good), and once drafts are accepted again new
     requests draft from their first step."""
-    s = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_model_len=2048), CacheConfig(block_size=4),
-                  KVCacheConfig(2000, 4), SpeculativeConfig(method="ngram", num_speculative_tokens=4))
+    s = speculative_scheduler(SchedulerConfig(max_num_batched_tokens=64, max_model_len=2048), CacheConfig(block_size=4),
+                              KVCacheConfig(2000, 4), SpeculativeConfig(method="ngram", num_speculative_tokens=4))
 
     def run(rid: str, max_tokens: int, accept: bool) -> list[int]:
         s.add_request(Request(rid, [5, 6, 7], SamplingParams(max_tokens=max_tokens, ignore_eos=True), None, 0.0))
@@ -193,9 +205,10 @@ def test_after_a_poor_spell_short_requests_still_probe_and_speculation_recovers(
 
     for i in range(10):
         run(f"poor{i}", 1000, accept=False)
-        if s.spec_acceptance < s._acceptance_threshold():
+        if s.draft_policy.spec_acceptance < s.draft_policy.acceptance_threshold():
             break
-    assert s.spec_backoff_len == 256 and s.spec_acceptance < s._acceptance_threshold()  # poor engine-wide
+    policy = s.draft_policy
+    assert policy.spec_backoff_len == 256 and policy.spec_acceptance < policy.acceptance_threshold()  # poor engine-wide
     short = run("short", 64, accept=True)
     assert not any(short[:8]) and any(short)  # backed off at first, then a probe inside its 64 tokens
     for i in range(12):

@@ -9,10 +9,10 @@ import pytest
 from pagemill.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput
-from pagemill.core.scheduler import Scheduler
 from pagemill.request import Request
 from pagemill.sampling_params import SamplingParams
 from pagemill.spec_decode.verify_cost import VerifyCostModel
+from tests.spec_decode.test_spec_scheduler import speculative_scheduler
 
 
 def test_step_seconds_measured_interpolated_and_extrapolated():
@@ -42,8 +42,9 @@ def test_step_seconds_measured_interpolated_and_extrapolated():
 def drafted_steps(step_seconds, acceptance: float, batch: int = 4, steps: int = 200) -> int:
     """Steps that verified drafts for `batch` requests, each draft accepted with `acceptance` (deterministically
     the first round(acceptance k)), the runner's step time given by `step_seconds(tokens)`."""
-    s = Scheduler(SchedulerConfig(max_num_batched_tokens=256, max_model_len=4096), CacheConfig(block_size=4),
-                  KVCacheConfig(4000, 4), SpeculativeConfig(method="ngram", num_speculative_tokens=4))
+    s = speculative_scheduler(SchedulerConfig(max_num_batched_tokens=256, max_model_len=4096),
+                              CacheConfig(block_size=4), KVCacheConfig(4000, 4),
+                              SpeculativeConfig(method="ngram", num_speculative_tokens=4))
     for i in range(batch):
         s.add_request(Request(f"r{i}", [5, 6, 7], SamplingParams(max_tokens=2000, ignore_eos=True), None, float(i)))
     drafted = 0

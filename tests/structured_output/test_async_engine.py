@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pagemill.config import EngineArgs
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.engine.async_llm import AsyncLLM
 from pagemill.sampling_params import SamplingParams, StructuredOutputsParams
 from tests.structured_output.conftest import chat_prompt

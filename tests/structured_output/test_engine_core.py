@@ -11,7 +11,7 @@ import time
 import jsonschema
 import pytest
 
-from pagemill.config import EngineArgs
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.engine.core import EngineCore
 from pagemill.messages import EngineCoreOutput, EngineCoreRequest
 from pagemill.request import RequestStatus

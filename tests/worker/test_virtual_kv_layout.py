@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pagemill import LLM, SamplingParams
-from pagemill.config import EngineArgs
+from pagemill.engine.arg_utils import EngineArgs
 from pagemill.engine.core import EngineCore
 from pagemill.messages import EngineCoreRequest
 from pagemill.worker.virtual_kv import VirtualKVSpace, memfd_mappings

@@ -3,6 +3,6 @@
 Importing this package pulls in no torch: the scheduler side of a connector runs in the scheduler.
 """
 
-from pagemill.distributed.kv_transfer.kv_transfer_config import KV_CONNECTORS, KV_ROLES, KVTransferConfig
+from pagemill.config import KV_CONNECTORS, KV_ROLES, KVTransferConfig
 
 __all__ = ["KV_CONNECTORS", "KV_ROLES", "KVTransferConfig"]

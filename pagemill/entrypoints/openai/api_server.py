@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import functools
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
-from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,13 +18,14 @@ import pagemill
 from pagemill.engine.async_llm import AsyncLLM
 from pagemill.engine.core_client import EngineDeadError
 from pagemill.entrypoints.chat_utils import ChatRenderer, ChatTemplateError, load_chat_template
+from pagemill.entrypoints.openai.cancellation import with_cancellation
 from pagemill.entrypoints.openai.errors import OpenAIError, error_body, from_validation_error
 from pagemill.entrypoints.openai.cors import CORSOptions, add_cors
 from pagemill.entrypoints.openai.lora_modules import LoRAModulePath, runtime_lora_updating_allowed
 from pagemill.entrypoints.openai.openapi_docs import HealthResponse, document_api, error_responses
 from pagemill.entrypoints.openai.prompt_preparer import PromptPreparer
 from pagemill.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                                  EmbeddingRequest, OpenAIBaseModel, PoolingRequest, RerankRequest,
+                                                  EmbeddingRequest, PoolingRequest, RerankRequest,
                                                   ScoreRequest, TokenizeRequest)
 from pagemill.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagemill.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -70,44 +66,6 @@ class APIKeyMiddleware:
             return
         message = "Missing API key: send 'Authorization: Bearer <key>'." if not given else "Incorrect API key."
         await JSONResponse(error_body(message, 401, "Authorization"), status_code=401)(scope, receive, send)
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
-
-
-def _note_ignored_fields(response: Any, arguments: Any) -> Any:
-    """Name the request's ignored top-level fields in a response header (they were also logged)."""
-    for arg in arguments:
-        if isinstance(arg, OpenAIBaseModel) and arg.ignored_fields and isinstance(response, Response):
-            # Percent-encoded: a header is Latin-1, and a field name may hold any character (or a comma).
-            value = ",".join(quote(name, safe="") for name in arg.ignored_fields)
-            response.headers[IGNORED_FIELDS_HEADER] = value if len(value) <= 1024 else value[:1021] + "..."
-    return response
-
-
-def with_cancellation(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Cancel the handler (which aborts its engine requests) if the client disconnects before the answer."""
-
-    @functools.wraps(handler)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        handler_task = asyncio.ensure_future(handler(*args, **kwargs))
-        disconnect_task = asyncio.ensure_future(_wait_for_disconnect(kwargs["raw_request"]))
-        done, pending = await asyncio.wait([handler_task, disconnect_task], return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        if handler_task in done:
-            return _note_ignored_fields(handler_task.result(), kwargs.values())
-        logger.info("Client disconnected; request cancelled.")
-        return Response(status_code=499)
-
-    return wrapper
 
 
 def _register_error_handlers(app: FastAPI) -> None:

@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from pagemill.engine.async_llm import AsyncLLM
+from pagemill.entrypoints.openai.cancellation import with_cancellation
 from pagemill.entrypoints.openai.errors import OpenAIError, from_validation_error
 from pagemill.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from pagemill.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -44,7 +45,6 @@ def _parse(model: type[BaseModel], body: dict[str, Any]) -> Any:
 def add_invocations_route(app: FastAPI, engine: AsyncLLM, chat: OpenAIServingChat,
                           completion: OpenAIServingCompletion, embedding: OpenAIServingEmbedding) -> None:
     """Register POST /invocations (left out of the OpenAPI document: its body is any of three endpoints')."""
-    from pagemill.entrypoints.openai.api_server import with_cancellation
 
     @app.post("/invocations", include_in_schema=False)
     @with_cancellation

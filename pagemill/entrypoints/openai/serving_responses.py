@@ -16,6 +16,7 @@ from fastapi.responses import Response, StreamingResponse
 from pagemill.engine.async_llm import AsyncLLM, RequestOutputCollector
 from pagemill.engine.core_client import EngineDeadError
 from pagemill.entrypoints.chat_utils import ChatTemplateError
+from pagemill.entrypoints.openai.cancellation import with_cancellation
 from pagemill.entrypoints.openai.errors import OpenAIError
 from pagemill.entrypoints.openai.logprobs import chat_logprobs
 from pagemill.entrypoints.openai.prompt_preparer import PromptPreparer
@@ -270,8 +271,6 @@ class OpenAIServingResponses(OpenAIServing):
 def add_responses_routes(app: FastAPI, engine: AsyncLLM, models: OpenAIServingModels, prompts: PromptPreparer,
                          store: ResponsesStore | None = None) -> OpenAIServingResponses:
     """Register POST /v1/responses and GET /v1/responses/{response_id} on the app."""
-    # api_server imports this module, so its decorator is imported when the routes are built
-    from pagemill.entrypoints.openai.api_server import with_cancellation
     from pagemill.entrypoints.openai.serving_pooling import check_generate_model
 
     serving = OpenAIServingResponses(engine, models, prompts, store)
