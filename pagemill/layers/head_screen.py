@@ -65,7 +65,7 @@ class GreedyHeadScreen:
         if isinstance(table, torch.Tensor):
             if table.dtype != torch.float32 or table.dim() != 2 or not table.is_contiguous() or table.shape[1] % 32:
                 return None
-            return cls(table, kernels, HEAD_SCREEN_MIN_ROWS if getattr(head, "gemv_records", None) is not None else 1)
+            return cls(table, kernels, 1)  # a float table: quantized heads keep no float weight
         rows = getattr(head, "gguf_rows", None)
         if rows is None or head.in_features % 32 or not hasattr(kernels, "gguf_rows"):
             return None
