@@ -17,7 +17,7 @@ class SamplingMetadata:
     top_p: torch.Tensor | None
     top_k: torch.Tensor | None
     min_p: torch.Tensor | None
-    generators: dict[int, torch.Generator]  # row -> per-request generator (seeded requests)
+    seeds: dict[int, tuple[int, int]]  # row -> (seed, output position) of a seeded request's row (draws.py)
     # penalties: [S] tensors plus token-id matrices padded with vocab_size
     presence_penalty: torch.Tensor | None = None
     frequency_penalty: torch.Tensor | None = None

@@ -1,4 +1,5 @@
-"""Batched sampler: min_tokens, penalties, temperature, min-p, top-k / top-p (vLLM's order), greedy or seeded random."""
+"""Batched sampler: min_tokens, penalties, temperature, min-p, top-k / top-p (vLLM's order), greedy or random
+(inverse-CDF draws, a seeded request's keyed by its seed and output position: draws.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from types import ModuleType
 import torch
 
 from pagemill.sample.bitmask import apply_token_bitmask
+from pagemill.sample.draws import inverse_cdf_sample, row_uniforms
 from pagemill.sample.metadata import SamplingMetadata
 
 
@@ -68,12 +70,7 @@ class Sampler:
         if md.all_greedy:
             return greedy, raw_logprobs
         probs = self._probs(logits, md)
-        q = torch.empty_like(probs)
-        if len(md.generators) < probs.shape[0]:
-            q.exponential_()
-        for row, gen in md.generators.items():
-            q[row].exponential_(generator=gen)
-        sampled = probs.div_(q).max(dim=-1).indices
+        sampled = inverse_cdf_sample(probs, row_uniforms(range(probs.shape[0]), md.seeds))
         return torch.where(md.greedy_mask, greedy, sampled), raw_logprobs
 
     def target_probs(self, logits: torch.Tensor, md: SamplingMetadata

@@ -6,11 +6,9 @@ Rows are kept across steps and updated incrementally (thesis §4.6): a step only
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from pagemill.core.sched_output import NewRequestData
 from pagemill.lora.request import LoRARequest
-from pagemill.platforms import current_platform
 from pagemill.sampling_params import SamplingParams
 
 
@@ -21,7 +19,6 @@ class InputBatch:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.max_blocks = -(-max_model_len // block_size)
-        self.device = current_platform.device  # where seeded requests' random generators draw
         self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int64)
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int64)
@@ -31,8 +28,7 @@ class InputBatch:
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
         self.params: list[SamplingParams | None] = [None] * max_num_reqs
         self.eos_token_id: list[int | None] = [None] * max_num_reqs
-        self.generators: dict[int, torch.Generator] = {}  # row -> generator of a seeded request
-        self._req_generators: dict[str, torch.Generator] = {}  # kept across preemption
+        self.seeds: dict[int, int] = {}  # row -> seed of a seeded sampled request
         self.req_id_to_row: dict[str, int] = {}
         self.lora_ids = np.zeros(max_num_reqs, dtype=np.int64)  # each row's adapter id (0: the base model)
         self.lora_requests: dict[int, LoRARequest] = {}  # adapter id -> its request (to reload an evicted adapter)
@@ -41,7 +37,7 @@ class InputBatch:
     def add_request(self, new: NewRequestData) -> int:
         """Put a (new or resumed) request into a row."""
         if new.req_id in self.req_id_to_row:
-            self.remove_request(new.req_id, finished=False)
+            self.remove_request(new.req_id)
         row = self._free_rows.pop()
         self.req_id_to_row[new.req_id] = row
         n = len(new.token_ids)
@@ -59,23 +55,18 @@ class InputBatch:
         self.lora_ids[row] = lora.lora_int_id if lora is not None else 0
         if lora is not None:
             self.lora_requests[lora.lora_int_id] = lora
-        if sp.seed is not None and not sp.greedy:
-            gen = self._req_generators.get(new.req_id)
-            if gen is None:  # a resumed request continues its random stream
-                gen = self._req_generators[new.req_id] = torch.Generator(self.device).manual_seed(sp.seed)
-            self.generators[row] = gen
+        if sp.seed is not None and not sp.greedy:  # (its draws are keyed by output position: preemption-proof)
+            self.seeds[row] = sp.seed
         return row
 
-    def remove_request(self, req_id: str, finished: bool = True) -> None:
-        """Free the request's row (a preempted request keeps its random generator)."""
-        if finished:
-            self._req_generators.pop(req_id, None)
+    def remove_request(self, req_id: str) -> None:
+        """Free the request's row (finished, or preempted: a preempted request comes back as a new one)."""
         row = self.req_id_to_row.pop(req_id, None)
         if row is None:
             return
         self.params[row] = None
         self.lora_ids[row] = 0
-        self.generators.pop(row, None)
+        self.seeds.pop(row, None)
         self._free_rows.append(row)
 
     def append_blocks(self, row: int, block_ids: list[list[int]]) -> None:

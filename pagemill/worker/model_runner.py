@@ -150,7 +150,7 @@ class ModelRunner:
             if self.proposer is not None:
                 self.proposer.remove_request(rid, finished=True)
         for rid in so.preempted_req_ids:
-            ib.remove_request(rid, finished=False)
+            ib.remove_request(rid)
             if self.proposer is not None:
                 self.proposer.remove_request(rid, finished=False)
         for new in so.scheduled_new_reqs:
@@ -370,14 +370,15 @@ class ModelRunner:
             {req_ids[i]: int(row_start[j]) for j, i in enumerate(sample_idx)}, offsets)
         with prof.section("sample"):
             probs = raw_lp = None
+            seeds = {}  # (argmax-only rows are greedy)
             if argmax is None:
                 smd = self._sampling_metadata(logit_rows, offsets)
                 if mask is not None:
                     smd.token_bitmask, smd.bitmask_rows = mask
                 probs, argmax, raw_lp = self.sampler.target_probs(logits, smd)
+                seeds = smd.seeds
             greedy = [ib.params[r].greedy for r in sample_rows]
-            gens = {j: ib.generators[r] for j, r in enumerate(sample_rows) if r in ib.generators}
-            outputs = rejection_sample(drafts, probs, argmax, greedy, gens)
+            outputs = rejection_sample(drafts, probs, argmax, greedy, seeds)
             for j, i in enumerate(sample_idx):
                 toks = outputs[j]
                 out.sampled[req_ids[i]] = toks
@@ -521,14 +522,14 @@ class ModelRunner:
         use_top_k = any(p.top_k > 0 for p in params)
         use_top_p = any(p.top_p < 1.0 for p in params)
         use_min_p = any(p.min_p > 0.0 for p in params)
-        gens = {j: ib.generators[r] for j, r in enumerate(rows) if r in ib.generators}
+        seeds = {j: (ib.seeds[r], int(num_out[j])) for j, r in enumerate(rows) if r in ib.seeds}
         lp = [p.logprobs for p in params if p.logprobs is not None]
         md = SamplingMetadata(
             temperature=temperature, greedy_mask=torch.tensor(greedy), all_greedy=all(greedy),
             top_p=torch.tensor([p.top_p for p in params]) if use_top_p else None,
             top_k=torch.tensor([p.top_k for p in params]) if use_top_k else None,
             min_p=torch.tensor([p.min_p for p in params]) if use_min_p else None,
-            generators=gens, max_num_logprobs=max(lp) if lp else None)
+            seeds=seeds, max_num_logprobs=max(lp) if lp else None)
         if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in params):
             self._penalty_metadata(md, rows, params, num_out)
         blocks = []

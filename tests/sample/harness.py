@@ -57,7 +57,7 @@ def build_metadata(reqs: list[Req], vocab_size: int) -> SamplingMetadata:
 
 def tile_metadata(md: SamplingMetadata, reps: int) -> SamplingMetadata:
     """Each row repeated `reps` times in place (row i -> rows i*reps .. i*reps+reps-1); unseeded rows only."""
-    assert not md.generators, "tile only unseeded rows: seeded rows would share one generator"
+    assert not md.seeds, "tile only unseeded rows: a seeded row's copies would draw the same uniform"
 
     def rep(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.repeat_interleave(reps, dim=0)

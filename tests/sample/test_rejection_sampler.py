@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import chain
 
 import pytest
 import torch
 
 import pagemill.sample.rejection_sampler as rs_mod
 from pagemill.sample.rejection_sampler import rejection_sample
+from pagemill.sample.draws import SeedPositions, inverse_cdf_sample, seeded_uniform
 from tests.sample.harness import p_value
+
+ORIGINAL_ROW_TOKENS = rs_mod._row_tokens
 
 V = 8
 REPS = 100_000  # requests per statistical run, all in one call
@@ -53,16 +57,24 @@ def _p_values(outputs: list[list[int]], k: int) -> list[float]:
     return [p_value(_position_counts(outputs, j), TARGETS[j].double()) for j in range(k + 1)]
 
 
-def _zero_uniforms(lens: list[int], greedy: Sequence[bool], generators: dict[int, torch.Generator],
-                   num_drafts: int) -> torch.Tensor:
+def _zero_uniforms(draft_rows: list[int], seeds: SeedPositions) -> torch.Tensor:
     """Broken: u = 0 accepts every draft with p(x) > 0."""
-    return torch.zeros(num_drafts)
+    return torch.zeros(len(draft_rows))
 
 
-def _p_residual(probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
-                draft_idx: torch.Tensor) -> torch.Tensor:
+def _p_residual(probs: torch.Tensor, draft_probs: torch.Tensor, draft_idx: torch.Tensor) -> torch.Tensor:
     """Broken: the recovered token is drawn from p, not from the residual max(p - q, 0)."""
     return probs
+
+
+def _independent_row_tokens(draft_token_ids: list[list[int]], target_probs: torch.Tensor,
+                            target_argmax: torch.Tensor, greedy: Sequence[bool], seeds: SeedPositions) -> torch.Tensor:
+    """Broken coupling: a draft is accepted with probability p(x), but the token after a rejection is a fresh draw
+    from p (which can be the rejected draft itself) instead of the draw that rejected it."""
+    tokens = ORIGINAL_ROW_TOKENS(draft_token_ids, target_probs, target_argmax, greedy, seeds)
+    fresh = ORIGINAL_ROW_TOKENS(draft_token_ids, target_probs, target_argmax, greedy, seeds)
+    drafts = iter(chain.from_iterable(d + [None] for d in draft_token_ids))
+    return torch.tensor([f if t != d else t for t, f, d in zip(tokens.tolist(), fresh.tolist(), drafts)])
 
 
 # --- greedy ---------------------------------------------------------------------------------------------------------
@@ -134,8 +146,9 @@ def test_one_hot_drafts_distribution() -> None:
 
 
 def test_one_hot_drafts_check_catches_p_recovery(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Recovering from p instead of p with the draft zeroed over-weights the draft token: detected."""
-    monkeypatch.setattr(rs_mod, "_residual", _p_residual)
+    """Recovering from a fresh draw of p (instead of the draw that rejected the draft) over-weights the draft
+    token: detected."""
+    monkeypatch.setattr(rs_mod, "_row_tokens", _independent_row_tokens)
     pvals = _p_values(_spec_run(1, one_hot_drafts=[0]), 1)  # p0(0) = 0.3: a large bias
     assert pvals[0] < FAIL, pvals
 
@@ -154,7 +167,7 @@ def test_empty_residual_falls_back_to_target(monkeypatch: pytest.MonkeyPatch) ->
     n = 200
     p = torch.tensor([[0.5, 0.5] + [0.0] * (V - 2)]).repeat(2, 1)
     q = torch.tensor([[0.5 + 2**-22, 0.5 - 2**-22] + [0.0] * (V - 2)])
-    monkeypatch.setattr(rs_mod, "_draft_uniforms", lambda lens, g, gens, num: torch.full((num,), 1.0 - 2**-24))
+    monkeypatch.setattr(rs_mod, "_draft_uniforms", lambda rows, seeds: torch.full((len(rows),), 1.0 - 2**-24))
     torch.manual_seed(0)
     out = rejection_sample([[0]] * n, p.repeat(n, 1), torch.zeros(2 * n, dtype=torch.long), [False] * n, {},
                            q.repeat(n, 1))
@@ -185,39 +198,58 @@ def test_zero_probability_drafts_always_rejected() -> None:
 
 # --- seeds ----------------------------------------------------------------------------------------------------------
 
-def _seeded_batch(order: list[int], companions: int, global_seed: int) -> dict[int, list[int]]:
+def _seeded_batch(order: list[int], companions: int, global_seed: int, probabilistic: bool) -> dict[int, list[int]]:
     """Outputs of seeded requests 0..n-1 (seed 100 + i, fixed drafts and rows) placed at `order` among `companions`
-    unseeded sampled requests with other drafts."""
+    unseeded sampled requests with other drafts; one-hot drafts, or drafts with DRAFTS' distributions."""
     torch.manual_seed(global_seed)
-    drafts, rows, gens, owner = [], [], {}, {}
+    drafts, rows, qs, seeds, owner = [], [], [], {}, {}
     slots = ["seeded"] * len(order) + ["other"] * companions
     perm = torch.randperm(len(slots)).tolist()
     seeded_iter = iter(order)
     for pos in perm:
         if slots[pos] == "seeded":
             i = next(seeded_iter)
-            gens[len(drafts)] = torch.Generator().manual_seed(100 + i)
-            owner[len(drafts)] = i
             k = 1 + i % 3
+            first_row = sum(len(d) + 1 for d in drafts)
+            seeds.update({first_row + j: (100 + i, 10 + j) for j in range(k + 1)})
+            owner[len(drafts)] = i
             drafts.append([(5 + i + j) % V for j in range(k)])
             rows.append(TARGETS[:k + 1])
+            qs.append(DRAFTS[:k])
         else:
             k = int(torch.randint(0, 4, ()).item())
             drafts.append(torch.randint(0, V, (k,)).tolist())
             rows.append(TARGETS[torch.randint(0, 4, (k + 1,))])
+            qs.append(DRAFTS[torch.randint(0, 3, (k,))])
     target = torch.cat(rows)
-    out = rejection_sample(drafts, target, target.argmax(dim=1), [False] * len(drafts), gens)
+    out = rejection_sample(drafts, target, target.argmax(dim=1), [False] * len(drafts), seeds,
+                           torch.cat(qs) if probabilistic else None)
     return {owner[r]: o for r, o in enumerate(out) if r in owner}
 
 
-def test_seeded_requests_reproducible_across_batches() -> None:
+@pytest.mark.parametrize("probabilistic", [False, True], ids=["one_hot_drafts", "draft_probs"])
+def test_seeded_requests_reproducible_across_batches(probabilistic: bool) -> None:
     """A seeded request's output depends only on its seed and inputs, not on the batch around it or the global RNG."""
     n = 40
-    a = _seeded_batch(list(range(n)), companions=30, global_seed=0)
-    b = _seeded_batch(list(reversed(range(n))), companions=7, global_seed=1)
-    c = _seeded_batch(list(range(n)), companions=0, global_seed=2)
+    a = _seeded_batch(list(range(n)), companions=30, global_seed=0, probabilistic=probabilistic)
+    b = _seeded_batch(list(reversed(range(n))), companions=7, global_seed=1, probabilistic=probabilistic)
+    c = _seeded_batch(list(range(n)), companions=0, global_seed=2, probabilistic=probabilistic)
     assert a == b == c
     assert len({tuple(o) for o in a.values()}) > 5  # the seeded outputs are really random, not constant
+
+
+def test_seeded_one_hot_verification_draws_what_plain_steps_draw() -> None:
+    """With deterministic drafts, a seeded request's tokens are those its plain steps would sample at the same
+    positions, however many drafts it proposed: speculation does not change a seeded output."""
+    for seed in range(30):
+        plain = [int(inverse_cdf_sample(TARGETS[j:j + 1], torch.tensor([seeded_uniform(seed, 50 + j)]))[0])
+                 for j in range(4)]
+        for k in range(4):
+            for wrong_at in range(k + 1):  # drafts follow the plain tokens up to `wrong_at`, then differ
+                drafts = plain[:wrong_at] + [(t + 1) % V for t in plain[wrong_at:k]]
+                seeds = {j: (seed, 50 + j) for j in range(k + 1)}
+                out = rejection_sample([drafts], TARGETS[:k + 1], TARGETS[:k + 1].argmax(dim=1), [False], seeds)[0]
+                assert out == plain[:len(out)] and len(out) == min(wrong_at, k) + 1
 
 
 # --- lengths --------------------------------------------------------------------------------------------------------
@@ -240,9 +272,9 @@ def test_output_lengths_and_prefixes() -> None:
         for k in ks:
             draft_ids.append(drafts[at:at + k])
             at += k
-        gens = {i: torch.Generator().manual_seed(i) for i in range(0, n, 7)}
+        seeds = {row: (row, row) for row in range(0, rows, 7)}
         torch.manual_seed(trial)
-        out = rejection_sample(draft_ids, target, target.argmax(dim=1), greedy, gens,
+        out = rejection_sample(draft_ids, target, target.argmax(dim=1), greedy, seeds,
                                dprobs if trial % 2 else None)
         offset = 0
         for o, d, k, g in zip(out, draft_ids, ks, greedy):

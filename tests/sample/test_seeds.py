@@ -1,4 +1,4 @@
-"""Seeded requests: one generator per row, so the draws depend on the seed only, not on the batch."""
+"""Seeded requests: a row's draw is keyed by its seed and output position, so it depends on nothing else."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ STEPS = 40
 
 
 def _draws(seeds: list[int | None], temperature: float = 1.0) -> list[list[int]]:
-    """STEPS tokens per row from near-uniform logits, the rows' generators carried across steps as the runner does."""
+    """STEPS tokens per row from near-uniform logits, each step's metadata built by the runner's code from the
+    tokens so far (so a row's output position advances as in the engine)."""
     logits = torch.linspace(0.0, 0.5, VOCAB).expand(len(seeds), VOCAB)
-    md = build_metadata([Req(SamplingParams(seed=s, temperature=temperature, top_k=40)) for s in seeds], VOCAB)
+    reqs = [Req(SamplingParams(seed=s, temperature=temperature, top_k=40)) for s in seeds]
     sampler = Sampler()
-    steps = [sampler(logits.clone(), md)[0].tolist() for _ in range(STEPS)]
-    return [list(row) for row in zip(*steps)]
+    for _ in range(STEPS):
+        for r, t in zip(reqs, sampler(logits.clone(), build_metadata(reqs, VOCAB))[0].tolist()):
+            r.output.append(t)
+    return [r.output for r in reqs]
 
 
 def test_same_seed_same_tokens_in_one_batch() -> None:

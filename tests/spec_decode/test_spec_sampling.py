@@ -69,14 +69,17 @@ def test_a_stop_token_inside_accepted_drafts_cuts_tokens_and_logprobs(smol_llm, 
     assert out.finish_reason == "stop" and out.stop_reason == stop
 
 
-def test_sampled_requests_every_parameter_and_seeds(spec_llm):
-    """Temperature, top-k, top-p, min-p and penalties are all accepted with speculation; a seed reproduces."""
+def test_sampled_requests_every_parameter_and_seeds(smol_llm, spec_llm):
+    """Temperature, top-k, top-p, min-p and penalties are all accepted with speculation; a seed reproduces, alone
+    or in a batch, and gives the tokens it gives without speculation (however many drafts the back-off allowed)."""
     sp = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.1, seed=7,
                         max_tokens=40, ignore_eos=True)
     before = _drafts(spec_llm)
     a = spec_llm.generate(PROMPT, sp, use_tqdm=False)[0].outputs[0].token_ids
     b = spec_llm.generate([PROMPT, "Once upon a time"], sp, use_tqdm=False)[0].outputs[0].token_ids
-    assert a == b and len(a) == 40
+    plain = smol_llm.generate(PROMPT, sp, use_tqdm=False)[0].outputs[0].token_ids
+    assert a == b == plain and len(a) == 40
+    assert len(set(a)) > 3  # sampled, and still the list (a drafting-friendly text)
     assert _drafts(spec_llm) > before  # drafts were verified for sampled requests too
 
 
