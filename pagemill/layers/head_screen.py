@@ -9,12 +9,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from pagemill.layers.quantization.records_cache import RecordsCache
+
 # Fewer greedy rows than this take the exact head when it streams quantized records (a Q8_0 table: at 1-3 rows both
 # read the same int8 bytes from memory and the screen only adds its recheck). A float head (4 bytes per weight, or 2)
 # takes the screen from one row: its int8 codes are a quarter of the bytes.
 HEAD_SCREEN_MIN_ROWS = 4
 SCREEN_TILE = 64  # channels per tile of the screen's codes (pack_head_screen)
 _PACK_CHUNK_ROWS = 64 * SCREEN_TILE  # rows of a quantized head decoded at a time while its screen is packed
+_CACHE_KEY = "lm_head.screen"
 
 
 class GreedyHeadScreen:
@@ -22,14 +25,22 @@ class GreedyHeadScreen:
     table, or from the GGUF blocks of a quantized head (`table_ggml_type`, decoded per candidate row)."""
 
     def __init__(self, table: torch.Tensor, kernels: Any, min_rows: int = HEAD_SCREEN_MIN_ROWS,
-                 table_ggml_type: int = 0, in_features: int | None = None) -> None:
+                 table_ggml_type: int = 0, in_features: int | None = None, cache: RecordsCache | None = None) -> None:
         self.table, self.kernels, self.table_ggml_type = table, kernels, table_ggml_type
         self.in_features = table.shape[1] if table_ggml_type == 0 else in_features
         self.min_rows = min_rows  # fewer greedy rows take the exact head
-        if table_ggml_type == 0:
+        cached = cache.lookup(_CACHE_KEY) if cache is not None else None
+        if cached is not None:  # a quantized head's screen, packed by an earlier start
+            self.q, self.scales, self.offsets = cached[1]
+            self.weight_error, self.weight_norm = cache.extra(_CACHE_KEY)["error_norm"]
+        elif table_ggml_type == 0:
             self.q, self.scales, self.offsets, self.weight_error, self.weight_norm = kernels.pack_head_screen(table)
         else:
             self._pack_from_blocks()
+            if cache is not None:
+                cache.add(_CACHE_KEY, "head_screen", [self.q, self.scales, self.offsets],
+                          error_norm=[self.weight_error, self.weight_norm])
+                cache.save()
         self.recomputed = 0  # logits recomputed exactly so far (a statistic: a few per row)
         self.rows = 0
 
@@ -70,7 +81,9 @@ class GreedyHeadScreen:
         if rows is None or head.in_features % 32 or not hasattr(kernels, "gguf_rows"):
             return None
         blocks, ggml_type = rows
-        return cls(blocks, kernels, HEAD_SCREEN_MIN_ROWS, ggml_type, head.in_features)
+        cache = getattr(getattr(head, "quant_method", None), "cache", None)  # the GGUF file's records cache
+        return cls(blocks, kernels, HEAD_SCREEN_MIN_ROWS, ggml_type, head.in_features,
+                   cache.sibling("head_screen") if cache is not None else None)
 
     @property
     def nbytes(self) -> int:

@@ -13,6 +13,7 @@ from pagemill.distributed.parallel_state import ParallelContext
 from pagemill.kernels.ops import TorchLayerOps
 from pagemill.layers.context import LayerContext
 from pagemill.layers.quantization import get_quant_config
+from pagemill.layers.quantization.records_cache import RecordsCache
 from pagemill.models.registry import get_model_class
 
 logger = logging.getLogger(__name__)
@@ -29,9 +30,12 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
     cls = get_model_class(model_config.hf_config)
     start = time.perf_counter()
     gguf = GGUFWeights(model_config.gguf_file, model_config.hf_config) if model_config.gguf_file else None
-    quant_config = get_quant_config(model_config.linear_dtype, model_config.quantization, model_config.dtype,
-                                    ops.kernels, gguf.tensor_types() if gguf is not None else None)
     p = parallel or ParallelContext()
+    rank = f"tp{p.tp_rank}/{p.tp_size},pp{p.pp_rank}/{p.pp_size}"
+    records_cache = (RecordsCache.for_weight_file(model_config.gguf_file, rank)
+                     if gguf is not None and ops.kernels is not None else None)
+    quant_config = get_quant_config(model_config.linear_dtype, model_config.quantization, model_config.dtype,
+                                    ops.kernels, gguf.tensor_types() if gguf is not None else None, records_cache)
     ctx = LayerContext(model_config.dtype, model_config.max_model_len, ops, quant_config, attn_backend,
                        p.tp_rank, p.tp_size, p.tp_group, p.pp_rank, p.pp_size)
     model = cls(model_config.hf_config, ctx)
@@ -40,6 +44,10 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
     model.eval().requires_grad_(False)
     if gguf is not None:
         gguf.gguf.release_pages()  # the file no longer counts in the resident set
+    if records_cache is not None:
+        if records_cache.mapped:
+            logger.info("GGUF records mapped from %s (%d layers, no packing)", records_cache.path, records_cache.hits)
+        records_cache.save()
     logger.info("Loaded %s (%s, %s) in %.1fs", cls.__name__, model_config.dtype, type(quant_config).__name__,
                 time.perf_counter() - start)
     if gguf is not None:

@@ -14,8 +14,9 @@ __all__ = ["LinearMethodBase", "QuantConfig", "get_quant_config"]
 
 
 def get_quant_config(linear_dtype: str, quantization: str, model_dtype: torch.dtype, kernels: Any,
-                     gguf_tensor_types: dict[str, int] | None = None) -> QuantConfig:
-    """The chooser of every linear layer's method, from the engine options and (GGUF) the file's tensor table."""
+                     gguf_tensor_types: dict[str, int] | None = None, records_cache: Any = None) -> QuantConfig:
+    """The chooser of every linear layer's method, from the engine options and (GGUF) the file's tensor table and
+    its records cache (records_cache.RecordsCache, or None)."""
     check_linear_options(linear_dtype, quantization)
     if quantization in WEIGHT_ONLY_QUANTIZATIONS and gguf_tensor_types is not None:
         raise ValueError(f"quantization={quantization!r} quantizes a float checkpoint; a GGUF file is already "
@@ -25,7 +26,7 @@ def get_quant_config(linear_dtype: str, quantization: str, model_dtype: torch.dt
     if quantization == "gguf":
         from pagemill.layers.quantization.gguf import GGUFQuantConfig
 
-        return GGUFQuantConfig(gguf_tensor_types or {}, dense)
+        return GGUFQuantConfig(gguf_tensor_types or {}, dense, records_cache)
     if quantization in WEIGHT_ONLY_QUANTIZATIONS:
         from pagemill.layers.quantization.weight_only import WeightOnlyQuantConfig
 

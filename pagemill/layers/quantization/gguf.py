@@ -22,6 +22,7 @@ from pagemill.layers.quantization.dense import DenseQuantConfig
 from pagemill.layers.quantization.gguf_records import (BLOCK_LENGTHS, PLANE_LAYOUTS, RECORD_TYPES, pack_int8,
                                                        pack_planes, record_bytes, record_kind, unpack_int8,
                                                        unpack_planes)
+from pagemill.layers.quantization.records_cache import RecordsCache
 
 GGUF_FORMATS = {t: name for t, (name, _, _) in RECORD_TYPES.items()}  # ggml type -> format kept as records
 
@@ -100,9 +101,11 @@ class GGUFLinearMethod(RecordsLinearMethod):
     weight_format names the file formats (q5_0, or q5_0+q8_0 for a mixed fused layer). The records hold exactly
     the file's dequantized values."""
 
-    def __init__(self, formats: set[str], dtype: torch.dtype, kernels: Any) -> None:
+    def __init__(self, formats: set[str], dtype: torch.dtype, kernels: Any, cache: RecordsCache | None = None,
+                 cache_key: str = "") -> None:
         super().__init__(record_kind(formats), "+".join(sorted(formats)), dtype, kernels)
         self.formats = formats
+        self.cache, self.cache_key = cache, cache_key  # the file's records cache and this layer's key in it
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
         """Room for the checkpoint parts (loaded lazily from the file; nothing is allocated)."""
@@ -117,12 +120,19 @@ class GGUFLinearMethod(RecordsLinearMethod):
         layer.gguf_parts[row_offset] = loaded
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Records from the blocks (nothing is decoded to floats); the file pages are released."""
+        """Records from the cache, else from the blocks (nothing is decoded to floats); the file pages are
+        released."""
         parts = sorted(layer.gguf_parts.items())  # (row offset, GGUF weight)
         rows = sum(p.shape[0] for _, p in parts)
         if rows != layer.out_features:
             raise ValueError(f"GGUF blocks cover {rows} of {layer.out_features} rows")
-        self.records, records = pack_records([(p.format, p.blocks) for _, p in parts])
+        cached = self.cache.lookup(self.cache_key) if self.cache is not None else None
+        if cached is not None:
+            self.records, records = cached
+        else:
+            self.records, records = pack_records([(p.format, p.blocks) for _, p in parts])
+            if self.cache is not None:
+                self.cache.add(self.cache_key, self.records, records)
         self.set_records(layer, records)
         # One tensor's blocks in the file's row order (an LM head's): the rows the greedy head screen rechecks.
         layer.gguf_rows = (parts[0][1].blocks, parts[0][1].tensor.ggml_type) if len(parts) == 1 else None
@@ -136,8 +146,10 @@ class GGUFQuantConfig(QuantConfig):
     Q2_K .. Q6_K) and the kernels engine runs in float32 / float16; the dense methods (on the dequantized weights)
     elsewhere."""
 
-    def __init__(self, tensor_types: dict[str, int], dense: DenseQuantConfig) -> None:
+    def __init__(self, tensor_types: dict[str, int], dense: DenseQuantConfig,
+                 records_cache: RecordsCache | None = None) -> None:
         self.tensor_types, self.dense = tensor_types, dense  # HF name -> ggml type
+        self.records_cache = records_cache  # laid-out records of earlier starts (records_cache.py)
 
     def get_linear_method(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:
         """Records for a layer whose parts are all in record formats, else the dense method; either is tagged with
@@ -151,7 +163,7 @@ class GGUFQuantConfig(QuantConfig):
         formats = {GGUF_FORMATS.get(self.tensor_types.get(n, -1)) for n in checkpoint_names}
         if (kernels is not None and dtype in (torch.float32, torch.float16) and None not in formats
                 and all(in_features % BLOCK_LENGTHS[f] == 0 for f in formats)):
-            return GGUFLinearMethod(formats, dtype, kernels)
+            return GGUFLinearMethod(formats, dtype, kernels, self.records_cache, "+".join(checkpoint_names))
         return self.dense.get_linear_method(checkpoint_names, in_features)
 
 

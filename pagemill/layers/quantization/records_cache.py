@@ -1,0 +1,146 @@
+"""GEMV records laid out once per weight file and kept on disk, so that a second start maps them instead of packing.
+
+The cache is one safetensors file per (weight file, tensor / pipeline-parallel rank, layout) in $PAGEMILL_RECORDS_CACHE_DIR
+(default $PAGEMILL_CACHE_DIR/records, ~/.cache/pagemill/records). Its name hashes the weight file's identity (real
+path, size, modification time) and the source of the code that lays records out, so an edited file or a changed
+layout never reads stale records. A hit maps the file read-only: the records cost page cache, shared between
+processes, and no packing time. A miss packs as before and writes the file once the model is loaded (to a temporary
+name, renamed into place: concurrent starts never see half a file). PAGEMILL_RECORDS_CACHE=0 turns it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+logger = logging.getLogger(__name__)
+
+Records = torch.Tensor | list[torch.Tensor]
+_LAYOUT_SOURCES = ("gguf_records.py", "gguf.py", "int8_grid.py", "records_cache.py")  # what decides the bytes
+_META_KEY = "pagemill.records"
+
+
+def records_cache_dir() -> Path:
+    """$PAGEMILL_RECORDS_CACHE_DIR, else $PAGEMILL_CACHE_DIR/records (default ~/.cache/pagemill/records)."""
+    if os.environ.get("PAGEMILL_RECORDS_CACHE_DIR"):
+        return Path(os.environ["PAGEMILL_RECORDS_CACHE_DIR"])
+    root = os.environ.get("PAGEMILL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pagemill"))
+    return Path(root) / "records"
+
+
+def records_cache_enabled() -> bool:
+    """False when PAGEMILL_RECORDS_CACHE is 0 / false / off."""
+    return os.environ.get("PAGEMILL_RECORDS_CACHE", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def _layout_digest() -> str:
+    """A hash of the modules that lay records out: any edit to them is a new layout."""
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in _LAYOUT_SOURCES:
+        digest.update(name.encode() + (here / name).read_bytes())
+    return digest.hexdigest()
+
+
+class RecordsCache:
+    """One weight file's records by layer key: looked up from the mapped cache file, or collected to be written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.hits = 0  # layers whose records came from the cache
+        self.packed: dict[str, tuple[str, Records, dict]] = {}  # layers packed this start (written by save)
+        self._index: dict[str, dict] = {}
+        self._file = None
+        self._stale: str | None = None
+        if path.is_file():
+            try:
+                self._file = safe_open(str(path), framework="pt")
+                self._index = json.loads(self._file.metadata()[_META_KEY])
+            except Exception as e:  # noqa: BLE001 - a damaged cache file is repacked, never fatal
+                logger.warning("Ignoring the unreadable records cache %s (%s); repacking", path, e)
+                self._file, self._index = None, {}
+
+    @classmethod
+    def for_weight_file(cls, weight_path: str, rank: str = "tp0/1") -> RecordsCache | None:
+        """The cache of `weight_path` for this rank's share (`rank` names it, e.g. "tp0/2,pp1/2"), or None when
+        caching is off or the file is missing."""
+        if not records_cache_enabled() or not os.path.isfile(weight_path):
+            return None
+        real = os.path.realpath(weight_path)
+        st = os.stat(real)
+        owner = f"{Path(real).stem[:48]}-{hashlib.sha256(f'{real}|{rank}'.encode()).hexdigest()[:8]}"
+        version = hashlib.sha256(f"{st.st_size}|{st.st_mtime_ns}|{_layout_digest()}".encode()).hexdigest()[:12]
+        cache = cls(records_cache_dir() / f"{owner}-{version}.safetensors")
+        cache._stale = f"{owner}-*"  # earlier versions of this file's records (replaced by save)
+        return cache
+
+    @property
+    def mapped(self) -> bool:
+        """Whether a cache file was found (its records are read from the map)."""
+        return self._file is not None
+
+    def sibling(self, part: str) -> RecordsCache:
+        """The cache of something else derived from the same weights and rank (e.g. the LM head's screen), in a
+        file of its own beside this one."""
+        return RecordsCache(self.path.with_name(f"{self.path.stem}.{part}{self.path.suffix}"))
+
+    def lookup(self, key: str) -> tuple[str, Records] | None:
+        """(record kind, records) of layer `key`, mapped read-only from the cache file; None if not cached."""
+        entry = self._index.get(key)
+        if entry is None:
+            return None
+        parts = [self._file.get_tensor(f"{key}#{i}") for i in range(entry["parts"])]
+        self.hits += 1
+        return entry["kind"], (parts if entry["list"] else parts[0])
+
+    def extra(self, key: str) -> dict:
+        """The JSON values stored with `key`'s records ({} if none or not cached)."""
+        return self._index.get(key, {}).get("extra", {})
+
+    def add(self, key: str, kind: str, records: Records, **extra: Any) -> None:
+        """Remember records packed this start (written by save), with JSON values to keep beside them."""
+        self.packed[key] = (kind, records, extra)
+
+    def save(self) -> None:
+        """Write the records packed this start, if this start found no cache file (atomically; errors are logged:
+        a read-only cache directory only costs the next start its packing time)."""
+        if self.mapped or not self.packed:
+            return
+        tensors, index = {}, {}
+        for key, (kind, records, extra) in self.packed.items():
+            parts = records if isinstance(records, list) else [records]
+            index[key] = {"kind": kind, "parts": len(parts), "list": isinstance(records, list), "extra": extra}
+            tensors.update({f"{key}#{i}": p.contiguous() for i, p in enumerate(parts)})
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+            os.close(fd)
+            try:
+                save_file(tensors, tmp, metadata={_META_KEY: json.dumps(index)})
+                os.replace(tmp, self.path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        except OSError as e:
+            logger.warning("Could not write the records cache %s (%s); the next start packs again", self.path, e)
+            return
+        logger.info("Records cache written: %s (%.2f GB)", self.path, self.path.stat().st_size / 1e9)
+        self._remove_stale()
+
+    def _remove_stale(self) -> None:
+        """Delete the caches of earlier versions of the same weight file and rank (and their siblings)."""
+        if self._stale is None:
+            return
+        current = self.path.name.removesuffix(self.path.suffix)
+        for path in self.path.parent.glob(self._stale):
+            if not path.name.startswith(current) and not path.name.endswith(".tmp"):
+                path.unlink(missing_ok=True)

@@ -1,0 +1,134 @@
+"""The records cache: the first start lays a GGUF's records out and writes them; a second start maps them (no
+packing at all) and generates the same tokens; an edited file or a damaged cache is repacked; loading costs about
+the file's size in resident memory."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pagemill.layers.quantization.gguf as gguf_method
+from pagemill.layers.head_screen import GreedyHeadScreen
+from pagemill import LLM, SamplingParams
+from tests.conftest import SMOL_PROMPTS, requires_kernels
+
+pytestmark = requires_kernels
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+
+
+def _start(path: str) -> LLM:
+    return LLM(path, kv_cache_memory="64MiB", max_model_len=256)
+
+
+def _close(llm: LLM) -> None:
+    del llm
+    gc.collect()
+
+
+def _tokens(llm: LLM) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in llm.generate(SMOL_PROMPTS[:4], GREEDY, use_tqdm=False)]
+
+
+def _cache_files(root: Path) -> list[Path]:
+    """The records files (not the head screen's, beside them)."""
+    return sorted(p for p in root.glob("*.safetensors") if ".head_screen." not in p.name)
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "records"
+    monkeypatch.setenv("PAGEMILL_RECORDS_CACHE_DIR", str(root))
+    monkeypatch.delenv("PAGEMILL_RECORDS_CACHE", raising=False)
+    return root
+
+
+def _forbid_packing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def packing(*args, **kwargs):
+        raise AssertionError("records were packed although the cache holds them")
+
+    monkeypatch.setattr(gguf_method, "pack_records", packing)
+    monkeypatch.setattr(GreedyHeadScreen, "_pack_from_blocks", packing)
+
+
+def test_second_start_maps_the_records_without_packing(smol_path, cache_dir, monkeypatch):
+    """Records and the greedy head screen of the quantized head both come from the cache on the second start."""
+    first = _start(smol_path)
+    want = _tokens(first)
+    del first
+    gc.collect()
+    files = _cache_files(cache_dir)
+    assert len(files) == 1 and files[0].stat().st_size > 50e6  # SmolLM2's 30 layers x 7 linears of records
+    _forbid_packing(monkeypatch)
+    second = _start(smol_path)
+    assert _tokens(second) == want
+    assert _cache_files(cache_dir) == files  # nothing rewritten
+    screen = second.llm_engine.engine_core.executor.model_runner.head_screen
+    assert screen is not None and screen.recomputed > 0  # the mapped screen ran (and rechecked its candidates)
+
+
+def test_an_edited_file_gets_new_records(smol_path, cache_dir, tmp_path, monkeypatch):
+    """The cache key has the file's size and modification time: a changed file never reads the old records (and
+its old records do not stay on disk)."""
+    copy = tmp_path / "model.gguf"
+    shutil.copyfile(smol_path, copy)
+    _close(_start(str(copy)))
+    (old,) = _cache_files(cache_dir)
+    st = copy.stat()
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    _close(_start(str(copy)))
+    (new,) = _cache_files(cache_dir)  # the old version's records are removed once the new ones are written
+    assert new != old
+    assert len(list(cache_dir.glob("*.safetensors"))) <= 2  # with its head screen, if the head has one
+
+
+def test_a_damaged_cache_file_is_repacked(smol_path, cache_dir, caplog):
+    want = _tokens(_start(smol_path))
+    (path,) = _cache_files(cache_dir)
+    path.write_bytes(path.read_bytes()[:4096])  # cut short, as by a full disk
+    gc.collect()
+    assert _tokens(_start(smol_path)) == want
+    assert "unreadable records cache" in caplog.text
+
+
+def test_cache_off(smol_path, cache_dir, monkeypatch):
+    monkeypatch.setenv("PAGEMILL_RECORDS_CACHE", "0")
+    _close(_start(smol_path))
+    assert not cache_dir.exists() or not _cache_files(cache_dir)
+
+
+_RSS_SCRIPT = """
+import json, resource, sys
+def rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+import torch, transformers, tokenizers  # the runtime's own memory, before any model
+from pagemill import LLM, SamplingParams
+base = rss_mb()
+llm = LLM(sys.argv[1], kv_cache_memory="32MiB", max_model_len=256)
+llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+print(json.dumps({"base_mb": base, "peak_mb": rss_mb()}))
+"""
+
+
+@pytest.mark.parametrize("start", ["first", "second"])
+def test_loading_costs_about_the_file(smol_path, cache_dir, start):
+    """Peak resident memory of loading and running a GGUF, in a fresh process, over what the runtime itself holds:
+    at most 1.25x the file + the KV cache + 300 MB (a float32 copy of the quantized linears alone would be ~6x the
+    file), on the first start (packing) and on the second (mapping the cache)."""
+    env = {**os.environ, "PAGEMILL_RECORDS_CACHE_DIR": str(cache_dir)}
+    runs = 2 if start == "second" else 1
+    for _ in range(runs):
+        proc = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, smol_path], capture_output=True, text=True,
+                              env=env, timeout=300, cwd=str(Path(__file__).resolve().parents[2]))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    file_mb = os.path.getsize(smol_path) / 2**20
+    added = result["peak_mb"] - result["base_mb"]
+    assert added <= 1.25 * file_mb + 32 + 300, (result, file_mb)
