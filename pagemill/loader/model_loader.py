@@ -14,6 +14,7 @@ from pagemill.kernels.ops import TorchLayerOps
 from pagemill.layers.context import LayerContext
 from pagemill.layers.quantization import get_quant_config
 from pagemill.layers.quantization.records_cache import RecordsCache
+from pagemill.layers.quantization.weight_memory import weight_memory_line
 from pagemill.models.registry import get_model_class
 
 logger = logging.getLogger(__name__)
@@ -48,8 +49,8 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
         if records_cache.mapped:
             logger.info("GGUF records mapped from %s (%d layers, no packing)", records_cache.path, records_cache.hits)
         records_cache.save()
-    logger.info("Loaded %s (%s, %s) in %.1fs", cls.__name__, model_config.dtype, type(quant_config).__name__,
-                time.perf_counter() - start)
+    logger.info("Loaded %s (%s, %s) in %.1fs; %s", cls.__name__, model_config.dtype, type(quant_config).__name__,
+                time.perf_counter() - start, weight_memory_line(model))
     if gguf is not None:
         from pagemill.layers.quantization.gguf_report import weight_format_lines
 

@@ -9,6 +9,8 @@ import functools
 import math
 import mmap
 import os
+import resource
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -81,3 +83,16 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype)
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
+
+
+def resident_bytes() -> int:
+    """The process's resident set now (Linux /proc), else its peak (getrusage)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024

@@ -132,3 +132,21 @@ def test_loading_costs_about_the_file(smol_path, cache_dir, start):
     file_mb = os.path.getsize(smol_path) / 2**20
     added = result["peak_mb"] - result["base_mb"]
     assert added <= 1.25 * file_mb + 32 + 300, (result, file_mb)
+
+
+def test_load_log_reports_weight_bytes_and_resident_memory(smol_path, cache_dir, caplog):
+    """The load log says what the weights cost by how they are held, and the resident set after load."""
+    import logging
+
+    from pagemill.layers.quantization.weight_memory import weight_bytes_by_kind
+
+    with caplog.at_level(logging.INFO, logger="pagemill.loader.model_loader"):
+        llm = _start(smol_path)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("Loaded "))
+    assert "weights: records 0.10 GB" in line and "; resident " in line
+    kinds = weight_bytes_by_kind(llm.llm_engine.engine_core.executor.model_runner.model)
+    file_bytes = os.path.getsize(smol_path)
+    # records + float about the file, no float copy (the file blocks are views of the file's map: a tied
+    # embedding's rows, read in place as tokens are looked up)
+    assert 0.8 * file_bytes <= kinds["records"] + kinds["float"] <= 1.1 * file_bytes, kinds
+    assert kinds["file blocks"] > 0
