@@ -4,6 +4,7 @@ wins; the other logits are approximate, so only rows that need nothing but the a
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -12,9 +13,13 @@ from torch import nn
 from pagemill.layers.quantization.records_cache import RecordsCache
 
 # Fewer greedy rows than this take the exact head when it streams quantized records (a Q8_0 table: at 1-3 rows both
-# read the same int8 bytes from memory and the screen only adds its recheck). A float head (4 bytes per weight, or 2)
-# takes the screen from one row: its int8 codes are a quarter of the bytes.
+# read the same int8 bytes from memory and the screen only adds its recheck), unless one row through the screen was
+# measured faster at start-up (K-quant heads whose decoding is compute-bound, e.g. Q6_K on AVX2: 27 ms exact vs
+# ~11 ms screened for Llama-3.2-1B's head on a Zen 3). A float head (4 bytes per weight, or 2) takes the screen from
+# one row: its int8 codes are a quarter of the bytes.
 HEAD_SCREEN_MIN_ROWS = 4
+_CALIBRATION_RUNS = 3  # timed one-row calls of each head path (the best counts)
+_SCREEN_WINS = 0.85  # the screen must take at most this fraction of the exact head's time to be used at one row
 SCREEN_TILE = 64  # channels per tile of the screen's codes (pack_head_screen)
 _PACK_CHUNK_ROWS = 64 * SCREEN_TILE  # rows of a quantized head decoded at a time while its screen is packed
 _CACHE_KEY = "lm_head.screen"
@@ -82,8 +87,28 @@ class GreedyHeadScreen:
             return None
         blocks, ggml_type = rows
         cache = getattr(getattr(head, "quant_method", None), "cache", None)  # the GGUF file's records cache
-        return cls(blocks, kernels, HEAD_SCREEN_MIN_ROWS, ggml_type, head.in_features,
-                   cache.sibling("head_screen") if cache is not None else None)
+        screen = cls(blocks, kernels, HEAD_SCREEN_MIN_ROWS, ggml_type, head.in_features,
+                     cache.sibling("head_screen") if cache is not None else None)
+        if screen.one_row_is_faster(head):
+            screen.min_rows = 1
+        return screen
+
+    def one_row_is_faster(self, head: nn.Module) -> bool:
+        """Whether one row through the screen beats the head's exact records, timed on a random hidden state (the
+        argmax is exact either way: this only picks the faster path)."""
+        x = torch.randn(1, self.in_features, generator=torch.Generator().manual_seed(0))
+        paths = {"exact": lambda: head.quant_method.apply(head, x), "screen": lambda: self.logits(x)}
+        best = {}
+        for name, run in paths.items():
+            run()  # warm: first-touch of mapped pages, thread wake-up
+            times = []
+            for _ in range(_CALIBRATION_RUNS):
+                start = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - start)
+            best[name] = min(times)
+        self.recomputed = self.rows = 0  # (statistics of real rows only)
+        return best["screen"] < _SCREEN_WINS * best["exact"]
 
     @property
     def nbytes(self) -> int:
