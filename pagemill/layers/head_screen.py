@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from pagemill.layers.quantization.records_cache import RecordsCache
+from pagemill.utils.memory import release_mapped_pages
 
 # Fewer greedy rows than this take the exact head when it streams quantized records (a Q8_0 table: at 1-3 rows both
 # read the same int8 bytes from memory and the screen only adds its recheck), unless one row through the screen was
@@ -35,6 +36,7 @@ class GreedyHeadScreen:
         self.in_features = table.shape[1] if table_ggml_type == 0 else in_features
         self.min_rows = min_rows  # fewer greedy rows take the exact head
         cached = cache.lookup(_CACHE_KEY) if cache is not None else None
+        self.mapped = cached is not None  # the codes view the cache file's map (read-only)
         if cached is not None:  # a quantized head's screen, packed by an earlier start
             self.q, self.scales, self.offsets = cached[1]
             self.weight_error, self.weight_norm = cache.extra(_CACHE_KEY)["error_norm"]
@@ -89,8 +91,14 @@ class GreedyHeadScreen:
         cache = getattr(getattr(head, "quant_method", None), "cache", None)  # the GGUF file's records cache
         screen = cls(blocks, kernels, HEAD_SCREEN_MIN_ROWS, ggml_type, head.in_features,
                      cache.sibling("head_screen") if cache is not None else None)
+        # The path one greedy row takes; the other one's mapped pages, touched by the timing, leave the resident set
+        # until a batch (or a sampled row) reads them again.
         if screen.one_row_is_faster(head):
             screen.min_rows = 1
+            head.quant_method.release_resident_records(head)
+        elif screen.mapped:
+            for t in (screen.q, screen.scales, screen.offsets):
+                release_mapped_pages(t)
         return screen
 
     def one_row_is_faster(self, head: nn.Module) -> bool:

@@ -32,8 +32,8 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
     start = time.perf_counter()
     gguf = GGUFWeights(model_config.gguf_file, model_config.hf_config) if model_config.gguf_file else None
     p = parallel or ParallelContext()
-    rank = f"tp{p.tp_rank}/{p.tp_size},pp{p.pp_rank}/{p.pp_size}"
-    records_cache = (RecordsCache.for_weight_file(model_config.gguf_file, rank)
+    layout = f"tp{p.tp_rank}/{p.tp_size},pp{p.pp_rank}/{p.pp_size},{getattr(ops.kernels, 'isa', str)()}"
+    records_cache = (RecordsCache.for_weight_file(model_config.gguf_file, layout)
                      if gguf is not None and ops.kernels is not None else None)
     quant_config = get_quant_config(model_config.linear_dtype, model_config.quantization, model_config.dtype,
                                     ops.kernels, gguf.tensor_types() if gguf is not None else None, records_cache)

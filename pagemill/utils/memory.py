@@ -96,3 +96,22 @@ def resident_bytes() -> int:
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+_MADV_DONTNEED = 4  # Linux
+
+
+def release_mapped_pages(t: torch.Tensor) -> bool:
+    """Drop the process's pages of a tensor that views a read-only file mapping (madvise MADV_DONTNEED on the
+    whole pages inside it): they stay in the page cache and the next read maps them again, but they leave the
+    resident set. Only for such tensors (anonymous memory would read back as zeros). False where unsupported."""
+    madvise = _libc_function("madvise") if sys.platform.startswith("linux") else None
+    if madvise is None or t.numel() == 0:
+        return False
+    page = mmap.PAGESIZE
+    start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    first, last = -(-start // page) * page, end // page * page
+    if last <= first:
+        return False
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED) == 0

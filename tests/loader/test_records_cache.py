@@ -150,3 +150,22 @@ def test_load_log_reports_weight_bytes_and_resident_memory(smol_path, cache_dir,
     # embedding's rows, read in place as tokens are looked up)
     assert 0.8 * file_bytes <= kinds["records"] + kinds["float"] <= 1.1 * file_bytes, kinds
     assert kinds["file blocks"] > 0
+
+
+def test_released_mapped_pages_leave_the_resident_set_and_read_back(tmp_path):
+    """release_mapped_pages on a tensor viewing a safetensors file's map: RSS falls by about its size, and reading
+    it again gives the same values (the pages come back from the file)."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from pagemill.utils.memory import release_mapped_pages, resident_bytes
+
+    path = tmp_path / "t.safetensors"
+    save_file({"t": torch.arange(16 * 2**20, dtype=torch.int32)}, str(path))  # 64 MiB
+    t = safe_open(str(path), framework="pt").get_tensor("t")
+    want = int(t.sum())
+    before = resident_bytes()
+    assert release_mapped_pages(t)
+    assert resident_bytes() < before - 48 * 2**20
+    assert int(t.sum()) == want

@@ -23,6 +23,7 @@ from pagemill.layers.quantization.gguf_records import (BLOCK_LENGTHS, PLANE_LAYO
                                                        pack_planes, record_bytes, record_kind, unpack_int8,
                                                        unpack_planes)
 from pagemill.layers.quantization.records_cache import RecordsCache
+from pagemill.utils.memory import release_mapped_pages
 
 GGUF_FORMATS = {t: name for t, (name, _, _) in RECORD_TYPES.items()}  # ggml type -> format kept as records
 
@@ -43,10 +44,11 @@ def pack_q8_0_blocks(blocks: torch.Tensor) -> list[torch.Tensor]:
     return pack_int8([("q8_0", blocks)])
 
 
-def pack_records(parts: list[tuple[str, torch.Tensor]]) -> tuple[str, Any]:
+def pack_records(parts: list[tuple[str, torch.Tensor]], isa: str | None = None) -> tuple[str, Any]:
     """(record kind, records) of a layer's parts (format, blocks [N_i, nb, bytes]), rows in order: bit-plane
-    records when the parts share a bit-plane kind, else "int8" tiles (also for a Q4_0 / Q5_0 whose m overflows)."""
-    kind = record_kind({fmt for fmt, _ in parts})
+    records when the parts share a bit-plane kind that kernel variant `isa` unpacks fast, else "int8" tiles (also
+    for a Q4_0 / Q5_0 whose m overflows)."""
+    kind = record_kind({fmt for fmt, _ in parts}, isa)
     if kind in PLANE_LAYOUTS:
         records = pack_planes(kind, parts)
         if records is not None:
@@ -89,6 +91,13 @@ class RecordsLinearMethod(LinearMethodBase):
                                       direct_only=direct_only)
         return out.view(*lead, layer.out_features)
 
+    def release_resident_records(self, layer: nn.Module) -> None:
+        """Take the layer's records out of the resident set when they are mapped from the records cache (the next
+        use maps them again); nothing for records packed in memory."""
+        if getattr(layer, "records_mapped", False):
+            for part in layer.gemv_records if isinstance(layer.gemv_records, list) else [layer.gemv_records]:
+                release_mapped_pages(part)
+
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
         """The float32 weight the records hold."""
         if self.records in PLANE_LAYOUTS:
@@ -103,7 +112,7 @@ class GGUFLinearMethod(RecordsLinearMethod):
 
     def __init__(self, formats: set[str], dtype: torch.dtype, kernels: Any, cache: RecordsCache | None = None,
                  cache_key: str = "") -> None:
-        super().__init__(record_kind(formats), "+".join(sorted(formats)), dtype, kernels)
+        super().__init__(record_kind(formats, kernels.isa()), "+".join(sorted(formats)), dtype, kernels)
         self.formats = formats
         self.cache, self.cache_key = cache, cache_key  # the file's records cache and this layer's key in it
 
@@ -127,10 +136,11 @@ class GGUFLinearMethod(RecordsLinearMethod):
         if rows != layer.out_features:
             raise ValueError(f"GGUF blocks cover {rows} of {layer.out_features} rows")
         cached = self.cache.lookup(self.cache_key) if self.cache is not None else None
+        layer.records_mapped = cached is not None  # read-only views of the cache file's map
         if cached is not None:
             self.records, records = cached
         else:
-            self.records, records = pack_records([(p.format, p.blocks) for _, p in parts])
+            self.records, records = pack_records([(p.format, p.blocks) for _, p in parts], self.kernels.isa())
             if self.cache is not None:
                 self.cache.add(self.cache_key, self.records, records)
         self.set_records(layer, records)

@@ -37,6 +37,12 @@ PLANE_LAYOUTS: dict[str, tuple[int, int, int, str]] = {
     "q6k": (6, 16, 16, "q6_k"), "q2k": (4, 16, 16, "q2_k"), "q3k": (4, 16, 16, "q3_k"),
 }
 FORMAT_KINDS = {name: kind for name, kind, _ in RECORD_TYPES.values()}
+# 6-bit codes come out of their two high-bit planes at memory speed only with AVX-512 VBMI + GFNI byte permutes;
+# AVX2 spends ~2.2 uops per weight on them (a Q6_K layer of Llama-3.2-1B: 5.7 GB/s on a Zen 3, 7 G weights/s),
+# while int8 tiles of the same exact values (w = D sc (q - 32): int8 codes, fp32 d = D sc per 16) stream at ~24 GB/s
+# there (19 G weights/s) for 1.25 bytes per weight instead of 0.82. Other variants lay Q6_K out as int8 tiles.
+SLOW_PLANE_KINDS = frozenset({"q6k"})
+FAST_PLANE_ISAS = frozenset({"avx512_vbmi"})
 BLOCK_LENGTHS = {name: bs for name, _, bs in RECORD_TYPES.values()}
 
 
@@ -215,10 +221,14 @@ def _pad_rows(x: torch.Tensor) -> torch.Tensor:
     return x if pad == 0 else torch.cat((x, x.new_zeros((pad, *x.shape[1:]))))
 
 
-def record_kind(formats: set[str]) -> str:
-    """The record kind of a layer whose parts have these formats: their shared kind, else int8 tiles."""
+def record_kind(formats: set[str], isa: str | None = None) -> str:
+    """The record kind of a layer whose parts have these formats: their shared kind, else int8 tiles; int8 tiles
+    too for a kind whose planes the kernel variant `isa` unpacks slowly (None: the shared kind regardless)."""
     kinds = {FORMAT_KINDS[f] for f in formats}
-    return kinds.pop() if len(kinds) == 1 else "int8"
+    kind = kinds.pop() if len(kinds) == 1 else "int8"
+    if kind in SLOW_PLANE_KINDS and isa is not None and isa not in FAST_PLANE_ISAS:
+        return "int8"
+    return kind
 
 
 def _regroup(c: Int8Codes, group: int, with_min: bool) -> Int8Codes:
