@@ -27,7 +27,8 @@ ENGINE_ARG_HELP: dict[str, str] = {
     "kv_cache_layout": "paged (blocks and block tables) or virtual (Linux: each request's KV contiguous in "
                        "reserved virtual memory, physical chunks of block_size tokens mapped on demand; vTensor).",
     "attention_backend": "auto (the platform's choice: on the CPU the compiled kernel, else the torch reference), cpu "
-                         "or torch; kv_cache_layout virtual brings its own (leave auto).",
+                         "torch, or triton (the CUDA platform's Triton kernels; on the CPU through Triton's "
+                         "interpreter: slow, for checking them); kv_cache_layout virtual brings its own (leave auto).",
     "num_threads": "Torch threads of the engine core (None: all cores).",
     "disable_log_stats": "Do not log the periodic stats line.",
     "quantization": "auto (a GGUF file's own blocks, else none), none, gguf, or int8 / int4: quantize a safetensors "

@@ -18,6 +18,7 @@ CPU_PAGED = f"{_BACKENDS}.cpu_paged.CpuPagedAttention"
 TORCH_PAGED = f"{_BACKENDS}.torch_paged.TorchPagedAttention"
 CPU_INVARIANT = f"{_BACKENDS}.cpu_invariant.BatchInvariantCpuAttention"
 VIRTUAL_CONTIGUOUS = f"{_BACKENDS}.virtual_contiguous.VirtualContiguousAttention"
+TRITON_PAGED = f"{_BACKENDS}.triton_paged.TritonPagedAttention"
 
 DEFAULT_KV_CACHE_BYTES = 2 * 2**30
 
@@ -32,7 +33,8 @@ class CpuPlatform(Platform):
     dist_backend = "gloo"
     # float32 is the fastest exact dtype on CPUs without AMX
     default_dtype_name = "float32"
-    attention_backends: ClassVar[dict[str, str]] = {"cpu": CPU_PAGED, "torch": TORCH_PAGED}
+    # "triton": the CUDA platform's kernels run by Triton's interpreter (slow; it checks them on the CPU)
+    attention_backends: ClassVar[dict[str, str]] = {"cpu": CPU_PAGED, "torch": TORCH_PAGED, "triton": TRITON_PAGED}
     auto_attention_backends = ("cpu", "torch")  # the compiled kernel when it builds, else the torch reference
     supported_quantization = ("none", "gguf", "int8", "int4")
     model_runner_factory = "pagemill.worker.pooling_runner.make_model_runner"
@@ -55,6 +57,8 @@ class CpuPlatform(Platform):
             return [CPU_INVARIANT]
         if selected == "auto":
             return [self.attention_backends[name] for name in self.auto_attention_backends]
+        if selected == "triton":  # no GPU to compile for: the interpreter (read when the kernels are defined)
+            os.environ.setdefault("TRITON_INTERPRET", "1")
         return [self.attention_backends[selected]]
 
     def kv_cache_memory_bytes(self, kv_cache_memory: int | str | None, gpu_memory_utilization: float | None) -> int:

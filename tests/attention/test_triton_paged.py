@@ -1,0 +1,126 @@
+"""The Triton paged-attention backend under Triton's interpreter against the torch reference backend: decodes,
+prefill chunks after cached context and fresh prefills in one step, block sizes 16 / 32, GQA 1 / 4 / 8, head dims
+64 / 128 / 256 and odd ones, sliding windows, float32 and reduced-precision caches."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on the CPU
+
+from types import SimpleNamespace  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from pagemill.attention.backends.torch_paged import TorchPagedAttention  # noqa: E402
+from pagemill.attention.backends.triton_paged import TritonPagedAttention  # noqa: E402
+from pagemill.attention.metadata import CommonAttentionMetadata  # noqa: E402
+
+
+
+@pytest.fixture(autouse=True)
+def _every_kernel_variant():
+    """(Overrides the directory's per-ISA parametrisation: these kernels are Triton's, not the C++ variants.)"""
+    yield
+
+
+# (cached tokens, new tokens) per request, decodes first as the backends' batch order asks
+STEP = [(9, 1), (40, 1), (0, 1), (5, 7), (0, 13), (17, 3)]
+
+
+def _step(block_size: int, num_blocks: int, gen: torch.Generator) -> CommonAttentionMetadata:
+    """A step over STEP with each request's blocks drawn at random from the pool (no two requests share one)."""
+    seq_lens = np.array([c + q for c, q in STEP])
+    per_req = -(-seq_lens // block_size)
+    ids = torch.randperm(num_blocks - 1, generator=gen).numpy() + 1
+    table = np.zeros((len(STEP), per_req.max()), dtype=np.int64)
+    at = 0
+    for i, nb in enumerate(per_req):
+        table[i, :nb] = ids[at:at + nb]
+        at += nb
+    qsl = np.concatenate([[0], np.cumsum([q for _, q in STEP])])
+    computed = np.array([c for c, _ in STEP])
+    slots = np.concatenate([table[i, (np.arange(c, c + q)) // block_size] * block_size
+                            + np.arange(c, c + q) % block_size for i, (c, q) in enumerate(STEP)])
+    num_decodes = sum(1 for _, q in STEP if q == 1)
+    return CommonAttentionMetadata(len(STEP), num_decodes, int(qsl[-1]), qsl, seq_lens, computed, table,
+                                   block_size, torch.from_numpy(slots))
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("num_kv_heads,gqa,head_dim", [(2, 1, 64), (2, 4, 128), (1, 8, 256), (3, 2, 80)])
+@pytest.mark.parametrize("window", [None, 6])
+def test_matches_the_torch_reference(block_size, num_kv_heads, gqa, head_dim, window):
+    gen = torch.Generator().manual_seed(block_size * 1000 + head_dim + gqa)
+    md = _step(block_size, num_blocks=16 if block_size == 32 else 24, gen=gen)
+    t, hq = md.num_actual_tokens, num_kv_heads * gqa
+    q = torch.randn(t, hq, head_dim, generator=gen)
+    k = torch.randn(t, num_kv_heads, head_dim, generator=gen)
+    v = torch.randn(t, num_kv_heads, head_dim, generator=gen)
+    cache = torch.randn(TorchPagedAttention.kv_cache_shape(md.block_table.max() + 1, block_size, num_kv_heads,
+                                                           head_dim), generator=gen)  # the cached context
+    layer = SimpleNamespace(num_kv_heads=num_kv_heads, head_dim=head_dim, scale=head_dim ** -0.5,
+                            sliding_window=window)
+    ref_cache, tri_cache = cache.clone(), cache.clone()
+    want = TorchPagedAttention().forward(layer, q, k, v, ref_cache, TorchPagedAttention().build_metadata(md))
+    backend = TritonPagedAttention()
+    got = backend.forward(layer, q, k, v, tri_cache, backend.build_metadata(md))
+    torch.testing.assert_close(tri_cache, ref_cache, rtol=0, atol=0)  # the new K/V, in their slots
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_cache(cache_dtype):
+    """A bf16 / fp16 cache: the new K/V stored rounded, attention over what was stored (as the reference)."""
+    gen = torch.Generator().manual_seed(7)
+    md = _step(16, 24, gen)
+    t = md.num_actual_tokens
+    q, k, v = (torch.randn(t, h, 64, generator=gen) for h in (8, 2, 2))
+    cache = torch.randn(TorchPagedAttention.kv_cache_shape(24, 16, 2, 64), generator=gen).to(cache_dtype)
+    layer = SimpleNamespace(num_kv_heads=2, head_dim=64, scale=0.125, sliding_window=None)
+    ref_cache, tri_cache = cache.clone(), cache.clone()
+    want = TorchPagedAttention().forward(layer, q, k, v, ref_cache, TorchPagedAttention().build_metadata(md))
+    backend = TritonPagedAttention()
+    got = backend.forward(layer, q, k, v, tri_cache, backend.build_metadata(md))
+    torch.testing.assert_close(tri_cache, ref_cache, rtol=0, atol=0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_wrong_kernel_is_caught():
+    """The comparison can fail: attention without the causal limit differs from the reference."""
+    gen = torch.Generator().manual_seed(3)
+    md = _step(16, 24, gen)
+    t = md.num_actual_tokens
+    q, k, v = (torch.randn(t, h, 64, generator=gen) for h in (4, 2, 2))
+    cache = torch.randn(TorchPagedAttention.kv_cache_shape(24, 16, 2, 64), generator=gen)
+    layer = SimpleNamespace(num_kv_heads=2, head_dim=64, scale=0.125, sliding_window=None)
+    want = TorchPagedAttention().forward(layer, q, k, v, cache.clone(), TorchPagedAttention().build_metadata(md))
+    backend = TritonPagedAttention()
+    meta = backend.build_metadata(md)
+    table, req, pos = meta.tensors(q.device)
+    meta._tensors[q.device] = (table, req, torch.full_like(pos, 0))  # every token sees only key 0
+    got = backend.forward(layer, q, k, v, cache.clone(), meta)
+    assert not torch.allclose(got, want, atol=1e-3)
+
+
+def test_engine_greedy_equals_hf(tiny_models):
+    """A whole engine on attention_backend="triton" (the interpreter on the CPU): a batch of prompts, chunked
+    prefill and decode steps, greedy tokens equal to HF transformers float32."""
+    from transformers import AutoModelForCausalLM
+
+    from pagemill import LLM, SamplingParams
+    from tests.conftest import SMOL_PROMPTS, hf_greedy
+
+    path = tiny_models["llama"]
+    llm = LLM(path, attention_backend="triton", kv_cache_memory="16MiB", max_model_len=256,
+              max_num_batched_tokens=16, enable_prefix_caching=False)
+    assert llm.llm_engine.engine_core.executor.model_runner.backend.name == "triton"
+    prompts = SMOL_PROMPTS[:3]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    for prompt, out in zip(prompts, outs):
+        assert list(out.outputs[0].token_ids) == hf_greedy(hf, list(out.prompt_token_ids), 6)
