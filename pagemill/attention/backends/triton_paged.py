@@ -23,44 +23,21 @@ except ImportError:  # the backend is then unavailable: the selector falls back,
     triton = tl = None
 
 
-def _patch_interpreter_scalars() -> None:
-    """Triton 3.6's interpreter turns a scalar into an int with `int(array)`, which numpy >= 2.4 refuses for its
-    one-element arrays (so loops bounded by a loaded value fail); convert with `.item()` instead."""
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-    if getattr(original, "_pagemill_scalars", False):
-        return
-
-    def patched(tensor, scope) -> None:
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._pagemill_scalars = True
-    interpreter._patch_lang_tensor = patched
-
-
 if triton is not None and os.environ.get("TRITON_INTERPRET") == "1":
-    _patch_interpreter_scalars()
+    from pagemill.utils.triton_interpreter import patch_interpreter_scalars
+
+    patch_interpreter_scalars()
 
 from pagemill.attention.backend import AttentionBackend, AttentionCapabilities
 from pagemill.attention.metadata import CommonAttentionMetadata
 
 if triton is not None:
-
-    @triton.jit
-    def _round_to_bf16_grid(x):
-        """float32 x rounded to the nearest bfloat16 value, ties to even (still float32): the cast after it is exact,
-        compiled or interpreted (the interpreter's own cast truncates)."""
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
+    from pagemill.kernels.triton_common import cast_rne
 
     @triton.jit
     def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                          stride_kt, stride_kh, stride_vt, stride_vh, stride_cb, stride_cs, stride_ch,
-                         BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                         ROUND_BF16: tl.constexpr):
+                         BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr):
         """Token t's K and V of KV head h into their slot of the paged cache (cast to the cache's dtype)."""
         t = tl.program_id(0)
         h = tl.program_id(1)
@@ -70,11 +47,8 @@ if triton is not None:
         dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + h * stride_ch + d
         k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=dmask)
         v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=dmask)
-        if ROUND_BF16:
-            k = _round_to_bf16_grid(k.to(tl.float32))
-            v = _round_to_bf16_grid(v.to(tl.float32))
-        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=dmask)
-        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=dmask)
+        tl.store(k_cache_ptr + dst, cast_rne(k.to(tl.float32), k_cache_ptr.dtype.element_ty), mask=dmask)
+        tl.store(v_cache_ptr + dst, cast_rne(v.to(tl.float32), v_cache_ptr.dtype.element_ty), mask=dmask)
 
     @triton.jit
     def _paged_attention_kernel(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, token_req_ptr,
@@ -120,7 +94,7 @@ if triton is not None:
             m_i = m_new
         out = acc / l_i[:, None]
         tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=qmask)
+                 cast_rne(out, out_ptr.dtype.element_ty), mask=qmask)
 
 
 def _pad(n: int, least: int = 16) -> int:
@@ -185,8 +159,7 @@ class TritonPagedAttention(AttentionBackend):
             k, v, k_cache, v_cache, md.slot_mapping.to(q.device),
             k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=d_pad,
-            ROUND_BF16=k_cache.dtype == torch.bfloat16 and k.dtype != torch.bfloat16)
+            BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=d_pad)
         gqa = q.shape[1] // num_kv_heads
         _paged_attention_kernel[(n, num_kv_heads)](
             out, q, k_cache, v_cache, block_table, token_req, token_pos, float(layer.scale),

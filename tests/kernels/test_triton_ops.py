@@ -1,0 +1,66 @@
+"""The Triton layer ops under Triton's interpreter against TorchLayerOps (HF's math): RMSNorm with and without the
+residual add, SiLU- and GELU(tanh)-and-mul, float32 and half inputs, odd widths, several rows."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on the CPU
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from pagemill.kernels.ops import TorchLayerOps  # noqa: E402
+from pagemill.kernels.triton_ops import TritonLayerOps  # noqa: E402
+
+REF = TorchLayerOps()
+
+
+@pytest.fixture(autouse=True)
+def _every_kernel_variant():
+    """(Overrides the directory's per-ISA parametrisation, if any: these kernels are Triton's.)"""
+    yield
+
+
+@pytest.fixture(scope="module")
+def tri() -> TritonLayerOps:
+    return TritonLayerOps()
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    tol = 1e-5 if want.dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("width", [64, 576, 1000])
+@pytest.mark.parametrize("dtype,out_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                             (torch.float16, torch.float32)])
+def test_rms_norm(tri, width, dtype, out_dtype):
+    gen = torch.Generator().manual_seed(width)
+    x = (torch.randn(2, 3, width, generator=gen) * 3).to(dtype)
+    w = torch.randn(width, generator=gen)
+    _close(tri.rms_norm(x, w, 1e-6, out_dtype), REF.rms_norm(x, w, 1e-6, out_dtype))
+    residual = torch.randn(2, 3, width, generator=gen).to(dtype)
+    got, got_res = tri.fused_add_rms_norm(x, residual, w, 1e-5, out_dtype)
+    want, want_res = REF.fused_add_rms_norm(x, residual, w, 1e-5, out_dtype)
+    _close(got, want)
+    _close(got_res, want_res)
+
+
+@pytest.mark.parametrize("width", [8, 1536, 2500])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_activations(tri, width, dtype):
+    gen = torch.Generator().manual_seed(width + 1)
+    x = (torch.randn(5, 2 * width, generator=gen) * 4).to(dtype)
+    _close(tri.silu_and_mul(x, dtype), REF.silu_and_mul(x, dtype))
+    _close(tri.gelu_tanh_and_mul(x, torch.float32), REF.gelu_tanh_and_mul(x, torch.float32))
+
+
+def test_the_check_can_fail(tri):
+    """GELU and SiLU differ: comparing one against the other's reference fails."""
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(AssertionError):
+        _close(tri.gelu_tanh_and_mul(x, torch.float32), REF.silu_and_mul(x, torch.float32))
