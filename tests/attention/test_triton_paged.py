@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on the CPU
+# TRITON_INTERPRET=0 on a machine with a GPU compiles them and runs the same checks on it (the reference stays on
+# the CPU: it indexes with numpy-made tensors)
 
 from types import SimpleNamespace  # noqa: E402
 
@@ -19,6 +21,16 @@ pytest.importorskip("triton")
 from pagemill.attention.backends.torch_paged import TorchPagedAttention  # noqa: E402
 from pagemill.attention.backends.triton_paged import TritonPagedAttention  # noqa: E402
 from pagemill.attention.metadata import CommonAttentionMetadata  # noqa: E402
+
+DEVICE = "cuda" if os.environ["TRITON_INTERPRET"] == "0" and torch.cuda.is_available() else "cpu"
+
+
+def _run_triton(layer, q, k, v, cache, md, metadata=None):
+    """The Triton backend's output and cache, computed on DEVICE and brought back to the CPU."""
+    backend = TritonPagedAttention()
+    dq, dk, dv, dcache = (t.to(DEVICE) for t in (q, k, v, cache))
+    out = backend.forward(layer, dq, dk, dv, dcache, metadata or backend.build_metadata(md))
+    return out.cpu(), dcache.cpu()
 
 
 
@@ -65,10 +77,9 @@ def test_matches_the_torch_reference(block_size, num_kv_heads, gqa, head_dim, wi
                                                            head_dim), generator=gen)  # the cached context
     layer = SimpleNamespace(num_kv_heads=num_kv_heads, head_dim=head_dim, scale=head_dim ** -0.5,
                             sliding_window=window)
-    ref_cache, tri_cache = cache.clone(), cache.clone()
+    ref_cache = cache.clone()
     want = TorchPagedAttention().forward(layer, q, k, v, ref_cache, TorchPagedAttention().build_metadata(md))
-    backend = TritonPagedAttention()
-    got = backend.forward(layer, q, k, v, tri_cache, backend.build_metadata(md))
+    got, tri_cache = _run_triton(layer, q, k, v, cache, md)
     torch.testing.assert_close(tri_cache, ref_cache, rtol=0, atol=0)  # the new K/V, in their slots
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -82,10 +93,9 @@ def test_reduced_precision_cache(cache_dtype):
     q, k, v = (torch.randn(t, h, 64, generator=gen) for h in (8, 2, 2))
     cache = torch.randn(TorchPagedAttention.kv_cache_shape(24, 16, 2, 64), generator=gen).to(cache_dtype)
     layer = SimpleNamespace(num_kv_heads=2, head_dim=64, scale=0.125, sliding_window=None)
-    ref_cache, tri_cache = cache.clone(), cache.clone()
+    ref_cache = cache.clone()
     want = TorchPagedAttention().forward(layer, q, k, v, ref_cache, TorchPagedAttention().build_metadata(md))
-    backend = TritonPagedAttention()
-    got = backend.forward(layer, q, k, v, tri_cache, backend.build_metadata(md))
+    got, tri_cache = _run_triton(layer, q, k, v, cache, md)
     torch.testing.assert_close(tri_cache, ref_cache, rtol=0, atol=0)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -99,14 +109,15 @@ def test_a_wrong_kernel_is_caught():
     cache = torch.randn(TorchPagedAttention.kv_cache_shape(24, 16, 2, 64), generator=gen)
     layer = SimpleNamespace(num_kv_heads=2, head_dim=64, scale=0.125, sliding_window=None)
     want = TorchPagedAttention().forward(layer, q, k, v, cache.clone(), TorchPagedAttention().build_metadata(md))
-    backend = TritonPagedAttention()
-    meta = backend.build_metadata(md)
-    table, req, pos = meta.tensors(q.device)
-    meta._tensors[q.device] = (table, req, torch.full_like(pos, 0))  # every token sees only key 0
-    got = backend.forward(layer, q, k, v, cache.clone(), meta)
+    meta = TritonPagedAttention().build_metadata(md)
+    device = torch.device(DEVICE)
+    table, req, pos = meta.tensors(device)
+    meta._tensors[device] = (table, req, torch.full_like(pos, 0))  # every token sees only key 0
+    got, _ = _run_triton(layer, q, k, v, cache, md, meta)
     assert not torch.allclose(got, want, atol=1e-3)
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="the engine runs Triton on the CPU platform only (the interpreter)")
 def test_engine_greedy_equals_hf(tiny_models):
     """A whole engine on attention_backend="triton" (the interpreter on the CPU): a batch of prompts, chunked
     prefill and decode steps, greedy tokens equal to HF transformers float32."""

@@ -16,6 +16,7 @@ from pagemill.kernels.ops import TorchLayerOps  # noqa: E402
 from pagemill.kernels.triton_ops import TritonLayerOps  # noqa: E402
 
 REF = TorchLayerOps()
+DEVICE = "cuda" if os.environ["TRITON_INTERPRET"] == "0" and torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +30,13 @@ def tri() -> TritonLayerOps:
     return TritonLayerOps()
 
 
+def _on(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The inputs on the device the Triton kernels run on (TRITON_INTERPRET=0 with a GPU: compiled there)."""
+    return [t.to(DEVICE) for t in tensors]
+
+
 def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    got = got.cpu()
     assert got.dtype == want.dtype and got.shape == want.shape
     tol = 1e-5 if want.dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
@@ -42,9 +49,9 @@ def test_rms_norm(tri, width, dtype, out_dtype):
     gen = torch.Generator().manual_seed(width)
     x = (torch.randn(2, 3, width, generator=gen) * 3).to(dtype)
     w = torch.randn(width, generator=gen)
-    _close(tri.rms_norm(x, w, 1e-6, out_dtype), REF.rms_norm(x, w, 1e-6, out_dtype))
+    _close(tri.rms_norm(*_on(x, w), 1e-6, out_dtype), REF.rms_norm(x, w, 1e-6, out_dtype))
     residual = torch.randn(2, 3, width, generator=gen).to(dtype)
-    got, got_res = tri.fused_add_rms_norm(x, residual, w, 1e-5, out_dtype)
+    got, got_res = tri.fused_add_rms_norm(*_on(x, residual, w), 1e-5, out_dtype)
     want, want_res = REF.fused_add_rms_norm(x, residual, w, 1e-5, out_dtype)
     _close(got, want)
     _close(got_res, want_res)
@@ -55,12 +62,12 @@ def test_rms_norm(tri, width, dtype, out_dtype):
 def test_gated_activations(tri, width, dtype):
     gen = torch.Generator().manual_seed(width + 1)
     x = (torch.randn(5, 2 * width, generator=gen) * 4).to(dtype)
-    _close(tri.silu_and_mul(x, dtype), REF.silu_and_mul(x, dtype))
-    _close(tri.gelu_tanh_and_mul(x, torch.float32), REF.gelu_tanh_and_mul(x, torch.float32))
+    _close(tri.silu_and_mul(x.to(DEVICE), dtype), REF.silu_and_mul(x, dtype))
+    _close(tri.gelu_tanh_and_mul(x.to(DEVICE), torch.float32), REF.gelu_tanh_and_mul(x, torch.float32))
 
 
 def test_the_check_can_fail(tri):
     """GELU and SiLU differ: comparing one against the other's reference fails."""
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
     with pytest.raises(AssertionError):
-        _close(tri.gelu_tanh_and_mul(x, torch.float32), REF.silu_and_mul(x, torch.float32))
+        _close(tri.gelu_tanh_and_mul(x.to(DEVICE), torch.float32), REF.silu_and_mul(x, torch.float32))
