@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 import pagemill
 from pagemill.engine.async_llm import AsyncLLM
 from pagemill.engine.core_client import EngineDeadError
+from pagemill.entrypoints.anthropic.serving_messages import MESSAGES_PATHS, add_messages_routes, anthropic_error
 from pagemill.entrypoints.chat_utils import ChatRenderer, ChatTemplateError, load_chat_template
 from pagemill.entrypoints.openai.cancellation import with_cancellation
 from pagemill.entrypoints.openai.errors import OpenAIError, error_body, from_validation_error
@@ -50,7 +51,8 @@ OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/ping"})
 
 
 class APIKeyMiddleware:
-    """Answers 401 unless `Authorization: Bearer <key>` matches one of the keys (pure ASGI, stream-safe)."""
+    """Answers 401 unless `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) matches one of the keys
+    (pure ASGI, stream-safe)."""
 
     def __init__(self, app: ASGIApp, api_keys: list[str]) -> None:
         self.app = app
@@ -60,7 +62,10 @@ class APIKeyMiddleware:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization", b"")
+        headers = dict(scope["headers"])
+        given = headers.get(b"authorization", b"")
+        if not given and b"x-api-key" in headers:  # Anthropic's clients send the key this way
+            given = b"Bearer " + headers[b"x-api-key"]
         if any(hmac.compare_digest(given, t) for t in self.tokens):
             await self.app(scope, receive, send)
             return
@@ -78,8 +83,11 @@ def _register_error_handlers(app: FastAPI) -> None:
         return OpenAIError(exc.message, 400, exc.param).response()
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return from_validation_error(exc).response()
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        error = from_validation_error(exc)
+        if request.url.path in MESSAGES_PATHS:  # Anthropic's clients read Anthropic's error shape
+            return anthropic_error(error.message, error.status)
+        return error.response()
 
     @app.exception_handler(EngineDeadError)
     async def engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
@@ -204,6 +212,8 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
 
     add_pooling_routes(app, engine, models, prompts)
     add_responses_routes(app, engine, models, prompts)
+    if generates:
+        add_messages_routes(app, chat)
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> JSONResponse:

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from pagemill.entrypoints.anthropic.protocol import AnthropicErrorResponse
 from pagemill.entrypoints.openai.protocol import INT64_MAX, INT64_MIN, ErrorResponse
 
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
@@ -19,10 +20,14 @@ _DESCRIPTIONS = {400: "Bad request: the error's `param` names the field at fault
                  500: "The engine is not running.",
                  503: "The server is shutting down and the request did not finish in time."}
 # Paths whose POST may answer a stream of server-sent events (`"stream": true`).
-STREAMED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+STREAMED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+# Paths that answer errors in Anthropic's shape (the Messages API).
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+_ANTHROPIC_ERROR_REF = {"$ref": "#/components/schemas/AnthropicErrorResponse"}
 # Paths that resolve a `model` field (404 for an unknown one).
 MODEL_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/pooling", "/score", "/v1/score",
-               "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize", "/v1/responses")
+               "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize", "/v1/responses", "/v1/messages",
+               "/v1/messages/count_tokens")
 
 
 # One server-sent event of a streamed response (`"stream": true`), as the event's fields.
@@ -48,8 +53,9 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorResponse, "description": _DESCRIPTIONS[code]} for code in codes}
 
 
-def _error(code: int) -> dict[str, Any]:
-    return {"description": _DESCRIPTIONS[code], "content": {"application/json": {"schema": _ERROR_REF}}}
+def _error(code: int, anthropic: bool = False) -> dict[str, Any]:
+    schema = _ANTHROPIC_ERROR_REF if anthropic else _ERROR_REF
+    return {"description": _DESCRIPTIONS[code], "content": {"application/json": {"schema": schema}}}
 
 
 def _bound_integers(node: Any) -> None:
@@ -73,6 +79,9 @@ def truthful_openapi(app: FastAPI, open_paths: frozenset[str]) -> dict[str, Any]
     error_schema = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
     schemas.update(error_schema.pop("$defs", {}))
     schemas["ErrorResponse"] = error_schema
+    anthropic_schema = AnthropicErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas.update(anthropic_schema.pop("$defs", {}))
+    schemas["AnthropicErrorResponse"] = anthropic_schema
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
     _bound_integers(schemas)
@@ -96,7 +105,7 @@ def truthful_openapi(app: FastAPI, open_paths: frozenset[str]) -> dict[str, Any]
                 ok["content"] = {"text/plain": {"schema": {"type": "string",
                                                            "description": "Prometheus text format."}}}
             for code in sorted(codes):
-                responses.setdefault(str(code), _error(code))
+                responses.setdefault(str(code), _error(code, path in ANTHROPIC_PATHS))
     return spec
 
 
