@@ -37,7 +37,7 @@ class CpuPlatform(Platform):
     attention_backends: ClassVar[dict[str, str]] = {"cpu": CPU_PAGED, "torch": TORCH_PAGED, "triton": TRITON_PAGED}
     auto_attention_backends = ("cpu", "torch")  # the compiled kernel when it builds, else the torch reference
     supported_quantization = ("none", "gguf", "int8", "int4")
-    model_runner_factory = "pagemill.worker.pooling_runner.make_model_runner"
+    worker_cls = "pagemill.worker.cpu_worker.CpuWorker"
     device_communicator = "pagemill.distributed.shm_communicator.create_shm_communicator"
 
     def get_attn_backend_cls(self, selected: str, batch_invariant: bool, kv_cache_layout: str) -> list[str]:

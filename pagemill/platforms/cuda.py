@@ -3,8 +3,9 @@
 What it will provide: the model and KV cache on one NVIDIA GPU (torch device "cuda"), bfloat16 by default, NCCL
 between ranks (with a custom all-reduce for a node's GPUs), attention backends for paged KV on the GPU (Triton
 kernels tested against the torch reference), the KV cache sized as `gpu_memory_utilization` of the device memory left
-after loading the model (`kv_cache_memory` still wins when given), and its own model runner (CUDA graphs). Until
-then, selecting it raises an error saying so.
+after loading the model (`kv_cache_memory` still wins when given), and its own worker (`worker_cls`, meeting
+tests/worker/test_worker_contract.py) and model runner (CUDA graphs). Until then, selecting it raises an error
+saying so.
 """
 
 from __future__ import annotations

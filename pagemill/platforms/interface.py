@@ -1,7 +1,7 @@
 """The Platform interface: what differs between the devices pagemill runs on, in one place (vLLM's `Platform`).
 
 A platform states its device facts (torch device, default dtype, distributed backend, quantization methods), names
-the classes that run on it (model runner, attention backends, device communicator) by import path so that it imports
+the classes that run on it (worker, attention backends, device communicator) by import path so that it imports
 nothing above it, sizes the KV cache, and sets up the process and its threads.
 """
 
@@ -38,8 +38,8 @@ class Platform:
     auto_attention_backends: ClassVar[tuple[str, ...]]
     # resolved ModelConfig.quantization values this device's linear methods run
     supported_quantization: ClassVar[tuple[str, ...]]
-    # (config, parallel=None) -> the model runner for the engine's model
-    model_runner_factory: ClassVar[str]
+    # the worker class (worker.worker_base.WorkerBase) one rank runs; it picks the model runner for the model
+    worker_cls: ClassVar[str]
     # (group, rank, world_size, timeout_s) -> the fast collectives of a tensor-parallel group, or None
     device_communicator: ClassVar[str]
 

@@ -51,7 +51,7 @@ class DraftModelProposer:
                     self.num_layers or "all", "the target's" if self.shares_target_kv else "its own")
 
     def _load(self, model: str, runner: Any) -> torch.nn.Module:
-        """Load a separate draft model and give its attention layers KV tensors indexed by the target's block ids."""
+        """Load a separate draft model (its KV tensors come with `initialize_kv_cache`)."""
         mc = runner.config.model_config
         # resolved with the engine's configuration (engine/arg_utils.py): its dtype and context length
         draft_config = runner.config.speculative_config.draft_model_config
@@ -62,21 +62,29 @@ class DraftModelProposer:
             raise ValueError(f"speculative_config.model {model!r} has a vocabulary of "
                              f"{draft_config.hf_config.vocab_size} tokens, the target {mc.hf_config.vocab_size}: the "
                              "draft model must share the target's tokenizer.")
-        if len(runner.kv_cache_config.group_windows) != 1:
+        if len(runner.kv_groups) != 1:
             raise ValueError("speculative_config.model: a separate draft model needs a target with one KV cache group "
                              "(no sliding-window layers); use draft_num_layers for this target.")
         draft = load_model(draft_config, runner.ops, runner.backend)
-        layers = draft.attention_layers()
-        if any(layer.sliding_window is not None for layer in layers):
+        if any(layer.sliding_window is not None for layer in draft.attention_layers()):
             raise ValueError(f"speculative_config.model {model!r} has sliding-window layers, which a draft model "
                              "may not have.")
-        shape = runner.backend.kv_cache_shape(runner.num_blocks, runner.block_size, draft_config.num_kv_heads,
+        return draft
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """A separate draft model's KV tensors, `num_blocks` blocks indexed by the target's block ids (registered
+        with the runner, so that copy-on-write copies apply to them too); the target's own when it shares them."""
+        if self.shares_target_kv:
+            return
+        runner = self.runner
+        draft_config = runner.config.speculative_config.draft_model_config
+        layers = self.model.attention_layers()
+        shape = runner.backend.kv_cache_shape(num_blocks, runner.block_size, draft_config.num_kv_heads,
                                               draft_config.head_dim)
         cache = lazy_zeros((len(layers), *shape), runner.kv_dtype)
         for layer, layer_cache in zip(layers, cache.unbind(0)):
             layer.kv_cache, layer.kv_cache_group = layer_cache, 0
         runner.extra_kv_caches.append(cache)
-        return draft
 
     def remove_request(self, req_id: str, finished: bool) -> None:
         """Forget the request's draft KV progress (after preemption its blocks are new: recompute from the start)."""

@@ -1,9 +1,11 @@
 """Executors: what runs the model for the engine core, behind one interface (vLLM's `Executor`): one worker in
 the engine's own process (`uni`), one worker process per tensor / pipeline rank (`mp`), or one Ray actor per rank
-(`ray`, across the nodes of a Ray cluster)."""
+(`ray`, across the nodes of a Ray cluster). Each reaches its workers through `collective_rpc` and starts them the same
+way (`_init_workers`: the worker lifecycle of worker_base.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,9 +18,18 @@ from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.lora.request import LoRARequest
-from pagemill.platforms import current_platform
-from pagemill.utils.import_utils import resolve_obj_by_qualname
 from pagemill.worker.step_queue import InFlightSteps, StepFuture
+from pagemill.worker.worker_base import WorkerBase, worker_class
+
+
+def merge_kv_cache_configs(configs: list[KVCacheConfig]) -> KVCacheConfig:
+    """The KV cache the engine schedules over, from every rank's: every rank indexes the same block ids, so the
+    fewest blocks (and swap blocks)."""
+    if len({c.group_windows for c in configs}) > 1:
+        raise ValueError("pipeline_parallel_size: the stages' layers fall into different KV cache groups "
+                         "(sliding-window layers); this model does not split into these stages.")
+    return dataclasses.replace(configs[0], num_blocks=min(c.num_blocks for c in configs),
+                               num_swap_blocks=min(c.num_swap_blocks for c in configs))
 
 
 class Executor(ABC):
@@ -31,6 +42,20 @@ class Executor(ABC):
     def max_concurrent_batches(self) -> int:
         """How many steps may be in flight at once: the engine core keeps a batch queue when more than one."""
         return 1
+
+    @abstractmethod
+    def collective_rpc(self, method: str, args: tuple = (), timeout: float | None = None) -> list[Any]:
+        """worker.method(*args) on every worker, results in rank order (vLLM's `collective_rpc`); `timeout`: seconds
+        to wait for all of them (None: no limit)."""
+
+    def _init_workers(self, timeout: float | None = None) -> KVCacheConfig:
+        """Start every worker through the lifecycle, in the same order whatever the executor: set up the device, load
+        the model, size the KV cache (the fewest blocks over ranks, so that every rank indexes the same ids) and
+        allocate it; returns the KV cache the engine core schedules over."""
+        self.collective_rpc("init_device", timeout=timeout)
+        self.collective_rpc("load_model", timeout=timeout)
+        num_blocks = min(self.collective_rpc("determine_num_available_blocks", timeout=timeout))
+        return merge_kv_cache_configs(self.collective_rpc("initialize_cache", (num_blocks,), timeout=timeout))
 
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput,
@@ -83,46 +108,48 @@ class UniProcExecutor(Executor):
     """A single worker in the engine core's own process."""
 
     def __init__(self, config: EngineConfig) -> None:
-        # the platform's runner factory: generate, or a pooling model's runner
-        self.model_runner = resolve_obj_by_qualname(current_platform.model_runner_factory)(config)
+        self.driver_worker: WorkerBase = worker_class()(config)  # the platform's worker
+        self.kv_cache_config = self._init_workers()
 
     @property
-    def kv_cache_config(self) -> KVCacheConfig:
-        """The KV cache the worker allocated (blocks, swap blocks, block size)."""
-        return self.model_runner.kv_cache_config
+    def model_runner(self) -> Any:
+        """The worker's model runner (tests and benchmarks inspect it)."""
+        return self.driver_worker.model_runner
+
+    def collective_rpc(self, method: str, args: tuple = (), timeout: float | None = None) -> list[Any]:
+        """worker.method(*args) on the one worker."""
+        return [getattr(self.driver_worker, method)(*args)]
 
     def apply_model(self, func: Callable[[nn.Module], Any]) -> list[Any]:
         """func(model) on each worker's model, results in worker order."""
-        return [func(self.model_runner.model)]
+        return [self.driver_worker.apply_model(func)]
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """Load an adapter on every worker; True if it was not loaded yet."""
-        return self.model_runner.lora_manager.add_adapter(lora_request)
+        return self.driver_worker.add_lora(lora_request)
 
     def remove_lora(self, lora_id: int) -> bool:
         """Unload an adapter from every worker."""
-        return self.model_runner.lora_manager.remove_adapter(lora_id)
+        return self.driver_worker.remove_lora(lora_id)
 
     def pin_lora(self, lora_id: int) -> bool:
         """Pin an adapter on every worker."""
-        return self.model_runner.lora_manager.pin_adapter(lora_id)
+        return self.driver_worker.pin_lora(lora_id)
 
     def list_loras(self) -> list[int]:
         """Ids of the adapters loaded (on the first worker)."""
-        return self.model_runner.lora_manager.list_adapters()
+        return self.driver_worker.list_loras()
 
     def execute_model(self, scheduler_output: SchedulerOutput,
                       non_block: bool = False) -> ModelRunnerOutput | StepFuture:
         """Run one step on the worker; the runner's section timings come back in the output (with `non_block`: a
         future that is already done)."""
-        out = self.model_runner.execute_model(scheduler_output)
+        out = self.driver_worker.execute_model(scheduler_output)
         return StepFuture.completed(out) if non_block else out
 
     def shutdown(self) -> None:
-        """Release the runner's KV connector (its sockets and threads), if it has one."""
-        connector = getattr(self.model_runner, "kv_connector", None)
-        if connector is not None:
-            connector.shutdown()
+        """Release what the worker holds beyond memory (a KV connector's sockets and threads)."""
+        self.driver_worker.shutdown()
 
 
 class ResolvedGrammar:
@@ -149,6 +176,10 @@ class WorkerGroupExecutor(Executor):
     def max_concurrent_batches(self) -> int:
         """One micro-batch per pipeline stage (vLLM)."""
         return self.pipeline_parallel_size
+
+    def apply_model(self, func: Callable[[nn.Module], Any]) -> list[Any]:
+        """func(model) on every rank's model (func must pickle: a module-level function), in rank order."""
+        return self.collective_rpc("apply_model", (func,))
 
     @abstractmethod
     def _send_step(self, scheduler_output: SchedulerOutput,

@@ -27,12 +27,11 @@ from pagemill.loader.model_loader import load_model
 from pagemill.lora.layers import LoRAMapping
 from pagemill.lora.model_manager import LoRAModelManager
 from pagemill.messages import LogprobsLists
-from pagemill.platforms import current_platform
 from pagemill.sample.metadata import SamplingMetadata
 from pagemill.sample.rejection_sampler import rejection_sample
 from pagemill.sample.sampler import Sampler, gather_logprobs
 from pagemill.spec_decode.select import make_proposer
-from pagemill.utils.memory import keep_step_buffers_mapped, lazy_zeros
+from pagemill.utils.memory import lazy_zeros
 from pagemill.worker.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
@@ -55,17 +54,30 @@ class StepInputs:
 
 
 class ModelRunner:
-    """Owns the model, the paged KV cache and the persistent input batch."""
+    """Owns the model, the paged KV cache and the persistent input batch: a step in, sampled tokens out.
+
+    Built in the worker's steps (worker/cpu_worker.py): __init__ (attention backend, layer ops), `load_model`,
+    `kv_block_bytes` / `cap_num_blocks` (the worker sizes the cache), `initialize_kv_cache(num_blocks)`."""
 
     def __init__(self, config: EngineConfig, parallel: ParallelContext | None = None) -> None:
         self.config = config
         self.parallel = parallel or ParallelContext()  # this worker's tensor / pipeline ranks
         mc, cc = config.model_config, config.cache_config
-        current_platform.init_threads(config.num_threads)
         self.backend = get_attn_backend(config.attention_backend, config.batch_invariant,
                                         config.cache_config.kv_cache_layout)
         # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.
-        self.ops = ops = select_layer_ops(use_kernels=self.backend.name != "torch")
+        self.ops = select_layer_ops(use_kernels=self.backend.name != "torch")
+        self.vocab_size = mc.hf_config.vocab_size
+        self.block_size = cc.block_size
+        self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)
+        if self.kv_dtype not in self.backend.capabilities.kv_cache_dtypes:
+            raise ValueError(f"kv_cache_dtype {self.kv_dtype} is not supported by the {self.backend.name} backend.")
+        self.profiler = StepTimer(config.profile)  # its timings go back in ModelRunnerOutput.timings
+
+    def load_model(self) -> None:
+        """Load the model (this rank's share), wrap it for batch invariance and LoRA, group its KV layers."""
+        config, ops = self.config, self.ops
+        mc = config.model_config
         self.model = load_model(mc, ops, self.backend, self.parallel)
         if config.batch_invariant:
             logger.info("Batch-invariant mode: %d linear layers on fixed-order kernels",
@@ -73,18 +85,44 @@ class ModelRunner:
         # LoRA: the model's linears wrapped with stacked adapter slots (before a draft model shares the layers).
         self.lora_manager = (LoRAModelManager(self.model, config.lora_config, ops)
                              if config.lora_config else None)
-        self.vocab_size = mc.hf_config.vocab_size
-        self.block_size = cc.block_size
-        self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)
-        if self.kv_dtype not in self.backend.capabilities.kv_cache_dtypes:
-            raise ValueError(f"kv_cache_dtype {self.kv_dtype} is not supported by the {self.backend.name} backend.")
         layers = self.model.attention_layers()
         self.num_kv_heads = layers[0].num_kv_heads  # this rank's share (tensor parallelism)
-        groups = kv_cache_groups([layer.sliding_window for layer in layers], mc.max_model_len)
+        self.kv_groups = kv_cache_groups([layer.sliding_window for layer in layers], mc.max_model_len)
         # Layers per group: one KV tensor per position in a group serves one layer of every group.
-        self.group_size = max(len(ids) for _, ids in groups)
-        self.num_blocks = self._num_blocks()
-        shape = self.backend.kv_cache_shape(self.num_blocks, cc.block_size, self.num_kv_heads, mc.head_dim)
+        self.group_size = max(len(ids) for _, ids in self.kv_groups)
+        if config.kv_transfer_config is not None and len(self.kv_groups) != 1:
+            raise ValueError("kv_transfer_config: KV connectors move models with one KV cache group (no "
+                             "sliding-window layers) yet.")
+        # Speculative decoding: what proposes the next step's draft tokens (None: no speculation); a draft model is
+        # loaded here, its KV tensors come with the target's (initialize_kv_cache).
+        self.proposer = make_proposer(config.speculative_config, self) if config.speculative_config else None
+        self.sampler = Sampler(ops.kernels)
+        self.head_screen = None
+        if config.greedy_head_screen:
+            self.head_screen = GreedyHeadScreen.for_head(getattr(self.model, "lm_head", None),
+                                                        getattr(ops, "kernels", None))
+            if self.head_screen is not None:
+                logger.info("Greedy head screen: int8 copy of the LM head, %.1f MiB",
+                            self.head_screen.nbytes / 2**20)
+
+    def kv_block_bytes(self) -> int:
+        """Bytes of one KV block over every layer position (K and V): what the worker divides its KV memory by."""
+        mc = self.config.model_config
+        elem = torch.tensor([], dtype=self.kv_dtype).element_size()
+        return self.group_size * 2 * self.block_size * self.num_kv_heads * mc.head_dim * elem
+
+    def cap_num_blocks(self, num_blocks: int) -> int:
+        """The most of `num_blocks` this runner's KV layout can hold (the paged layout: all of them)."""
+        return num_blocks
+
+    def initialize_kv_cache(self, num_blocks: int) -> KVCacheConfig:
+        """Allocate `num_blocks` KV blocks (and the swap space, a draft model's KV), bind them to the layers, build the
+        input batch and the KV connector's worker side; returns what the engine core schedules over."""
+        config = self.config
+        mc, cc = config.model_config, config.cache_config
+        groups = self.kv_groups
+        self.num_blocks = num_blocks
+        shape = self.backend.kv_cache_shape(num_blocks, cc.block_size, self.num_kv_heads, mc.head_dim)
         # One allocation for all layers, so a copy-on-write of blocks is one indexed copy for every layer.
         self.kv_cache = self._allocate_kv_cache((self.group_size, *shape))
         self.kv_caches = list(self.kv_cache.unbind(0))
@@ -96,12 +134,13 @@ class ModelRunner:
         swap_shape = (self.group_size, 2, num_swap_blocks, *shape[2:])
         self.swap_cache = torch.empty(swap_shape, dtype=self.kv_dtype) if num_swap_blocks else None
         # What the engine core builds the scheduler from (the config stays read-only).
-        self.kv_cache_config = KVCacheConfig(self.num_blocks, cc.block_size, num_swap_blocks,
+        self.kv_cache_config = KVCacheConfig(num_blocks, cc.block_size, num_swap_blocks,
                                              tuple(w for w, _ in groups), block_bytes=per_block)
         logger.info("KV cache: %d blocks of %d tokens x %d layers in %d groups (windows %s) = %d tokens (%.2f GiB), "
                     "%d swap blocks", self.kv_cache_config.usable_blocks, cc.block_size, self.group_size,
                     len(groups), self.kv_cache_config.group_windows, self.kv_cache_config.usable_tokens,
-                    self.num_blocks * per_block / 2**30, num_swap_blocks)
+                    num_blocks * per_block / 2**30, num_swap_blocks)
+        layers = self.model.attention_layers()
         for g, (_, layer_ids) in enumerate(groups):
             for pos, i in enumerate(layer_ids):
                 layers[i].kv_cache, layers[i].kv_cache_group = self.kv_caches[pos], g
@@ -109,38 +148,17 @@ class ModelRunner:
 
         self.input_batch = InputBatch(config.scheduler_config.max_num_seqs, mc.max_model_len, cc.block_size,
                                       len(groups))
-        self.sampler = Sampler(ops.kernels)
-        self.head_screen = None
-        if config.greedy_head_screen:
-            self.head_screen = GreedyHeadScreen.for_head(getattr(self.model, "lm_head", None),
-                                                        getattr(ops, "kernels", None))
-            if self.head_screen is not None:
-                logger.info("Greedy head screen: int8 copy of the LM head, %.1f MiB",
-                            self.head_screen.nbytes / 2**20)
-        self.profiler = StepTimer(config.profile)  # its timings go back in ModelRunnerOutput.timings
-        # Speculative decoding: what proposes the next step's draft tokens (None: no speculation).
-        self.proposer = make_proposer(config.speculative_config, self) if config.speculative_config else None
+        if hasattr(self.proposer, "initialize_kv_cache"):  # a draft model: its KV indexed by the same block ids
+            self.proposer.initialize_kv_cache(num_blocks)
         # The worker side of a KV connector: loads external KV before the forward, saves computed KV after it.
-        if config.kv_transfer_config is not None and len(groups) != 1:
-            raise ValueError("kv_transfer_config: KV connectors move models with one KV cache group (no "
-                             "sliding-window layers) yet.")
         self.kv_connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER)
         if self.kv_connector is not None:
             self.kv_connector.register_kv_caches(self.kv_cache)
-        keep_step_buffers_mapped()  # from here on (loading's one-off temporaries keep glibc's defaults)
+        return self.kv_cache_config
 
     def _allocate_kv_cache(self, shape: tuple[int, ...]) -> torch.Tensor:
         """The KV tensor of every layer position, [group_size, *backend shape] (committed page by page)."""
         return lazy_zeros(shape, self.kv_dtype)
-
-    def _num_blocks(self) -> int:
-        mc, cc = self.config.model_config, self.config.cache_config
-        if cc.num_gpu_blocks_override:
-            return cc.num_gpu_blocks_override
-        elem = torch.tensor([], dtype=self.kv_dtype).element_size()
-        per_block = self.group_size * 2 * cc.block_size * self.num_kv_heads * mc.head_dim * elem
-        num_blocks = max(2, cc.kv_cache_memory // per_block)
-        return int(num_blocks)
 
     # ---- per step ----
     def _update_states(self, so: SchedulerOutput) -> None:

@@ -1,5 +1,5 @@
 """The `mp` executor: one spawned worker process per tensor x pipeline rank, joined in a gloo process group on
-loopback (vLLM's `MultiprocExecutor`).
+loopback (vLLM's `MultiprocExecutor`), started through the worker lifecycle (`collective_rpc` over the pipes).
 
 Each step's SchedulerOutput is pickled once and written to every worker's pipe (by one writer thread, in order, so
 a full pipe never blocks the engine while the driver waits to hand back an earlier step's output); the driver rank
@@ -11,7 +11,6 @@ the driver's pipe and on every worker's process sentinel together, never on a co
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import multiprocessing
 import pickle
@@ -22,10 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from torch import nn
-
 from pagemill.config import EngineConfig
-from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.platforms import current_platform
 from pagemill.worker.executor import WorkerGroupExecutor
@@ -40,16 +36,6 @@ _SHUTDOWN_GRACE_S = 2.0
 
 class WorkerDiedError(RuntimeError):
     """A worker process ended while the engine was using it."""
-
-
-def merge_kv_cache_configs(configs: list[KVCacheConfig]) -> KVCacheConfig:
-    """The KV cache the engine schedules over, from every rank's: every rank indexes the same block ids, so the
-    fewest blocks (a stage with fewer layers may hold more than the engine uses)."""
-    if len({c.group_windows for c in configs}) > 1:
-        raise ValueError("pipeline_parallel_size: the stages' layers fall into different KV cache groups "
-                         "(sliding-window layers); this model does not split into these stages.")
-    return dataclasses.replace(configs[0], num_blocks=min(c.num_blocks for c in configs),
-                               num_swap_blocks=min(c.num_swap_blocks for c in configs))
 
 
 def free_port() -> int:
@@ -84,22 +70,28 @@ class MultiprocExecutor(WorkerGroupExecutor):
         self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.conns, self._writer)
         self._dead: str | None = None
         try:
-            configs = [self._start_reply(rank) for rank in range(self.world_size)]
-            self.kv_cache_config = merge_kv_cache_configs(configs)
+            self.kv_cache_config = self._init_workers(_START_TIMEOUT_S)
         except BaseException:
             self.shutdown()
             raise
         logger.info("%d workers ready (tensor_parallel_size=%d, pipeline_parallel_size=%d)", self.world_size,
                     pc.tensor_parallel_size, pc.pipeline_parallel_size)
 
-    def _start_reply(self, rank: int) -> KVCacheConfig:
-        reply = self._recv(rank, _START_TIMEOUT_S, starting=True)
+    def collective_rpc(self, method: str, args: tuple = (), timeout: float | None = None) -> list[Any]:
+        """worker.method(*args) on every rank (after the steps in flight), results in rank order; a worker's error
+        is raised here (ValueError stays ValueError) and ends that worker."""
+        self.steps.drain()  # the driver's pending step outputs come first on its pipe
+        self._broadcast(("rpc", method, args))
+        return [self._rpc_reply(rank, timeout) for rank in range(self.world_size)]
+
+    def _rpc_reply(self, rank: int, timeout: float | None) -> Any:
+        reply = self._recv(rank, timeout, rpc=True)
         if reply[0] == "error":
             _, kind, message = reply
             raise (ValueError if kind == "ValueError" else RuntimeError)(f"worker rank {rank}: {message}")
         return reply[1]
 
-    def _recv(self, rank: int, timeout: float | None = None, starting: bool = False) -> Any:
+    def _recv(self, rank: int, timeout: float | None = None, rpc: bool = False) -> Any:
         """The next reply of worker `rank`; WorkerDiedError as soon as any worker's process ends first."""
         if self._dead is not None:
             raise WorkerDiedError(self._dead)
@@ -117,7 +109,7 @@ class MultiprocExecutor(WorkerGroupExecutor):
             dead = [r for s, r in sentinels.items() if s in ready] or [rank]
             proc = self.procs[dead[0]]
             proc.join(0.1)
-            if starting and conn.poll():  # a start-up error message precedes the exit
+            if rpc and conn.poll():  # an rpc's error message precedes the exit
                 return conn.recv()
             self._dead = (f"worker rank {dead[0]} (pid {proc.pid}) died with exit code {proc.exitcode}; "
                           "the engine cannot continue.")
@@ -137,12 +129,6 @@ class MultiprocExecutor(WorkerGroupExecutor):
         """Queue the step for every rank; the driver rank's output is the next reply on its pipe."""
         self._broadcast(("execute_model", scheduler_output, sampled))
         return lambda: self._recv(self.driver_rank)
-
-    def apply_model(self, func: Callable[[nn.Module], Any]) -> list[Any]:
-        """func(model) on every rank's model (func must pickle: a module-level function), in rank order."""
-        self.steps.drain()  # the driver's pending step outputs come first on its pipe
-        self._broadcast(("apply_model", func))
-        return [self._recv(rank)[1] for rank in range(self.world_size)]
 
     def check_health(self) -> None:
         """Raise WorkerDiedError if any worker process has ended."""

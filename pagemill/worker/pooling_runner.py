@@ -26,9 +26,7 @@ from pagemill.kernels.ops import select_layer_ops
 from pagemill.layers.encoder_attention import EncoderAttentionMetadata
 from pagemill.layers.pooler import PoolChunk, Pooler
 from pagemill.loader.model_loader import load_model
-from pagemill.platforms import current_platform
 from pagemill.pooling_params import PoolingParams
-from pagemill.utils.memory import keep_step_buffers_mapped
 from pagemill.worker.model_runner import ModelRunner, StepInputs
 from pagemill.worker.step_timer import StepTimer
 
@@ -42,19 +40,19 @@ def make_model_runner(config: EngineConfig, parallel: ParallelContext | None = N
             raise ValueError("kv_cache_layout='virtual' applies to generating models, not to the pooling runner.")
         from pagemill.worker.virtual_kv_runner import VirtualKVModelRunner
 
-        return VirtualKVModelRunner(config)
+        return VirtualKVModelRunner(config, parallel)
     if pooler_config is None:
         return ModelRunner(config, parallel)
     if pooler_config.encoder_only:
-        return EncoderModelRunner(config)
-    return DecoderPoolingRunner(config)
+        return EncoderModelRunner(config, parallel)
+    return DecoderPoolingRunner(config, parallel)
 
 
 class DecoderPoolingRunner(ModelRunner):
     """A decoder model's hidden states (after its final norm) pooled per request, across its prefill chunks."""
 
-    def __init__(self, config: EngineConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: EngineConfig, parallel: ParallelContext | None = None) -> None:
+        super().__init__(config, parallel)
         self.pooler = Pooler(config.model_config.pooler_config)
         self._params: dict[str, PoolingParams] = {}
 
@@ -81,20 +79,33 @@ class DecoderPoolingRunner(ModelRunner):
 class EncoderModelRunner:
     """Owns an encoder-only model and its pooler; no KV cache, no persistent batch (requests live one step)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, parallel: ParallelContext | None = None) -> None:
         self.config = config
-        mc, cc = config.model_config, config.cache_config
-        current_platform.init_threads(config.num_threads)
-        backend = get_attn_backend(config.attention_backend)  # (the layers' context names one; BERT's is its own)
-        self.model = load_model(mc, select_layer_ops(use_kernels=backend.name != "torch"), backend)
+        self.backend = get_attn_backend(config.attention_backend)  # (the layers' context names one; BERT's is its own)
+        self.profiler = StepTimer(config.profile)
+        self.lora_manager = None  # (LoRA is refused for pooling models)
+
+    def load_model(self) -> None:
+        """Load the encoder and its pooler (with the model's classifier head, if it has one)."""
+        mc = self.config.model_config
+        self.model = load_model(mc, select_layer_ops(use_kernels=self.backend.name != "torch"), self.backend)
         if self.model.attention_layers():
             raise ValueError(f"{type(self.model).__name__} has KV-cache attention layers: not an encoder-only model.")
-        # No KV cache groups: the scheduler allocates no blocks (block 0, the null block, is all there is).
-        self.kv_cache_config = KVCacheConfig(1, cc.block_size, 0, ())
         classify: Callable[[torch.Tensor], torch.Tensor] | None = getattr(self.model, "classify", None)
         self.pooler = Pooler(mc.pooler_config, classify)
-        self.profiler = StepTimer(config.profile)
-        keep_step_buffers_mapped()  # from here on (loading's one-off temporaries keep glibc's defaults)
+
+    def kv_block_bytes(self) -> int:
+        """No KV cache: a block costs nothing."""
+        return 0
+
+    def cap_num_blocks(self, num_blocks: int) -> int:
+        """No KV cache: only the null block."""
+        return 1
+
+    def initialize_kv_cache(self, num_blocks: int) -> KVCacheConfig:
+        """No KV cache groups: the scheduler allocates no blocks (block 0, the null block, is all there is)."""
+        self.kv_cache_config = KVCacheConfig(1, self.config.cache_config.block_size, 0, ())
+        return self.kv_cache_config
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Forward the step's requests (each whole) and pool them; the section timings come back too."""

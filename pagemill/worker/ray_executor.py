@@ -1,6 +1,6 @@
 """The `ray` executor: one Ray actor per tensor x pipeline rank, placed with a placement group on the nodes of the
 Ray cluster this process is connected to (or a local one it starts), joined in a gloo process group (vLLM's
-`RayDistributedExecutor`).
+`RayDistributedExecutor`), started through the worker lifecycle (`collective_rpc` as remote calls).
 
 Steps reach every actor as remote calls (an actor runs its calls in submission order, so with pipeline parallelism
 one step per stage is in flight); the driver rank's result is the step's output. A dead actor fails the step at
@@ -16,13 +16,10 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from torch import nn
-
 from pagemill.config import EngineConfig
-from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.worker.executor import WorkerGroupExecutor
-from pagemill.worker.multiproc_executor import WorkerDiedError, merge_kv_cache_configs
+from pagemill.worker.multiproc_executor import WorkerDiedError
 from pagemill.worker.step_queue import InFlightSteps
 
 logger = logging.getLogger(__name__)
@@ -46,13 +43,12 @@ def bind_gloo_to(ip: str) -> None:
     logger.warning("No network interface holds this node's address %s; gloo picks its own.", ip)
 
 
-class RayWorker:
-    """One rank inside a Ray actor: the same start-up and step as a `mp` worker process."""
+class RayWorkerWrapper:
+    """One rank inside a Ray actor (vLLM's `RayWorkerWrapper`): builds the platform's worker and runs its methods."""
 
     def __init__(self, config: EngineConfig, rank: int) -> None:
         self.config, self.rank = config, rank
-        self.runner: Any = None
-        self.parallel: Any = None
+        self.worker: Any = None
 
     def rendezvous_address(self) -> str:
         """tcp://<this node's address>:<a free port> (asked of rank 0, which hosts the process group's store)."""
@@ -63,25 +59,22 @@ class RayWorker:
             s.bind((ip, 0))
             return f"tcp://{ip}:{s.getsockname()[1]}"
 
-    def init_worker(self, init_method: str) -> KVCacheConfig:
-        """Join the process group and load this rank's share of the model; returns its KV cache."""
+    def init_worker(self, init_method: str) -> None:
+        """Build this rank's worker (gloo on the interface Ray advertises); the lifecycle's calls follow."""
         import ray
 
-        from pagemill.worker.worker_proc import start_worker
+        from pagemill.worker.worker_base import worker_class
 
         bind_gloo_to(ray.util.get_node_ip_address())
-        self.runner, self.parallel = start_worker(self.config, self.rank, init_method, None)
-        return self.runner.kv_cache_config
+        self.worker = worker_class()(self.config, self.rank, init_method, None)
+
+    def execute_method(self, method: str, *args: Any) -> Any:
+        """worker.method(*args) (the executor's collective_rpc)."""
+        return getattr(self.worker, method)(*args)
 
     def execute_model(self, scheduler_output: SchedulerOutput, sampled: dict[str, list[int]]) -> Any:
         """One step; the output on the driver rank, None elsewhere."""
-        from pagemill.worker.worker_proc import execute_step
-
-        return execute_step(self.runner, self.parallel, scheduler_output, sampled)
-
-    def apply_model(self, func: Callable[[nn.Module], Any]) -> Any:
-        """func(model) on this rank."""
-        return func(self.runner.model)
+        return self.worker.execute_model(scheduler_output, sampled)
 
     def ping(self) -> bool:
         """The health check's call."""
@@ -114,13 +107,13 @@ class RayDistributedExecutor(WorkerGroupExecutor):
                 raise ValueError(f"tensor_parallel_size x pipeline_parallel_size: the Ray cluster has no room for "
                                  f"{self.world_size} workers of {cpus} CPU(s) each (num_threads) "
                                  f"({ray.cluster_resources().get('CPU', 0):.0f} CPUs in all).")
-            actor = ray.remote(num_cpus=cpus)(RayWorker)
+            actor = ray.remote(num_cpus=cpus)(RayWorkerWrapper)
             self.workers = [actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=self.placement_group, placement_group_bundle_index=rank)).remote(config, rank)
                 for rank in range(self.world_size)]
             init_method = ray.get(self.workers[0].rendezvous_address.remote())
-            configs = self._get_all([w.init_worker.remote(init_method) for w in self.workers], _START_TIMEOUT_S)
-            self.kv_cache_config = merge_kv_cache_configs(configs)
+            self._get_all([w.init_worker.remote(init_method) for w in self.workers], _START_TIMEOUT_S)
+            self.kv_cache_config = self._init_workers(_START_TIMEOUT_S)
         except BaseException:
             self.shutdown()
             raise
@@ -160,9 +153,9 @@ class RayDistributedExecutor(WorkerGroupExecutor):
         refs = [w.execute_model.remote(scheduler_output, sampled) for w in self.workers]
         return lambda: self._get_all(refs)[self.driver_rank]
 
-    def apply_model(self, func: Callable[[nn.Module], Any]) -> list[Any]:
-        """func(model) on every rank's model, in rank order."""
-        return self._get_all([w.apply_model.remote(func) for w in self.workers])
+    def collective_rpc(self, method: str, args: tuple = (), timeout: float | None = None) -> list[Any]:
+        """worker.method(*args) on every rank's actor, results in rank order."""
+        return self._get_all([w.execute_method.remote(method, *args) for w in self.workers], timeout)
 
     def check_health(self) -> None:
         """Raise WorkerDiedError if an actor is gone (a ping to each; called while the engine is idle)."""

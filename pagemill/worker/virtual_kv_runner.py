@@ -10,12 +10,15 @@ import logging
 import numpy as np
 import torch
 
-from pagemill.config import EngineConfig
+from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import SchedulerOutput
 from pagemill.worker.model_runner import ModelRunner
 from pagemill.worker.virtual_kv import VirtualKVSpace, max_chunk_mappings
 
 logger = logging.getLogger(__name__)
+
+_FULL_ATTENTION_ONLY = ("kv_cache_layout='virtual' supports full-attention models only; this model has "
+                        "sliding-window layers: use kv_cache_layout='paged'.")
 
 
 class VirtualKVModelRunner(ModelRunner):
@@ -23,26 +26,29 @@ class VirtualKVModelRunner(ModelRunner):
 
     kv_space: VirtualKVSpace
 
-    def __init__(self, config: EngineConfig) -> None:
+    def load_model(self) -> None:
+        """The paged runner's model; a model with sliding-window layers is refused (one KV cache group only)."""
         try:
-            super().__init__(config)
+            super().load_model()
         except ValueError as e:
             if "sliding-window" not in str(e):
                 raise
-            raise ValueError("kv_cache_layout='virtual' supports full-attention models only; this model has "
-                             "sliding-window layers: use kv_cache_layout='paged'.") from e
-        layers = self.model.attention_layers()
-        if len(self.kv_cache_config.group_windows) != 1:
-            raise ValueError("kv_cache_layout='virtual' supports full-attention models only (one KV cache group).")
-        for pos, layer in enumerate(layers):
-            layer.virtual_kv = (self.kv_space.range_view(pos, 0), self.kv_space.range_view(pos, 1))
+            raise ValueError(_FULL_ATTENTION_ONLY) from e
+        if len(self.kv_groups) != 1:
+            raise ValueError(_FULL_ATTENTION_ONLY)
 
-    def _num_blocks(self) -> int:
-        """The paged count, capped so that one mapping per chunk of every layer's K and V fits under
-        vm.max_map_count (each chunk is its own mapping unless its neighbour holds the next block)."""
-        num_blocks = super()._num_blocks()
+    def initialize_kv_cache(self, num_blocks: int) -> KVCacheConfig:
+        """The paged runner's cache over the memfd pool; each layer reads its K and V through its slots' ranges."""
+        kv_cache_config = super().initialize_kv_cache(num_blocks)
+        for pos, layer in enumerate(self.model.attention_layers()):
+            layer.virtual_kv = (self.kv_space.range_view(pos, 0), self.kv_space.range_view(pos, 1))
+        return kv_cache_config
+
+    def cap_num_blocks(self, num_blocks: int) -> int:
+        """At most as many blocks as fit one mapping per chunk of every layer's K and V under vm.max_map_count
+        (each chunk is its own mapping unless its neighbour holds the next block)."""
         cap = max_chunk_mappings() // (2 * self.group_size)
-        if self.config.cache_config.num_gpu_blocks_override or num_blocks <= cap:
+        if num_blocks <= cap:
             return num_blocks
         logger.warning("kv_cache_layout='virtual': %d KV blocks instead of %d, so that their mappings (%d layers x "
                        "K/V each) fit under vm.max_map_count; a larger block_size keeps more tokens.", cap,

@@ -27,7 +27,7 @@ def test_current_platform_is_the_cpu_and_states_its_facts():
     assert set(current_platform.supported_quantization) == {"none", "gguf", "int8", "int4"}
     # every class the platform names by path resolves (the platform imports none of them)
     for qualname in (*current_platform.attention_backends.values(), CPU_INVARIANT, VIRTUAL_CONTIGUOUS,
-                     current_platform.model_runner_factory, current_platform.device_communicator):
+                     current_platform.worker_cls, current_platform.device_communicator):
         assert callable(resolve_obj_by_qualname(qualname)), qualname
 
 
