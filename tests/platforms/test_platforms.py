@@ -23,7 +23,7 @@ def test_current_platform_is_the_cpu_and_states_its_facts():
     assert current_platform.device == torch.device("cpu")
     assert current_platform.default_dtype == torch.float32
     assert current_platform.dist_backend == "gloo"
-    assert current_platform.attention_backend_names() == ("auto", "cpu", "torch")
+    assert current_platform.attention_backend_names() == ("auto", "cpu", "torch", "triton")
     assert set(current_platform.supported_quantization) == {"none", "gguf", "int8", "int4"}
     # every class the platform names by path resolves (the platform imports none of them)
     for qualname in (*current_platform.attention_backends.values(), CPU_INVARIANT, VIRTUAL_CONTIGUOUS,
@@ -58,7 +58,7 @@ def test_attention_backend_choice():
     assert cpu.get_attn_backend_cls("cpu", False, "paged") == [CPU_PAGED]
     assert cpu.get_attn_backend_cls("auto", True, "paged") == [CPU_INVARIANT]
     assert cpu.get_attn_backend_cls("auto", False, "virtual") == [VIRTUAL_CONTIGUOUS]
-    with pytest.raises(ValueError, match="attention_backend must be one of auto, cpu, torch, got 'flash'"):
+    with pytest.raises(ValueError, match="attention_backend must be one of auto, cpu, torch, triton, got 'flash'"):
         cpu.get_attn_backend_cls("flash", False, "paged")
     with pytest.raises(ValueError, match="batch_invariant=True needs attention_backend auto or cpu, not torch"):
         cpu.get_attn_backend_cls("torch", True, "paged")
