@@ -96,10 +96,6 @@ class WorkerBase(ABC):
     def list_loras(self) -> list[int]:
         """Ids of the adapters loaded."""
 
-    def check_health(self) -> bool:
-        """True while the worker can run steps (a worker that failed has ended its process)."""
-        return True
-
     def shutdown(self) -> None:
         """Release what the worker holds beyond its memory (sockets, threads)."""
 
