@@ -28,7 +28,9 @@ def parse_size(value: int | float | str) -> int:
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 
-LINEAR_DTYPES = ("auto", "float32", "float16", "bfloat16")
+# int8: activations quantized per row and block of 32 and multiplied in integers against quantized weights (a speed
+# preset: csrc/variant/gemv_i8.cpp; the exact float32 default keeps HF parity)
+LINEAR_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 WEIGHT_ONLY_QUANTIZATIONS = ("int8", "int4")  # float checkpoints quantized at load (layers/quantization/weight_only.py)
 QUANTIZATIONS = ("auto", "none", "gguf", *WEIGHT_ONLY_QUANTIZATIONS)
 

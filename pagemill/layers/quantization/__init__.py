@@ -21,8 +21,14 @@ def get_quant_config(linear_dtype: str, quantization: str, model_dtype: torch.dt
     if quantization in WEIGHT_ONLY_QUANTIZATIONS and gguf_tensor_types is not None:
         raise ValueError(f"quantization={quantization!r} quantizes a float checkpoint; a GGUF file is already "
                          "quantized.")
-    dtype = model_dtype if linear_dtype == "auto" else getattr(torch, linear_dtype)
-    dense = DenseQuantConfig(dtype, model_dtype, kernels, prepack=quantization == "gguf")
+    int8_activations = linear_dtype == "int8"
+    if int8_activations and (kernels is None or quantization not in ("gguf", *WEIGHT_ONLY_QUANTIZATIONS)):
+        raise ValueError("linear_dtype='int8' multiplies int8 activations with quantized weights in pagemill's "
+                         "compiled kernels: it needs a GGUF model or quantization='int8' / 'int4', and the kernels "
+                         f"(got quantization={quantization!r}{', no kernels' if kernels is None else ''}).")
+    dtype = model_dtype if linear_dtype in ("auto", "int8") else getattr(torch, linear_dtype)
+    dense = DenseQuantConfig(dtype, model_dtype, kernels, prepack=quantization == "gguf",
+                             int8_activations=int8_activations)
     if quantization == "gguf":
         from pagemill.layers.quantization.gguf import GGUFQuantConfig
 
