@@ -51,6 +51,7 @@ def test_there_are_runnable_blocks():
     assert all(lang in ("python", "bash") for lang, _, _ in blocks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lang,code", [(lang, code) for lang, server, code in runnable_blocks() if not server])
 def test_offline_block_runs(lang, code):
     proc = _run(lang, code)
@@ -67,7 +68,7 @@ def server_port(tmp_path_factory):
     log = tmp_path_factory.mktemp("readme_server") / "serve.log"
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "pagemill.entrypoints.cli", "serve", "--port", str(port),
-                                 "--kv-cache-memory", "256MiB"], cwd=ROOT, env=_env(), stdout=f,
+                                 "--kv-cache-memory", "256MiB", "--max-model-len", "2048"], cwd=ROOT, env=_env(), stdout=f,
                                 stderr=subprocess.STDOUT)
     try:
         end = time.monotonic() + 180
@@ -88,6 +89,7 @@ def server_port(tmp_path_factory):
             proc.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lang,code", [(lang, code) for lang, server, code in runnable_blocks() if server])
 def test_server_block_runs(lang, code, server_port):
     proc = _run(lang, code.replace("127.0.0.1:8000", f"127.0.0.1:{server_port}"))
