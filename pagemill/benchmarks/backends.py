@@ -96,6 +96,8 @@ def make_backend(name: str, args: argparse.Namespace, model: str, hf_batch_size:
         backend = HFBackend(model, hf_batch_size)
     else:
         raise ValueError(f"unknown backend {name!r}; choose from {BACKENDS}")
+    if isinstance(getattr(backend, "reset_prefix_cache", None), bool):
+        backend.reset_prefix_cache = bool(getattr(args, "reset_prefix_cache", False))
     return backend, time.perf_counter() - start
 
 

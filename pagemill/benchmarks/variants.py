@@ -1,7 +1,7 @@
 """`--variant NAME="ENGINE FLAGS"` (repeatable) for `bench throughput` / `bench latency`: the same workload under each
 named engine configuration, loaded side by side and timed in ABBA order, with every variant's ratio to the first.
 
-    pagemill bench throughput --dataset-name prefix --num-iters 4 \\
+    pagemill bench throughput --dataset-name prefix --num-iters 4 --reset-prefix-cache \\
         --variant cached="--enable-prefix-caching" --variant uncached="--no-enable-prefix-caching"
 
 The flags are `pagemill serve`'s engine flags (the engine arguments reference lists them); they apply on top of the
@@ -96,3 +96,6 @@ def add_variant_args(parser: argparse.ArgumentParser) -> None:
                         help="run the workload under this named engine configuration too (repeatable; "
                              "e.g. fp16=\"--linear-dtype float16 --kv-cache-dtype float16\"); all variants are "
                              "loaded up front and timed in ABBA order, and each one's ratio to the first is printed")
+    parser.add_argument("--reset-prefix-cache", action="store_true",
+                        help="empty pagemill's prefix cache before every run, so that a run reuses only the "
+                             "prefixes its own requests share (not the previous run's prompts)")

@@ -48,7 +48,8 @@ def test_latency_variants(tiny_model, tmp_path):
     args = build_parser().parse_args([
         "bench", "latency", "--model", tiny_model, "--batch-size", "1", "--input-len", "8", "--output-len", "4",
         "--num-iters-warmup", "0", "--num-iters", "2", "--dtype", "float32",
-        "--variant", "a=", "--variant", "b=--no-enable-prefix-caching", "--save-result", str(out)])
+        "--variant", "a=", "--variant", "b=--no-enable-prefix-caching", "--reset-prefix-cache",
+        "--save-result", str(out)])
     args.func(args)
     data = json.loads(out.read_text())
     assert list(data["results"]) == ["variant:a", "variant:b"]
