@@ -115,3 +115,13 @@ def test_readme_fits_on_a_screen():
     assert len(lines) <= 150, len(lines)
     for target in re.findall(r"\]\(((?:docs|benchmarks)/[^)#]+)", "\n".join(lines)):
         assert (ROOT / target).exists(), target
+
+
+def test_readme_numbers_come_from_the_results():
+    """Every ratio in the README's Numbers table is a ratio of a saved headline run."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## Numbers", 1)[1].split("\n## ", 1)[0]
+    quoted = re.findall(r"(\d+\.\d\d)x", table)
+    assert quoted
+    saved = {f"{r['ratio']:.2f}" for r in load_results(str(ROOT / "benchmarks" / "results"))}
+    assert set(quoted) <= saved, sorted(set(quoted) - saved)
