@@ -22,7 +22,19 @@ ENGINE_ARG_HELP: dict[str, str] = {
                                   "first queued is served before the others, in FIFO order.",
     "scheduling_staging_size": "two-level: requests moved from the FIFO queue into the SRTF staging queue at once "
                                "(only when it is empty).",
+    "preemption_mode": "What a preempted request loses: recompute (its KV blocks are freed and its tokens computed "
+                       "again, mostly found in the prefix cache) or swap (its blocks copied to host swap space).",
+    "swap_space": "GiB of host memory for swapped-out KV blocks (preemption_mode swap).",
     "seed": "Random seed.",
+    "served_model_name": "The model's name in the API (`model` field, /v1/models); None: SmolLM2-135M-Instruct for "
+                         "the default model, else the model path's basename.",
+    "linear_dtype": "Matmul dtype of the linear layers: auto (exact float32), float32, float16 or bfloat16 (3-4x "
+                    "faster large-batch matmuls on AVX512-FP16/BF16 CPUs; top-1 agreement with float32 >= 99% for "
+                    "float16, ~98% for bfloat16).",
+    "kv_cache_dtype": "KV-cache dtype: auto (the model dtype), float16 or bfloat16 (half the bytes attention reads, "
+                      "twice the tokens the cache holds).",
+    "profile": "Time each part of the engine step (schedule, input preparation, forward, sampling, output "
+               "processing) and report the per-step breakdown.",
     "num_gpu_blocks_override": "Exact number of KV blocks (testing).",
     "kv_cache_layout": "paged (blocks and block tables) or virtual (Linux: each request's KV contiguous in "
                        "reserved virtual memory, physical chunks of block_size tokens mapped on demand; vTensor).",
