@@ -53,16 +53,19 @@ class ReasoningParser(ABC):
         self.model_tokenizer = tokenizer
 
     @abstractmethod
-    def split(self, text: str, final: bool, prompt_in_reasoning: bool = False) -> tuple[str, str]:
+    def split(self, text: str, final: bool, prompt_in_reasoning: bool | None = None) -> tuple[str, str]:
         """(reasoning, content) of the text so far; `final` once the model has finished. `prompt_in_reasoning`:
-        the prompt left the reply inside an open thinking block (a template that opens `<think>` itself)."""
+        True when the prompt left the reply inside an open thinking block (a template that opens `<think>`
+        itself), False when the prompt closed one at its end (enable_thinking=False templates), None when the
+        prompt has neither marker."""
 
-    def prompt_in_reasoning(self, prompt: str) -> bool:
+    def prompt_in_reasoning(self, prompt: str) -> bool | None:
         """Whether the rendered prompt ends inside an open thinking block (its last start marker is after its last
-        end marker)."""
+        end marker: True), after a closed one (False), or has neither marker (None)."""
         if self.start_token is None or self.end_token is None:
-            return False
-        return prompt.rfind(self.start_token) > prompt.rfind(self.end_token)
+            return None
+        start, end = prompt.rfind(self.start_token), prompt.rfind(self.end_token)
+        return None if start < 0 and end < 0 else start > end
 
     # ---- vLLM's interface ----
     def extract_reasoning(self, model_output: str, request: Any = None) -> tuple[str | None, str | None]:
@@ -90,7 +93,7 @@ class ReasoningParser(ABC):
 class ReasoningStreamer:
     """Turns the growing text of one reply into reasoning and content deltas (and keeps the totals)."""
 
-    def __init__(self, parser: ReasoningParser, prompt_in_reasoning: bool = False) -> None:
+    def __init__(self, parser: ReasoningParser, prompt_in_reasoning: bool | None = None) -> None:
         self.parser = parser
         self.prompt_in_reasoning = prompt_in_reasoning
         self.reasoning = ""

@@ -14,7 +14,7 @@ RESPONSE = ("Here is my response:", "Here's my response:")
 class GraniteReasoningParser(ReasoningParser):
     """Reasoning after a thought-process marker at the start of the reply, up to the response marker."""
 
-    def split(self, text: str, final: bool, prompt_in_reasoning: bool = False) -> tuple[str, str]:
+    def split(self, text: str, final: bool, prompt_in_reasoning: bool | None = None) -> tuple[str, str]:
         stripped = text.lstrip()
         skipped = len(text) - len(stripped)
         marker = next((m for m in THOUGHT if stripped.startswith(m)), None)
@@ -29,8 +29,8 @@ class GraniteReasoningParser(ReasoningParser):
         pos, m = min(ends)
         return rest[:pos], rest[pos + len(m):]
 
-    def prompt_in_reasoning(self, prompt: str) -> bool:
-        return False
+    def prompt_in_reasoning(self, prompt: str) -> bool | None:
+        return None
 
     def is_reasoning_end(self, text: str) -> bool:
         return any(m in text for m in RESPONSE)

@@ -35,12 +35,16 @@ class BaseThinkingReasoningParser(ReasoningParser):
 @register_reasoning_parser("deepseek_r1", "kimi_k2")
 class DeepSeekR1ReasoningParser(BaseThinkingReasoningParser):
     """vLLM's deepseek_r1: everything before `</think>` is reasoning, with or without the opening `<think>` (R1's
-    template writes it into the prompt); a reply without `</think>` is all reasoning."""
+    template writes it into the prompt); a reply without `</think>` is all reasoning. Unless the prompt itself
+    closed the thinking (`<think></think>` written by an enable_thinking=False template): then the reply is the
+    answer (or a thinking block it opens itself)."""
 
-    def split(self, text: str, final: bool, prompt_in_reasoning: bool = False) -> tuple[str, str]:
+    def split(self, text: str, final: bool, prompt_in_reasoning: bool | None = None) -> tuple[str, str]:
         rest, opens = self.opening(text, final)
         if rest is None and opens:
             return "", ""
+        if rest is None and prompt_in_reasoning is False:
+            return "", text
         return self.inside(text if rest is None else rest, final)
 
 
@@ -49,7 +53,7 @@ class Qwen3ReasoningParser(BaseThinkingReasoningParser):
     """vLLM's qwen3: reasoning only inside a `<think>` block the reply opens (or the prompt left open, as the
     thinking-only Qwen3 templates do); with enable_thinking=False the reply is all content."""
 
-    def split(self, text: str, final: bool, prompt_in_reasoning: bool = False) -> tuple[str, str]:
+    def split(self, text: str, final: bool, prompt_in_reasoning: bool | None = None) -> tuple[str, str]:
         rest, opens = self.opening(text, final)
         if rest is not None:
             return self.inside(rest, final)

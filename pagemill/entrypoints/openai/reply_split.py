@@ -17,10 +17,11 @@ def load_reasoning_parser(name: str | None, tokenizer: Any = None) -> ReasoningP
     return get_reasoning_parser(name, tokenizer) if name is not None else None
 
 
-def prompt_in_reasoning(parser: ReasoningParser | None, tokenizer: Any, prompt_ids: Sequence[int]) -> bool:
-    """Whether the rendered prompt leaves the reply inside an open thinking block (read from its last tokens)."""
+def prompt_in_reasoning(parser: ReasoningParser | None, tokenizer: Any, prompt_ids: Sequence[int]) -> bool | None:
+    """Whether the rendered prompt leaves the reply inside an open thinking block (True), after a closed one
+    (False) or neither (None), read from its last tokens."""
     if parser is None or parser.start_token is None:
-        return False
+        return None
     return parser.prompt_in_reasoning(tokenizer.decode(list(prompt_ids[-32:]), skip_special_tokens=False))
 
 
@@ -33,7 +34,7 @@ class SplitReply:
     tool_calls: list[ParsedToolCall] = field(default_factory=list)
 
 
-def split_reply(text: str, reasoning: ReasoningParser | None, in_reasoning: bool,
+def split_reply(text: str, reasoning: ReasoningParser | None, in_reasoning: bool | None,
                 tools: ToolParser | None) -> SplitReply:
     """The three parts of a whole reply."""
     thought: str | None = None
@@ -48,7 +49,7 @@ def split_reply(text: str, reasoning: ReasoningParser | None, in_reasoning: bool
 class ReplyStream:
     """One streamed reply: each text delta becomes (reasoning delta, content delta, tool-call pieces)."""
 
-    def __init__(self, reasoning: ReasoningParser | None, in_reasoning: bool, tools: ToolParser | None) -> None:
+    def __init__(self, reasoning: ReasoningParser | None, in_reasoning: bool | None, tools: ToolParser | None) -> None:
         self.text = ""
         self.reasoning = ReasoningStreamer(reasoning, in_reasoning) if reasoning is not None else None
         self.tools = ToolCallStreamer(tools) if tools is not None else None

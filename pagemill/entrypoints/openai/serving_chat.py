@@ -125,7 +125,7 @@ class OpenAIServingChat(OpenAIServing):
         return json_response(self._response(request, final, request_id, model, created, plan.parser, in_reasoning))
 
     def _message(self, c: CompletionOutput, parser: ToolParser | None, include_reasoning: bool = True,
-                 in_reasoning: bool = False) -> tuple[AssistantMessage, str | None]:
+                 in_reasoning: bool | None = None) -> tuple[AssistantMessage, str | None]:
         """The reply message (the reasoning split off, tool calls parsed out of the answer) and its finish
         reason."""
         if parser is None and self.reasoning_parser is None:
@@ -144,7 +144,7 @@ class OpenAIServingChat(OpenAIServing):
                                  reasoning_content=thought or None), finish_reason(c.finish_reason, True))
 
     def _response(self, request: ChatCompletionRequest, final: RequestOutput, request_id: str, model: str,
-                  created: int, parser: ToolParser | None, in_reasoning: bool = False) -> ChatCompletionResponse:
+                  created: int, parser: ToolParser | None, in_reasoning: bool | None = None) -> ChatCompletionResponse:
         choices = []
         for c in final.outputs:
             lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0, request.return_tokens_as_token_ids,
@@ -168,7 +168,7 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, outputs: AsyncIterator[RequestOutput],
                       model: str, created: int, prompt_ids: list[int], parser: ToolParser | None,
-                      constraint: OutputConstraint | None, in_reasoning: bool = False) -> AsyncIterator[str]:
+                      constraint: OutputConstraint | None, in_reasoning: bool | None = None) -> AsyncIterator[str]:
         """SSE chunks: a role chunk per choice, reasoning, content and tool-call deltas, optional usage, then
         [DONE]."""
         include_usage = request.stream_options is not None and request.stream_options.include_usage
