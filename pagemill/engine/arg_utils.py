@@ -375,6 +375,8 @@ def _reasoning_strings(config: dict[str, Any] | str | None, parser: str | None) 
         except ValueError as e:
             raise ValueError(f"reasoning_config is not valid JSON: {e}") from e
     known = ("reasoning_start_str", "reasoning_end_str")
+    if isinstance(config, dict):  # vLLM's older names: think_start_str / think_end_str
+        config = {k.replace("think_", "reasoning_", 1) if k.startswith("think_") else k: v for k, v in config.items()}
     if not isinstance(config, dict) or any(k not in known for k in config):
         raise ValueError(f"reasoning_config must be an object with the fields {', '.join(known)}, got {config!r}.")
     if parser is None:
