@@ -177,6 +177,11 @@ class StructuredOutputsConfig:
 
     backend: str = "auto"  # auto: xgrammar unless the constraint needs what only llguidance has
     max_json_whitespace: int = 2  # most whitespace characters between JSON tokens (0: none)
+    # --reasoning-parser (vLLM keeps it here too): a grammar starts after the reasoning end marker, and
+    # thinking_token_budget forces that marker; the start / end strings override the parser's (--reasoning-config).
+    reasoning_parser: str | None = None
+    reasoning_start_str: str | None = None
+    reasoning_end_str: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in STRUCTURED_OUTPUT_BACKENDS:

@@ -550,8 +550,12 @@ class Scheduler:
                                    num_cached_tokens=max(req.num_cached_tokens, 0), events=req.take_events())
             if status is None:
                 drafts = out.draft_token_ids.get(rid, [])
-                if req.structured_output is not None and self.spec_config is not None:
-                    drafts = self._constrained_drafts(req, drafts)
+                sor = req.structured_output
+                if sor is not None and self.spec_config is not None:
+                    if sor.constrains:
+                        drafts = self._constrained_drafts(req, drafts)
+                    elif sor.in_reasoning and sor.reasoning.budget is not None:
+                        drafts = []  # a spent budget forces the end marker one token a step
                 req.spec_token_ids = drafts
             else:
                 self._detach(req)  # (async scheduling: it may have been preempted while this step ran)

@@ -55,6 +55,11 @@ ENGINE_ARG_HELP: dict[str, str] = {
                         "parallelism.",
     "structured_outputs_backend": "Structured output (guided decoding) library: auto (xgrammar, or llguidance for "
                                   "what xgrammar lacks), xgrammar, guidance.",
+    "reasoning_parser": "Split a reasoning model's thinking from its answer (chat `reasoning` / `reasoning_content`, "
+                        "Responses reasoning items); structured output and tool calls apply to the answer only, and "
+                        "requests may set thinking_token_budget.",
+    "reasoning_config": "JSON {\"reasoning_start_str\": ..., \"reasoning_end_str\": ...}: the markers the thinking "
+                        "budget counts from and forces (default: the parser's, e.g. <think> and </think>).",
     "gpu_memory_utilization": "Share of GPU memory for the KV cache (CUDA platform); accepted and ignored on the CPU, "
                               "whose KV cache --kv-cache-memory sizes.",
     "runner": "generate or pooling (embeddings, scores: /v1/embeddings, /pooling, /score, /rerank); auto: pooling "

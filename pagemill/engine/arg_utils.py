@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import types
 import typing
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from pagemill.config import (DP_ROUTING_POLICIES, KV_CACHE_LAYOUTS, CacheConfig,
 from pagemill.engine.arg_help import ENGINE_ARG_HELP
 from pagemill.loader.model_files import resolve_model
 from pagemill.platforms import current_platform
+from pagemill.reasoning import reasoning_parser_names
 from pagemill.utils.argparse_utils import json_dict_flag
 
 if TYPE_CHECKING:
@@ -76,6 +78,8 @@ class EngineArgs:
     greedy_head_screen: bool = True
     disable_log_stats: bool = True
     structured_outputs_backend: str = "auto"  # auto | xgrammar | guidance (structured output / guided decoding)
+    reasoning_parser: str | None = None  # deepseek_r1 | qwen3 | granite | ...: split thinking from the answer
+    reasoning_config: dict[str, Any] | str | None = None  # {"reasoning_start_str", "reasoning_end_str"} (JSON text)
     speculative_config: dict[str, Any] | str | None = None  # SpeculativeConfig's fields, as a dict or JSON text
     enable_lora: bool = False  # serve LoRA adapters (LoRARequest per request)
     max_loras: int = 1  # adapters one batch can mix
@@ -135,7 +139,9 @@ class EngineArgs:
             raise ValueError(f"max_logprobs must be -1 (no limit) or >= 0, got {self.max_logprobs}.")
         if self.max_n is not None and self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}.")
-        so_config = StructuredOutputsConfig(backend=self.structured_outputs_backend)
+        so_config = StructuredOutputsConfig(backend=self.structured_outputs_backend,
+                                            reasoning_parser=self.reasoning_parser,
+                                            **_reasoning_strings(self.reasoning_config, self.reasoning_parser))
         spec_config = SpeculativeConfig.from_user(self.speculative_config)
         lora_config = (LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras) if self.enable_lora
                        else None)
@@ -336,7 +342,7 @@ def config_flag(name: str) -> Callable[[str], dict[str, Any]]:
 
 _ALIASES = {"data_parallel_size": ["-dp"], "tensor_parallel_size": ["-tp"],  # vLLM's short flags
             "pipeline_parallel_size": ["-pp"]}
-_CHOICES = {"dp_routing": DP_ROUTING_POLICIES}
+_CHOICES = {"dp_routing": DP_ROUTING_POLICIES, "reasoning_parser": reasoning_parser_names()}
 _CUSTOM = {"served_model_name"}  # declared by hand (several names allowed)
 
 
@@ -355,6 +361,27 @@ def _is_dict_field(tp: object) -> bool:
     args = typing.get_args(tp) if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union \
         else (tp,)
     return any(a is dict or typing.get_origin(a) is dict for a in args)
+
+
+def _reasoning_strings(config: dict[str, Any] | str | None, parser: str | None) -> dict[str, str | None]:
+    """--reasoning-config as StructuredOutputsConfig's fields (ValueError naming it for a bad one)."""
+    if parser is not None and parser not in reasoning_parser_names():
+        raise ValueError(f"reasoning_parser must be one of {', '.join(reasoning_parser_names())}, got {parser!r}.")
+    if config is None:
+        return {}
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError as e:
+            raise ValueError(f"reasoning_config is not valid JSON: {e}") from e
+    known = ("reasoning_start_str", "reasoning_end_str")
+    if isinstance(config, dict):  # vLLM's older names: think_start_str / think_end_str
+        config = {k.replace("think_", "reasoning_", 1) if k.startswith("think_") else k: v for k, v in config.items()}
+    if not isinstance(config, dict) or any(k not in known for k in config):
+        raise ValueError(f"reasoning_config must be an object with the fields {', '.join(known)}, got {config!r}.")
+    if parser is None:
+        raise ValueError("reasoning_config needs --reasoning-parser.")
+    return {k: config.get(k) for k in known}
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:

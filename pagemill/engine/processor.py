@@ -54,6 +54,16 @@ class Processor:
             return params
         return params.clone(structured_outputs=dataclasses.replace(so, _backend=backend))
 
+    def _check_thinking_budget(self) -> None:
+        """thinking_token_budget needs a reasoning parser whose thinking ends with a marker (ValueError naming it)."""
+        from pagemill.reasoning.abs_reasoning_parsers import reasoning_parser_class
+
+        so = self.structured_outputs_config
+        if so.reasoning_parser is None or (so.reasoning_end_str is None
+                                           and reasoning_parser_class(so.reasoning_parser).end_token is None):
+            raise ValueError("thinking_token_budget needs a server started with --reasoning-parser (one whose "
+                             "thinking ends with a marker, e.g. deepseek_r1 or qwen3).")
+
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | PoolingParams,
                 arrival_time: float | None = None, priority: int = 0,
                 cache_salt: str | None = None,
@@ -110,6 +120,8 @@ class Processor:
             raise ValueError("best_of > n cannot be streamed: the best sequences are known only at the end.")
         if params.structured_outputs is not None:
             params = self._check_structured_outputs(params)
+        if params.thinking_token_budget is not None:
+            self._check_thinking_budget()
         if params.max_tokens is None:  # a copy: the same SamplingParams may serve prompts of other lengths
             params = params.clone(max_tokens=max_len - len(ids))
         req = EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,

@@ -471,7 +471,9 @@ class ModelRunner:
         screened = self._screened_rows(rows, offsets)
         mask = None
         if grammar is not None and screened is not None:
-            constrained = np.fromiter((self.input_batch.params[r].structured_outputs is not None for r in rows),
+            params = self.input_batch.params  # (a thinking budget can force a token: masked like a grammar)
+            constrained = np.fromiter((params[r].structured_outputs is not None
+                                       or params[r].thinking_token_budget is not None for r in rows),
                                       dtype=bool, count=len(rows))
             if (screened & constrained).any():
                 mask = self._grammar_bitmask(grammar, first_row)

@@ -240,6 +240,7 @@ class SamplingRequest(OpenAIBaseModel):
     cache_salt: str | None = None
     speculative_decoding: bool = True  # False: no draft tokens for this request when the server speculates
     expected_output_tokens: int | None = Field(default=None, ge=0)  # srtf / two-level: expected output length
+    thinking_token_budget: int | None = Field(default=None, ge=0)  # with --reasoning-parser: most thinking tokens
     # structured output: OpenAI's response_format, vLLM's structured_outputs, and the older guided_* fields
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
@@ -423,6 +424,7 @@ class ChatCompletionRequest(SamplingRequest):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    include_reasoning: bool = True  # with --reasoning-parser: False drops the reasoning from the reply
 
 
 class ChatLogProb(ResponseModel):
@@ -466,6 +468,8 @@ class AssistantMessage(ResponseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
+    reasoning: str | None = None  # with --reasoning-parser (vLLM's current name)
+    reasoning_content: str | None = None  # the same, by its older name (vLLM < 0.11, DeepSeek's API)
 
 
 class ChatCompletionResponseChoice(ResponseModel):
@@ -513,6 +517,8 @@ class DeltaMessage(ResponseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning: str | None = None  # with --reasoning-parser; also as reasoning_content (vLLM's older name)
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 

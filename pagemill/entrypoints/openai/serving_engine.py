@@ -95,7 +95,7 @@ def request_sampling_params(request: SamplingRequest, max_tokens: int | None, lo
         structured_outputs=constraint.params if constraint is not None else None,
         speculative_decoding=request.speculative_decoding, expected_output_tokens=request.expected_output_tokens,
         allowed_token_ids=request.allowed_token_ids, logit_bias=request.logit_bias,
-        logprob_token_ids=request.logprob_token_ids,
+        logprob_token_ids=request.logprob_token_ids, thinking_token_budget=request.thinking_token_budget,
         prompt_logprobs=request.prompt_logprobs if prompt_logprobs is None else prompt_logprobs)
 
 
