@@ -338,6 +338,7 @@ class Scheduler:
                 loras.add(req.lora_int_id)
             if req.pooling_params is not None:
                 new_reqs[-1].pooling_params, new_reqs[-1].token_type_ids = req.pooling_params, req.token_type_ids
+            new_reqs[-1].mm_features = req.mm_features
             budget -= num_new
         for req in reversed(skipped):
             self.waiting.add_front(req)
