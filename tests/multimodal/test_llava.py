@@ -84,7 +84,7 @@ def test_chunked_prefill_splits_placeholders(tiny_llava, references):
 
 
 def test_preemption_recomputes_without_reencoding(tiny_llava, references):
-    llm = LLM(tiny_llava, max_model_len=256, block_size=4, num_gpu_blocks_override=40, max_num_batched_tokens=24,
+    llm = LLM(tiny_llava, max_model_len=128, block_size=4, num_gpu_blocks_override=40, max_num_batched_tokens=24,
               enable_prefix_caching=False)
     batch = [2, 1, 2, 4, 2, 1]
     _check(llm, references, batch)
