@@ -51,6 +51,7 @@ class MultiModalProcessor:
             self.image_token_id = config.image_token_index
         self.image_token = getattr(self.hf_processor, "image_token", None) or "<image>"
         self.image_limit = (model_config.limit_mm_per_prompt or {}).get("image", DEFAULT_IMAGE_LIMIT)
+        self.allowed_local_media_path = model_config.allowed_local_media_path
 
     def check_images(self, images: Any, param: str = "multi_modal_data.image") -> list[Any]:
         """The images of a prompt as a list of RGB PIL images, within the per-prompt limit."""
@@ -60,6 +61,18 @@ class MultiModalProcessor:
             raise MultiModalInputError(f"{len(images)} images in one prompt; at most {self.image_limit} are allowed "
                                        "(--limit-mm-per-prompt).", param)
         return [check_image(im, f"{param}[{i}]" if len(images) > 1 else param) for i, im in enumerate(images)]
+
+    def process_chat(self, text: str, sources: list[tuple[str, Any, str]]
+                     ) -> tuple[list[int], list[MultiModalFeature]]:
+        """A rendered chat (its special tokens in the text) and its image parts (multimodal.chat.take_images):
+        the images loaded, checked and processed (in the server's prompt worker, off the event loop)."""
+        from pagemill.multimodal.chat import load_images
+
+        if len(sources) > self.image_limit:
+            raise MultiModalInputError(f"{len(sources)} images in one request; at most {self.image_limit} are "
+                                       "allowed (--limit-mm-per-prompt).", sources[self.image_limit][2])
+        return self.process(text, load_images(sources, self.allowed_local_media_path), add_special_tokens=False,
+                            param="messages")
 
     def process(self, text: str, images: Any, add_special_tokens: bool = True,
                 param: str = "multi_modal_data.image") -> tuple[list[int], list[MultiModalFeature]]:

@@ -61,13 +61,14 @@ def llava_hf(tiny_llava):
     return model, AutoProcessor.from_pretrained(tiny_llava)
 
 
-def hf_llava_greedy(llava_hf, prompt: str, images: list, max_new_tokens: int) -> tuple[list[int], list[int]]:
+def hf_llava_greedy(llava_hf, prompt: str, images: list, max_new_tokens: int,
+                    add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
     """(prompt ids, HF greedy continuation) of a prompt with its images (none: text only)."""
     model, processor = llava_hf
     if images:
-        inputs = processor(text=[prompt], images=images, return_tensors="pt")
+        inputs = processor(text=[prompt], images=images, return_tensors="pt", add_special_tokens=add_special_tokens)
     else:
-        inputs = processor.tokenizer([prompt], return_tensors="pt")
+        inputs = processor.tokenizer([prompt], return_tensors="pt", add_special_tokens=add_special_tokens)
     ids = inputs["input_ids"]
     with torch.inference_mode():
         out = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,

@@ -109,3 +109,21 @@ def test_prefix_cache_no_cross_talk_and_hits(tiny_llava, llava_hf):
     assert again.outputs[0].token_ids == out.outputs[0].token_ids
     assert again.num_cached_tokens >= first + TOKENS_PER_IMAGE
     assert kv.prefix_cache_hits - hits == again.num_cached_tokens
+
+
+def test_chat_with_image_part_matches_hf(tiny_llava, llava_hf):
+    from tests.multimodal.test_llava_server import data_url
+
+    llm = LLM(tiny_llava, kv_cache_memory="16MiB", max_model_len=256, block_size=8)
+    image = make_image(5)
+    conversation = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(image)}},
+                                                 {"type": "text", "text": "Describe it."}]}]
+    out = llm.chat(conversation, GREEDY, use_tqdm=False)[0]
+    text = llava_hf[1].tokenizer.apply_chat_template([{"role": "user", "content": "<image>\nDescribe it."}],
+                                                     tokenize=False, add_generation_prompt=True)
+    ids, ref = hf_llava_greedy(llava_hf, text, [image], MAX_TOKENS, add_special_tokens=False)
+    assert out.prompt_token_ids == ids
+    assert out.outputs[0].token_ids == ref
+    pil = llm.chat([{"role": "user", "content": [{"type": "image_pil", "image_pil": image},
+                                                 {"type": "text", "text": "Describe it."}]}], GREEDY, use_tqdm=False)
+    assert pil[0].outputs[0].token_ids == ref
