@@ -66,6 +66,12 @@ def _tiff() -> str:
     return data_url(make_image(1), "TIFF", "image/tiff")
 
 
+def _truncated_png() -> str:
+    buf = io.BytesIO()
+    make_image(2, (64, 64)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()[:400]).decode()
+
+
 def _png_of_size(w: int, h: int) -> str:
     from PIL import Image
 
@@ -76,7 +82,7 @@ BAD = [  # (case, image URLs, the param, text in the message)
     ("bad-base64", ["data:image/png;base64,@@@not base64@@@"], "messages.0.content.0.image_url", "base64"),
     ("not-an-image", ["data:image/png;base64," + base64.b64encode(b"hello, not an image").decode()],
      "messages.0.content.0.image_url", "not an image"),
-    ("truncated-png", [_png_of_size(64, 64)[:120]], "messages.0.content.0.image_url", "decod"),
+    ("truncated-png", [_truncated_png()], "messages.0.content.0.image_url", "could not be decoded"),
     ("unsupported-format", [_tiff()], "messages.0.content.0.image_url", "TIFF"),
     ("not-image-mime", ["data:text/plain;base64,aGVsbG8="], "messages.0.content.0.image_url", "text/plain"),
     ("oversized", [_png_of_size(9000, 4)], "messages.0.content.0.image_url", "9000x4"),
