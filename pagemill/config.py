@@ -159,8 +159,14 @@ class SchedulerConfig:
     staging_size: int = 8  # two-level: requests moved from the FIFO waiting queue to the SRTF staging queue at once
     # Schedule step N+1 while the model runs step N (engine/core.py step_with_batch_queue; vLLM's async scheduling).
     async_scheduling: bool = False
+    # Image placeholder tokens whose encoder runs one step may start (vLLM's encoder budget; None: the token budget).
+    # A step that would start more stops the request's chunk before the image; an image larger than the budget
+    # still runs when it is the step's first.
+    max_num_encoder_input_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_num_encoder_input_tokens is not None and self.max_num_encoder_input_tokens < 1:
+            raise ValueError("max_num_encoder_input_tokens must be >= 1.")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}.")
         if self.policy not in SCHEDULING_POLICIES:

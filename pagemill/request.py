@@ -79,6 +79,7 @@ class Request:
         self.pooling_params: PoolingParams | None = None
         self.token_type_ids: list[int] | None = None  # an encoder's segment ids (None: all zeros)
         self.mm_features: list[MultiModalFeature] | None = None  # the prompt's images (set by the engine core)
+        self.num_images_scheduled = 0  # its images (in order) whose encoder run a step has been given
 
     @classmethod
     def from_engine_core_request(cls, r: EngineCoreRequest) -> "Request":

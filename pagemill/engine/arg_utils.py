@@ -99,6 +99,7 @@ class EngineArgs:
     pipeline_parallel_size: int = 1  # stages the layers are split over
     distributed_executor_backend: str | None = None  # uni | mp | ray (None: uni for one rank, else mp processes)
     kv_transfer_config: dict[str, Any] | str | None = None  # KVTransferConfig's fields, as a dict or JSON text
+    max_num_encoder_input_tokens: int | None = None  # image tokens one step may encode (None: the token budget)
     limit_mm_per_prompt: dict[str, Any] | str | None = None  # most items per prompt per modality, {"image": 8}
     allowed_local_media_path: str | None = None  # file:// image URLs are read only under this directory
 
@@ -199,6 +200,7 @@ class EngineArgs:
             kv_cache_layout=self.kv_cache_layout,
         )
         scheduler_config = SchedulerConfig(
+            max_num_encoder_input_tokens=self.max_num_encoder_input_tokens,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=max_batched,
             max_model_len=max_model_len,

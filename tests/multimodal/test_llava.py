@@ -83,6 +83,14 @@ def test_chunked_prefill_splits_placeholders(tiny_llava, references):
     assert _runner(llm).encoder_cache.num_encoded == sum(CASES[i][1] for i in batch)  # once per image per request
 
 
+def test_encoder_budget_of_one_image_per_step(tiny_llava, references):
+    llm = LLM(tiny_llava, kv_cache_memory="16MiB", max_model_len=256, block_size=8,
+              max_num_encoder_input_tokens=TOKENS_PER_IMAGE, enable_prefix_caching=False)
+    batch = [2, 1, 2, 0]
+    _check(llm, references, batch)
+    assert _runner(llm).encoder_cache.num_encoded == sum(CASES[i][1] for i in batch)
+
+
 def test_preemption_recomputes_without_reencoding(tiny_llava, references):
     llm = LLM(tiny_llava, max_model_len=128, block_size=4, num_gpu_blocks_override=40, max_num_batched_tokens=24,
               enable_prefix_caching=False)
