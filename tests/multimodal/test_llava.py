@@ -135,3 +135,26 @@ def test_chat_with_image_part_matches_hf(tiny_llava, llava_hf):
     pil = llm.chat([{"role": "user", "content": [{"type": "image_pil", "image_pil": image},
                                                  {"type": "text", "text": "Describe it."}]}], GREEDY, use_tqdm=False)
     assert pil[0].outputs[0].token_ids == ref
+
+
+def test_prefix_hit_ending_inside_an_image(tiny_llava, llava_hf):
+    # same image, other text after it: the hit ends inside the placeholder run, the rest of the image is computed
+    # from its encoder output's tail
+    llm = LLM(tiny_llava, kv_cache_memory="16MiB", max_model_len=256, block_size=8)
+    image = make_image(303)
+    first = "USER: look <image>"  # the placeholder run does not end on a block boundary
+    for tail in (" Is it red? ASSISTANT:", " Is it blue or green? ASSISTANT:"):
+        out = llm.generate(_request(first + tail, [image]), GREEDY, use_tqdm=False)[0]
+        ids, ref = hf_llava_greedy(llava_hf, first + tail, [image], MAX_TOKENS)
+        assert out.prompt_token_ids == ids and out.outputs[0].token_ids == ref
+    start = ids.index(llava_hf[1].tokenizer.convert_tokens_to_ids("<image>"))
+    assert start < out.num_cached_tokens < start + TOKENS_PER_IMAGE
+    assert _runner(llm).encoder_cache.num_encoded == 2
+
+
+def test_parallel_sampling_with_an_image(tiny_llava, references):
+    llm = LLM(tiny_llava, kv_cache_memory="16MiB", max_model_len=256, block_size=8)
+    text, images, _, ref = references[2]
+    out = llm.generate(_request(text, images), SamplingParams(n=2, temperature=0, max_tokens=MAX_TOKENS,
+                                                              ignore_eos=True), use_tqdm=False)[0]
+    assert [c.token_ids for c in out.outputs] == [ref, ref]
