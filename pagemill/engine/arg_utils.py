@@ -154,6 +154,9 @@ class EngineArgs:
         dp_config = self.create_data_parallel_config()
         parallel_config = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size,
                                          self.distributed_executor_backend)
+        if mm_hf_config is not None and self.pipeline_parallel_size > 1:
+            raise ValueError("pipeline_parallel_size: a vision-language model runs on one pipeline stage (images "
+                             "are merged into the first stage's embeddings; not supported across stages yet).")
         if parallel_config.world_size > 1:
             check_parallel(self, parallel_config, hf_config, pooler is not None, resolved.gguf_file is not None)
         if dp_config.data_parallel_size > 1 and parallel_config.world_size > 1:
