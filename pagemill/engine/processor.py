@@ -61,7 +61,7 @@ class Processor:
             raise ValueError("multi_modal_data must be a dict with an 'image' entry (a PIL image or a list of them); "
                              f"got {sorted(data) if isinstance(data, dict) else type(data).__name__}.")
         if "prompt" not in prompt:
-            raise ValueError("prompt: multi_modal_data needs the prompt as text (with one image placeholder per image).")
+            raise ValueError("prompt: multi_modal_data needs the prompt as text (one image placeholder per image).")
         ids, features = self.mm_processor.process(prompt["prompt"], data.get("image", []),
                                                   prompt.get("add_special_tokens", True))
         return prompt["prompt"], ids, features
