@@ -10,10 +10,20 @@ from pagemill.multimodal.image import MultiModalInputError, check_image, load_im
 IMAGE_PART_TYPES = ("image_url", "image_pil")
 
 
+def first_image_part(conversation: list[dict[str, Any]]) -> str | None:
+    """The request field of the first image part (messages.I.content.J), or None."""
+    for i, m in enumerate(conversation):
+        content = m.get("content")
+        if isinstance(content, list):
+            for j, p in enumerate(content):
+                if isinstance(p, dict) and p.get("type") in IMAGE_PART_TYPES:
+                    return f"messages.{i}.content.{j}"
+    return None
+
+
 def has_images(conversation: list[dict[str, Any]]) -> bool:
     """Whether any message carries an image part."""
-    return any(isinstance(m.get("content"), list) and any(isinstance(p, dict) and p.get("type") in IMAGE_PART_TYPES
-                                                          for p in m["content"]) for m in conversation)
+    return first_image_part(conversation) is not None
 
 
 def take_images(conversation: list[dict[str, Any]], image_token: str | None

@@ -106,3 +106,11 @@ def test_still_healthy_after_bad_images(http):
     r = http.post("/v1/chat/completions", json=chat_body([data_url(make_image(3))]))
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 8 or r.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_tokenize_refuses_image_parts(http):
+    body = chat_body([data_url(make_image(4))])
+    del body["max_tokens"], body["temperature"]
+    r = http.post("/tokenize", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "messages.0.content.0"

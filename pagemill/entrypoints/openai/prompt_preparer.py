@@ -59,6 +59,11 @@ class PromptPreparer:
                      chat_template_kwargs: dict[str, Any] | None = None, tools: Tools | None = None) -> list[int]:
         """Token ids of a rendered conversation, rendered in a thread of its own and stopped (a 400) after the
         time limit."""
+        from pagemill.multimodal.chat import first_image_part
+
+        image_part = first_image_part(conversation)
+        if image_part is not None:  # (chat completions take images through render_multimodal)
+            raise OpenAIError(f"{image_part}: images are taken by /v1/chat/completions only.", 400, image_part)
         text = await self._render_text(conversation, chat_template, add_generation_prompt, continue_final_message,
                                        chat_template_kwargs, tools)
         return await self.worker.run(self._encode, text, False, "messages")  # the template has the special tokens
