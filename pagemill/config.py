@@ -75,12 +75,22 @@ class ModelConfig:
     pooler_config: Any = None  # pooling.config.PoolerConfig of a pooling model, else None
     max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for (-1: no limit)
     max_n: int = 128  # most sequences one request may fan out to (n, best_of)
+    # A multimodal model's whole HF config (vision + text; hf_config is then its text config), else None.
+    mm_hf_config: Any = None
+    limit_mm_per_prompt: dict[str, int] | None = None  # most images per prompt (None: the default, 8)
+    allowed_local_media_path: str | None = None  # file:// image URLs are read only under this directory
+
+    @property
+    def is_multimodal(self) -> bool:
+        """Whether the model takes images."""
+        return self.mm_hf_config is not None
 
     @property
     def architecture(self) -> str:
         """The HF architecture name (e.g. LlamaForCausalLM)."""
-        archs = getattr(self.hf_config, "architectures", None) or []
-        return archs[0] if archs else self.hf_config.model_type
+        c = self.mm_hf_config or self.hf_config
+        archs = getattr(c, "architectures", None) or []
+        return archs[0] if archs else c.model_type
 
     @property
     def num_layers(self) -> int:
@@ -151,8 +161,14 @@ class SchedulerConfig:
     staging_size: int = 8  # two-level: requests moved from the FIFO waiting queue to the SRTF staging queue at once
     # Schedule step N+1 while the model runs step N (engine/core.py step_with_batch_queue; vLLM's async scheduling).
     async_scheduling: bool = False
+    # Image placeholder tokens whose encoder runs one step may start (vLLM's encoder budget; None: the token budget).
+    # A step that would start more stops the request's chunk before the image; an image larger than the budget
+    # still runs when it is the step's first.
+    max_num_encoder_input_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_num_encoder_input_tokens is not None and self.max_num_encoder_input_tokens < 1:
+            raise ValueError("max_num_encoder_input_tokens must be >= 1.")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}.")
         if self.policy not in SCHEDULING_POLICIES:

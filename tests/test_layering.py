@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # Built from layers: models, attention backends, loaders, LoRA wrappers, draft proposers, KV connectors, and the
     # grammar manager (it loads the tokenizer).
     ("models / attention / loader", ("pagemill.models", "pagemill.attention", "pagemill.loader", "pagemill.lora",
+                                     "pagemill.multimodal",
                                      "pagemill.spec_decode", "pagemill.distributed.kv_transfer",
                                      "pagemill.structured_output.manager")),
     ("worker", ("pagemill.worker",)),

@@ -69,6 +69,11 @@ ENGINE_ARG_HELP: dict[str, str] = {
                      "None: the model's sentence-transformers settings, else CLS for BERT and LAST for decoders).",
     "speculative_config": "Speculative decoding as JSON (vLLM's fields), e.g. '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 4}'; method ngram, suffix or draft_model (None: off).",
+    "max_num_encoder_input_tokens": "Image placeholder tokens whose vision encoder runs one step may start (None: "
+                                    "the step's token budget).",
+    "limit_mm_per_prompt": "Most images one prompt may carry, as JSON: '{\"image\": 4}' (default 8).",
+    "allowed_local_media_path": "Directory under which chat requests may name images by file:// URL (None: no "
+                                "local files).",
     "enable_lora": "Serve LoRA adapters (PEFT directories) next to the base model.",
     "max_loras": "LoRA adapters one batch can mix.",
     "max_lora_rank": "The largest LoRA rank accepted.",

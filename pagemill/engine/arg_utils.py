@@ -102,6 +102,9 @@ class EngineArgs:
     pipeline_parallel_size: int = 1  # stages the layers are split over
     distributed_executor_backend: str | None = None  # uni | mp | ray (None: uni for one rank, else mp processes)
     kv_transfer_config: dict[str, Any] | str | None = None  # KVTransferConfig's fields, as a dict or JSON text
+    max_num_encoder_input_tokens: int | None = None  # image tokens one step may encode (None: the token budget)
+    limit_mm_per_prompt: dict[str, Any] | str | None = None  # most items per prompt per modality, {"image": 8}
+    allowed_local_media_path: str | None = None  # file:// image URLs are read only under this directory
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -123,6 +126,10 @@ class EngineArgs:
         """Load the model's config, resolve every default and check the result against the platform."""
         resolved = resolve_model(self.model, self.tokenizer)
         hf_config = resolved.hf_config
+        mm_hf_config = None
+        if getattr(hf_config, "vision_config", None) is not None:  # a vision-language model: its decoder's config
+            mm_hf_config, hf_config = hf_config, hf_config.get_text_config()
+        limit_mm = _limit_mm_per_prompt(self.limit_mm_per_prompt)
         model_max = getattr(hf_config, "max_position_embeddings", None) or 8192
         pooler = _resolve_pooling(self, resolved.path, hf_config)
         if pooler is not None and pooler.max_seq_length:
@@ -152,6 +159,9 @@ class EngineArgs:
         dp_config = self.create_data_parallel_config()
         parallel_config = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size,
                                          self.distributed_executor_backend)
+        if mm_hf_config is not None and self.pipeline_parallel_size > 1:
+            raise ValueError("pipeline_parallel_size: a vision-language model runs on one pipeline stage (images "
+                             "are merged into the first stage's embeddings; not supported across stages yet).")
         if parallel_config.world_size > 1:
             check_parallel(self, parallel_config, hf_config, pooler is not None, resolved.gguf_file is not None)
         if dp_config.data_parallel_size > 1 and parallel_config.world_size > 1:
@@ -183,6 +193,8 @@ class EngineArgs:
             quantization=resolve_quantization(self.quantization, resolved.gguf_file is not None),
             runner_type="generate" if pooler is None else "pooling", pooler_config=pooler,
             max_logprobs=self.max_logprobs, max_n=self.max_n or self.max_num_seqs,
+            mm_hf_config=mm_hf_config, limit_mm_per_prompt=limit_mm,
+            allowed_local_media_path=self.allowed_local_media_path,
         )
         cache_config = CacheConfig(
             block_size=self.block_size,
@@ -196,6 +208,7 @@ class EngineArgs:
             kv_cache_layout=self.kv_cache_layout,
         )
         scheduler_config = SchedulerConfig(
+            max_num_encoder_input_tokens=self.max_num_encoder_input_tokens,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=max_batched,
             max_model_len=max_model_len,
@@ -333,6 +346,24 @@ JSON_FIELD_VALIDATORS: dict[str, Callable[[dict[str, Any]], object]] = {
     "speculative_config": SpeculativeConfig.from_user,
     "kv_transfer_config": KVTransferConfig.from_user,
 }
+
+
+def _limit_mm_per_prompt(value: dict[str, Any] | str | None) -> dict[str, int] | None:
+    """--limit-mm-per-prompt checked: {"image": N} (JSON text or a dict), N >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"limit_mm_per_prompt must be JSON such as '{{\"image\": 4}}': {e}") from e
+    if not isinstance(value, dict) or any(not isinstance(n, int) or isinstance(n, bool) or n < 0
+                                          for n in value.values()):
+        raise ValueError(f"limit_mm_per_prompt must map a modality to a count >= 0, got {value!r}.")
+    unknown = set(value) - {"image"}
+    if unknown:
+        raise ValueError(f"limit_mm_per_prompt: unsupported modalities {sorted(unknown)} (supported: image).")
+    return dict(value)
 
 
 def config_flag(name: str) -> Callable[[str], dict[str, Any]]:

@@ -28,7 +28,7 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
     from pagemill.loader.gguf_loader import GGUFWeights
     from pagemill.loader.safetensors_loader import iter_hf_weights
 
-    cls = get_model_class(model_config.hf_config)
+    cls = get_model_class(model_config.mm_hf_config or model_config.hf_config)
     start = time.perf_counter()
     gguf = GGUFWeights(model_config.gguf_file, model_config.hf_config) if model_config.gguf_file else None
     p = parallel or ParallelContext()
@@ -39,7 +39,7 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
                                     ops.kernels, gguf.tensor_types() if gguf is not None else None, records_cache)
     ctx = LayerContext(model_config.dtype, model_config.max_model_len, ops, quant_config, attn_backend,
                        p.tp_rank, p.tp_size, p.tp_group, p.pp_rank, p.pp_size)
-    model = cls(model_config.hf_config, ctx)
+    model = cls(model_config.mm_hf_config or model_config.hf_config, ctx)
     # GGUF tensors are decoded (or their blocks laid out) straight into the layers: no float temporaries.
     model.load_weights(gguf.lazy() if gguf is not None else iter_hf_weights(model_config.model))
     model.eval().requires_grad_(False)

@@ -94,9 +94,18 @@ class OpenAIServingChat(OpenAIServing):
         constraint = output_constraint(request, plan.constraint)
         if plan.tools:
             self._warn_if_template_ignores_tools(request)
-        prompt_ids = await self.prompts.render(self._conversation(request), request.chat_template,
-                                               request.add_generation_prompt, request.continue_final_message,
-                                               request.chat_template_kwargs, plan.tools)
+        mm_features = None
+        if any(m.has_images() for m in request.messages):
+            if request.use_beam_search:
+                raise OpenAIError("use_beam_search does not take images.", 400, "use_beam_search")
+            prompt_ids, mm_features = await self.prompts.render_multimodal(
+                self._conversation(request), self.engine.processor.mm_processor, request.chat_template,
+                request.add_generation_prompt, request.continue_final_message, request.chat_template_kwargs,
+                plan.tools)
+        else:
+            prompt_ids = await self.prompts.render(self._conversation(request), request.chat_template,
+                                                   request.add_generation_prompt, request.continue_final_message,
+                                                   request.chat_template_kwargs, plan.tools)
         prompt_ids = self.truncate_prompt(prompt_ids, request)
         max_tokens = request.max_completion_tokens or request.max_tokens
         self.check_length(len(prompt_ids), max_tokens, "messages",
@@ -112,7 +121,7 @@ class OpenAIServingChat(OpenAIServing):
             outputs = self.beam_search(request_id, prompt_ids, request, max_tokens, lora_request)
         else:
             collector = self.add_request(request_id, prompt_ids, params, request, "messages", constraint=constraint,
-                                         lora_request=lora_request)
+                                         lora_request=lora_request, mm_features=mm_features)
             outputs = self.engine.iterate(request_id, collector)
         created = int(time.time())
         in_reasoning = prompt_in_reasoning(self.reasoning_parser, self.tokenizer, prompt_ids)
