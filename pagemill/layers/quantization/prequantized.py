@@ -1,0 +1,177 @@
+"""GPTQ / AWQ / compressed-tensors integer weights run on the GGUF records' kernels, re-laid out once at load.
+
+Each linear's codes (checkpoint_formats.QuantCodes: w = s (q - z) per group of g inputs) become, with no float copy:
+- 4-bit codes: "q4" records (Q4_1's layout, w = d q + m per 32 inputs): d = s (fp16, as stored; bf16 / fp32 scales
+  that fp16 does not hold exactly go to int8 tiles instead), m = -s z rounded to fp16 (exact for symmetric schemes,
+  z = 8; otherwise within 2^-11 of |m|, under 1% of a quantization step). 0.625 bytes per weight.
+- 8-bit codes (and 4-bit ones whose scales fp16 does not hold): gemv_int8's tiles per 32 inputs, int8 q - 128 with
+  fp32 scale s and min s (128 - z) (exact). 1.125 bytes per weight (symmetric), 1.25 with mins.
+A group of g inputs (g a multiple of 32, or the whole row) repeats its scale over its g / 32 blocks of 32.
+Activation order (GPTQ desc_act / compressed-tensors actorder: g_idx) is undone once at load: the weight's input
+columns are permuted so each group is contiguous (vLLM's exllama / marlin paths do the same) and apply() gathers the
+activation columns in that order. compressed-tensors W8A8 quantizes each token's activations to int8 (dynamic,
+symmetric, max|x| / 127) before the int8 weights, as the checkpoint's scheme defines.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig
+from pagemill.layers.quantization.checkpoint_formats import RECORD_GROUP, CheckpointQuant, QuantCodes
+from pagemill.layers.quantization.dense import DenseQuantConfig
+from pagemill.layers.quantization.gguf import RecordsLinearMethod
+from pagemill.layers.quantization.gguf_records import Int8Codes, pack_planes
+from pagemill.layers.quantization.int8_grid import int8_tiles
+
+
+def _fp16_exact(x: torch.Tensor) -> bool:
+    h = x.to(torch.float16)
+    return bool(torch.isfinite(h).all()) and torch.equal(h.float(), x.float())
+
+
+def _contiguous_groups(c: QuantCodes, name: str) -> tuple[QuantCodes, torch.Tensor | None]:
+    """The codes with their input columns permuted so every group is contiguous (g_idx sorted), and the permutation
+    (None when the order is already plain)."""
+    if c.g_idx is None:
+        return c, None
+    k, ng = c.shape[1], c.scale.shape[1]
+    perm = torch.argsort(c.g_idx, stable=True)
+    if not torch.equal(c.g_idx[perm], torch.arange(k) // (k // ng)):
+        raise ValueError(f"{name}: g_idx does not give every group {k // ng} inputs.")
+    return QuantCodes(c.codes[:, perm].contiguous(), c.scale, c.zeros, c.bits, None, c.activations), perm
+
+
+def _blocks32(c: QuantCodes) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scales (float32) and zeros repeated from the checkpoint's groups to blocks of 32 inputs: [N, K / 32]."""
+    r = c.group // RECORD_GROUP
+    return c.scale.float().repeat_interleave(r, 1), c.zeros.repeat_interleave(r, 1)
+
+
+def _q4_1_blocks(c: QuantCodes) -> torch.Tensor:
+    """GGUF Q4_1 blocks uint8 [N, K / 32, 20] (fp16 d, fp16 m, 16 bytes: low nibbles elements 0..15, high 16..31)."""
+    n, k = c.shape
+    d, z = _blocks32(c)
+    m = (-(d * z.float())).to(torch.float16)
+    q = c.codes.view(n, k // 32, 32)
+    qs = q[..., :16] | (q[..., 16:] << 4)
+    dm = torch.stack((d.to(torch.float16), m), dim=-1).view(torch.uint8).view(n, k // 32, 4)
+    return torch.cat((dm, qs), dim=-1)
+
+
+def _int8_codes(c: QuantCodes) -> Int8Codes:
+    """Int8Codes per 32 inputs: q - 2^(bits-1)... as int8 (codes - 128 for 8 bits, the codes for 4), exact mins."""
+    d, z = _blocks32(c)
+    shift = 128 if c.bits == 8 else 0
+    q = (c.codes.to(torch.int16) - shift).to(torch.int8)
+    return Int8Codes(q, d.contiguous(), (d * (shift - z.float())).contiguous(), RECORD_GROUP)
+
+
+class PrequantizedLinearMethod(RecordsLinearMethod):
+    """A checkpoint's integer weights (every shard of a fused layer) as q4 records or int8 tiles."""
+
+    def __init__(self, method: str, dtype: torch.dtype, kernels: Any) -> None:
+        super().__init__("q4", method, dtype, kernels)  # records kind settled at process time
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
+        """Room for the shards' codes (nothing is allocated)."""
+        layer.in_features, layer.out_features = in_features, out_features
+        layer.quant_parts = {}
+        layer.act_perm, layer.act_int8 = None, False
+
+    def load_weight(self, layer: nn.Module, loaded: Any, row_offset: int, shard_index: int) -> None:
+        """Keep the shard's codes for process_weights_after_loading."""
+        if not isinstance(loaded, QuantCodes):
+            raise ValueError(f"expected the {self.weight_format} checkpoint's quantized tensors (qweight / "
+                             f"weight_packed ...), got {type(loaded).__name__}")
+        if loaded.shape[1] != layer.in_features:
+            raise ValueError(f"quantized weight has {loaded.shape[1]} inputs, expected {layer.in_features}")
+        layer.quant_parts[row_offset] = loaded
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Undo activation order, then lay the codes out as q4 records (4-bit, fp16 scales) or int8 tiles."""
+        parts, perms = [], []
+        for off, c in sorted(layer.quant_parts.items()):
+            c, perm = _contiguous_groups(c, self.weight_format)
+            parts.append(c)
+            perms.append(perm)
+        if sum(c.shape[0] for c in parts) != layer.out_features:
+            raise ValueError(f"quantized shards cover {sum(c.shape[0] for c in parts)} of {layer.out_features} rows")
+        if any(p is None for p in perms) != all(p is None for p in perms) or any(
+                not torch.equal(p, perms[0]) for p in perms if p is not None):
+            raise ValueError(f"{self.weight_format}: the shards of a fused layer have different g_idx (activation "
+                             "orders); they share one input and must share one order.")
+        if all(c.bits == 4 for c in parts) and all(_fp16_exact(c.scale) for c in parts):
+            self.records = "q4"
+            records = pack_planes("q4", [("q4_1", _q4_1_blocks(c)) for c in parts])
+        else:
+            self.records = "int8"
+            codes = [_int8_codes(c) for c in parts]
+            records = int8_tiles(Int8Codes(torch.cat([c.q for c in codes]), torch.cat([c.scale for c in codes]),
+                                           torch.cat([c.min for c in codes]), RECORD_GROUP))
+            if all(not bool(c.min.any()) for c in codes):
+                records = records[:2]  # symmetric: no mins
+        layer.act_perm = perms[0]
+        layer.act_int8 = any(c.activations == "int8_token" for c in parts)
+        self.set_records(layer, records)
+        layer.quant_parts = {}
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """Activation columns in the weight's order; W8A8's per-token int8 activations; the records kernels."""
+        x = x.to(self.input_dtype)
+        if layer.act_perm is not None:
+            x = x.index_select(-1, layer.act_perm)
+        if layer.act_int8:
+            x = quantize_tokens_int8(x)
+        return self.matmul(layer, x, direct_only=False)
+
+    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
+        """The float32 weight [out, in] in the checkpoint's column order."""
+        w = super().dequantized_weight(layer)
+        if layer.act_perm is None:
+            return w
+        out = torch.empty_like(w)
+        out[:, layer.act_perm] = w
+        return out
+
+
+def quantize_tokens_int8(x: torch.Tensor) -> torch.Tensor:
+    """Each row of x rounded to its int8 grid (symmetric, scale max|x| / 127; vLLM's dynamic per-token W8A8 input),
+    in x's dtype: the products with int8 weights are those of the int8 GEMM."""
+    xf = x.float()
+    scale = xf.abs().amax(-1, keepdim=True).clamp_min(1e-10) / 127
+    return (xf / scale).round_().clamp_(-127, 127).mul_(scale).to(x.dtype)
+
+
+class CheckpointQuantConfig(QuantConfig):
+    """A quantized checkpoint's layers: PrequantizedLinearMethod for the linears it stores as integer codes, the
+    dense methods elsewhere (float layers such as the LM head, and fp8 weights, dequantized at load)."""
+
+    def __init__(self, spec: CheckpointQuant, quantized: set[str], dense: DenseQuantConfig) -> None:
+        self.spec, self.quantized, self.dense = spec, quantized, dense  # quantized: "prefix.weight" names
+
+    def get_linear_method(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:
+        if not self.spec.integer:
+            return self.dense.get_linear_method(checkpoint_names, in_features)
+        hits = [n in self.quantized for n in checkpoint_names]
+        if not any(hits):
+            return self.dense.get_linear_method(checkpoint_names, in_features)
+        if not all(hits):
+            raise ValueError(f"the checkpoint quantizes some of the fused weights {checkpoint_names} but not all; "
+                             "pagemill fuses them into one layer.")
+        return PrequantizedLinearMethod(self.spec.method, self.dense.linear_dtype, self.dense.kernels)
+
+
+def checkpoint_quant_config(spec: CheckpointQuant, quantized: set[str], dense: DenseQuantConfig) -> QuantConfig:
+    """The config for a quantized checkpoint; ValueError naming the option when the engine cannot run its records."""
+    if spec.integer:
+        if dense.kernels is None:
+            raise ValueError(f"quantization={spec.method!r} runs pagemill's compiled GEMV kernels, which this engine "
+                             "does not use (attention_backend='torch', or the kernels are not built).")
+        if dense.linear_dtype not in (torch.float32, torch.float16):
+            raise ValueError(f"quantization={spec.method!r} needs float32 or float16 matmuls (the GEMV kernels' "
+                             f"inputs); linear_dtype resolves to {str(dense.linear_dtype).removeprefix('torch.')}.")
+    return CheckpointQuantConfig(spec, quantized, dense)
