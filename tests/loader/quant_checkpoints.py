@@ -184,13 +184,17 @@ def write_compressed_tensors(model, tok, out: str, preset: str, group: int | Non
                              symmetric: bool = True) -> str:
     """A compressed-tensors directory written by the package (min-max scales per its calculate_qparams, then its
     ModelCompressor), and the model holding what its decompressor returns. preset: W4A16 | W8A16 (pack-quantized),
-    INT8_W8A8 (int-quantized), FP8_DYNAMIC (float-quantized)."""
+    W8A8 (int-quantized), FP8_DYNAMIC (float-quantized). The package works on a copy (its modules fake-quantize
+    activations in forward); the model gets the copy's decompressed weights."""
+    import copy
+
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (QuantizationConfig, QuantizationStatus, apply_quantization_config,
                                                  preset_name_to_scheme)
     from compressed_tensors.quantization.utils import calculate_qparams
     from safetensors.torch import save_file
 
+    original, model = model, copy.deepcopy(model)
     scheme = preset_name_to_scheme(preset, ["Linear"])
     if group is not None and scheme.weights.strategy == "group":
         scheme.weights.group_size = group
@@ -212,7 +216,7 @@ def write_compressed_tensors(model, tok, out: str, preset: str, group: int | Non
         lin.weight_scale.data = scale.to(lin.weight_scale.dtype).reshape(lin.weight_scale.shape)
         if hasattr(lin, "weight_zero_point"):
             lin.weight_zero_point.data = zp.to(lin.weight_zero_point.dtype).reshape(lin.weight_zero_point.shape)
-    fmt = {"W4A16": "pack-quantized", "W8A16": "pack-quantized", "INT8_W8A8": "int-quantized",
+    fmt = {"W4A16": "pack-quantized", "W8A16": "pack-quantized", "W8A8": "int-quantized",
            "FP8_DYNAMIC": "float-quantized"}[preset]
     compressor = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
     compressor.compress_model(model)
@@ -222,4 +226,7 @@ def write_compressed_tensors(model, tok, out: str, preset: str, group: int | Non
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(out, "model.safetensors"))
     compressor.update_config(out)
     compressor.decompress_model(model)  # the package's own dequantized weights: the oracle
+    copies = dict(quantized_linears(model))
+    for prefix, lin in quantized_linears(original):
+        lin.weight.data = copies[prefix].weight.data.float().clone()
     return out
