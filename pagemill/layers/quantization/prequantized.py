@@ -1,9 +1,10 @@
 """GPTQ / AWQ / compressed-tensors integer weights run on the GGUF records' kernels, re-laid out once at load.
 
 Each linear's codes (checkpoint_formats.QuantCodes: w = s (q - z) per group of g inputs) become, with no float copy:
-- 4-bit codes: "q4" records (Q4_1's layout, w = d q + m per 32 inputs): d = s (fp16, as stored; bf16 / fp32 scales
-  that fp16 does not hold exactly go to int8 tiles instead), m = -s z rounded to fp16 (exact for symmetric schemes,
-  z = 8; otherwise within 2^-11 of |m|, under 1% of a quantization step). 0.625 bytes per weight.
+- 4-bit codes: "q4" records (Q4_1's layout, w = d q + m per 32 inputs): d = s in fp16 (exact for fp16 and, in
+  range, bf16 scales; fp32 scales rounded, within 2^-11, as vLLM's fp16 kernels cast them; scales past fp16's normal
+  range go to int8 tiles instead), m = -s z rounded to fp16 (exact for symmetric schemes, z = 8; otherwise within
+  2^-11 of |m|, under 1% of a quantization step). 0.625 bytes per weight.
 - 8-bit codes (and 4-bit ones whose scales fp16 does not hold): gemv_int8's tiles per 32 inputs, int8 q - 128 with
   fp32 scale s and min s (128 - z) (exact). 1.125 bytes per weight (symmetric), 1.25 with mins.
 A group of g inputs (g a multiple of 32, or the whole row) repeats its scale over its g / 32 blocks of 32.
@@ -28,9 +29,11 @@ from pagemill.layers.quantization.gguf_records import Int8Codes, pack_planes
 from pagemill.layers.quantization.int8_grid import int8_tiles
 
 
-def _fp16_exact(x: torch.Tensor) -> bool:
-    h = x.to(torch.float16)
-    return bool(torch.isfinite(h).all()) and torch.equal(h.float(), x.float())
+def _fp16_holds(x: torch.Tensor) -> bool:
+    """fp16 holds every value within its normal rounding (2^-11 relative: exact for fp16 / bf16 scales in range)."""
+    x = x.float()
+    h = x.to(torch.float16).float()
+    return bool(torch.isfinite(h).all()) and bool(((h - x).abs() <= x.abs() * 2.0**-11).all())
 
 
 def _contiguous_groups(c: QuantCodes, name: str) -> tuple[QuantCodes, torch.Tensor | None]:
@@ -104,7 +107,7 @@ class PrequantizedLinearMethod(RecordsLinearMethod):
                 not torch.equal(p, perms[0]) for p in perms if p is not None):
             raise ValueError(f"{self.weight_format}: the shards of a fused layer have different g_idx (activation "
                              "orders); they share one input and must share one order.")
-        if all(c.bits == 4 for c in parts) and all(_fp16_exact(c.scale) for c in parts):
+        if all(c.bits == 4 for c in parts) and all(_fp16_holds(c.scale) for c in parts):
             self.records = "q4"
             records = pack_planes("q4", [("q4_1", _q4_1_blocks(c)) for c in parts])
         else:
