@@ -19,6 +19,10 @@ from pagemill.layers.quantization.checkpoint_formats import (CheckpointQuant, de
                                                              quantized_prefixes)
 
 
+# attention scales some FP8 checkpoints carry for an fp8 KV cache: not read (the KV cache here is float)
+KV_CACHE_SCALES = frozenset({"k_scale", "v_scale", "q_scale", "kv_scale", "prob_scale"})
+
+
 def checkpoint_tensor_names(model_dir: str) -> list[str]:
     """Every tensor name in the directory's safetensors files (headers only)."""
     from safetensors import safe_open
@@ -50,6 +54,8 @@ class QuantizedCheckpoint:
         pending: dict[str, dict[str, torch.Tensor]] = {}
         for name, tensor in tensors:
             prefix, _, suffix = name.rpartition(".")
+            if suffix in KV_CACHE_SCALES:
+                continue
             want = self.prefixes.get(prefix)
             if want is None or suffix not in want:
                 yield name, tensor
