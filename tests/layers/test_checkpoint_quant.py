@@ -239,3 +239,31 @@ def test_quantization_option_must_fit_the_checkpoint():
         resolve_quantization("fp8", False, None)
     with pytest.raises(ValueError, match=r"quantization_config\.quant_method must be one of"):
         resolve_quantization("auto", False, "hqq")
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_float16_matmuls_read_the_same_records(bits, kernel_isa):
+    """linear_dtype=float16: the records kernels read and return float16, computing with dequantized_weight."""
+    torch.manual_seed(6)
+    w = torch.randn(72, 128)
+    codes, scale, zeros = quantize_groups(w, bits, 64, False)
+    spec = parse_checkpoint_quant({"quant_method": "gptq", "bits": bits, "group_size": 64, "sym": False})
+    lin = ColumnParallelLinear(128, 72, False, _context(spec, {f"{NAME}.weight"}, torch.float16), NAME)
+    lin.load_weight("weight", decode_linear(spec, NAME, pack_gptq(codes, scale, zeros, bits, torch.arange(128) // 64)))
+    lin.process_weights_after_loading()
+    dq = lin.quant_method.dequantized_weight(lin)
+    for rows in (1, 8, 9, 100):
+        x = torch.randn(rows, 128).half()
+        y, ref = lin(x), F.linear(x.float(), dq)
+        assert y.dtype == torch.float16 and (y.float() - ref).abs().max() <= 2e-3 * ref.abs().max()
+
+
+def test_engine_refuses_what_the_records_cannot_run():
+    """The records need the compiled kernels and float32 / float16 matmuls (the field is named)."""
+    from pagemill.layers.quantization.prequantized import checkpoint_quant_config
+
+    spec = parse_checkpoint_quant({"quant_method": "awq", "bits": 4, "group_size": 128})
+    with pytest.raises(ValueError, match="quantization='awq'.*kernels"):
+        checkpoint_quant_config(spec, set(), DenseQuantConfig(torch.float32, torch.float32, None))
+    with pytest.raises(ValueError, match="linear_dtype resolves to bfloat16"):
+        checkpoint_quant_config(spec, set(), DenseQuantConfig(torch.bfloat16, torch.float32, require_kernels()))
