@@ -262,9 +262,11 @@ def check_parallel(args: EngineArgs, parallel: ParallelConfig, hf_config: Any, p
         raise ValueError(f"runner: pooling models do not run with {what} yet (use one rank).")
     if args.batch_invariant:
         raise ValueError(f"batch_invariant=True is not covered with {what} (use one rank).")
-    if tp > 1 and not gguf and _checkpoint_quantization(args.quantization, False, hf_config) in CHECKPOINT_QUANTIZATIONS:
+    quantized_checkpoint = not gguf and _checkpoint_quantization(args.quantization, False,
+                                                                 hf_config) in CHECKPOINT_QUANTIZATIONS
+    if tp > 1 and quantized_checkpoint:
         raise ValueError(f"quantization: a quantized checkpoint's weights are not sliced over tensor-parallel ranks "
-                         f"yet; use tensor_parallel_size=1.")
+                         f"yet; use tensor_parallel_size=1 (not {tp}).")
     if tp > 1 and gguf and resolve_quantization(args.quantization, True) == "gguf":
         raise ValueError(f"quantization: GGUF blocks are not sliced over tensor-parallel ranks; use "
                          f"quantization='none' (the file's weights decoded to float) with tensor_parallel_size={tp}.")

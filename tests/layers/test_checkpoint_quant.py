@@ -65,8 +65,9 @@ def _check(lin, ref: torch.Tensor, bias: torch.Tensor | None, exact: bool) -> No
         torch.testing.assert_close(lin(x), F.linear(x, dq, bias), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("bits,group,sym,desc_act", [(4, 32, True, False), (4, 128, False, True), (4, -1, True, True),
-                                                     (4, 64, False, False), (8, 128, True, True), (8, 32, False, False)])
+@pytest.mark.parametrize("bits,group,sym,desc_act", [(4, 32, True, False), (4, 128, False, True),
+                                                     (4, -1, True, True), (4, 64, False, False),
+                                                     (8, 128, True, True), (8, 32, False, False)])
 def test_gptq_linear(bits, group, sym, desc_act, kernel_isa):
     """AutoGPTQ's packing (v1: zero - 1 in qzeros), 4 / 8 bits, groups 32 / 64 / 128 / -1, act order; 4-bit layers
     are q4 records, 8-bit int8 tiles."""

@@ -43,8 +43,8 @@ def quantized_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
 
 def quantize_groups(w: torch.Tensor, bits: int, group: int, sym: bool,
                     g_idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """GPTQ / AWQ's min-max grid: codes uint8 [N, K], fp16 scales [N, G], zeros int [N, G] (sym: 2^(b-1)); w = s (q - z).
-    With g_idx, column k belongs to group g_idx[k]."""
+    """GPTQ / AWQ's min-max grid: codes uint8 [N, K], fp16 scales [N, G], zeros int [N, G] (sym: 2^(b-1));
+    w = s (q - z). With g_idx, column k belongs to group g_idx[k]."""
     n, k = w.shape
     g = k if group == -1 else group
     idx = torch.arange(k) // g if g_idx is None else g_idx
@@ -170,7 +170,7 @@ def write_fp8(model, tok, out: str, scheme: str = "block") -> str:
         else:
             s = w.abs().amax() / 448 if scheme == "tensor" else w.abs().amax(1, keepdim=True) / 448
             full = s
-            state[f"{prefix}.weight_scale"] = s.float().reshape(-1 if scheme == "tensor" else n, *(() if scheme == "tensor" else (1,)))
+            state[f"{prefix}.weight_scale"] = s.float().reshape(1) if scheme == "tensor" else s.float()
         w8 = (w / full).to(torch.float8_e4m3fn)
         state[f"{prefix}.weight"] = w8
         lin.weight.data = w8.float() * full
