@@ -268,3 +268,17 @@ def test_engine_refuses_what_the_records_cannot_run():
         checkpoint_quant_config(spec, set(), DenseQuantConfig(torch.float32, torch.float32, None))
     with pytest.raises(ValueError, match="linear_dtype resolves to bfloat16"):
         checkpoint_quant_config(spec, set(), DenseQuantConfig(torch.bfloat16, torch.float32, require_kernels()))
+
+
+def test_q4_records_are_pack_planes_of_the_q4_1_blocks():
+    """The direct layout is byte for byte what the GGUF path makes of the same values as Q4_1 blocks (fused parts,
+    rows not a multiple of 64)."""
+    from pagemill.layers.quantization.gguf_records import pack_planes
+    from pagemill.layers.quantization.prequantized import _q4_1_blocks, q4_records
+
+    torch.manual_seed(7)
+    parts = []
+    for rows, group in ((72, 64), (40, 128)):
+        codes, scale, zeros = quantize_groups(torch.randn(rows, 256), 4, group, False)
+        parts.append(QuantCodes(codes, scale, zeros.to(torch.int16), 4))
+    assert torch.equal(q4_records(parts), pack_planes("q4", [("q4_1", _q4_1_blocks(c)) for c in parts]))

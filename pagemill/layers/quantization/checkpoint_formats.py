@@ -23,6 +23,7 @@ Here every integer format becomes `QuantCodes`: unsigned codes uint8 [N, K], sca
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ import torch
 CHECKPOINT_METHODS = ("gptq", "awq", "compressed-tensors", "fp8")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds column 8 c + AWQ_ORDER[i]
 CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized")
+_LITTLE_ENDIAN = sys.byteorder == "little"
 RECORD_GROUP = 32  # the records' block of inputs: group sizes must be a multiple of it
 
 
@@ -251,8 +253,13 @@ def _unpack_rows(packed: torch.Tensor, bits: int, order: tuple[int, ...] | None 
     """int32 [R, C] packed along the last axis, 32 / bits codes a word (element j at bits b j, or the element
     order[j] there) -> uint8 [R, C * 32 / bits]."""
     per = 32 // bits
-    shifts = torch.arange(per, dtype=torch.int32) * bits
-    codes = ((packed.to(torch.int32).unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).to(torch.uint8)  # [R, C, per]
+    if bits in (4, 8) and _LITTLE_ENDIAN:  # the word's bytes in order: element pairs (4 bits) or elements (8)
+        b = packed.to(torch.int32).contiguous().view(torch.uint8)
+        codes = b if bits == 8 else torch.stack((b & 15, b >> 4), dim=-1)
+        codes = codes.reshape(packed.shape[0], -1, per)
+    else:
+        shifts = torch.arange(per, dtype=torch.int32) * bits
+        codes = ((packed.to(torch.int32).unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).to(torch.uint8)
     if order is not None:  # codes[..., i] is element order[i]
         codes = codes[..., list(torch.argsort(torch.tensor(order)).tolist())]
     return codes.reshape(packed.shape[0], -1)

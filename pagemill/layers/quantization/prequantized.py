@@ -25,7 +25,7 @@ from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig
 from pagemill.layers.quantization.checkpoint_formats import RECORD_GROUP, CheckpointQuant, QuantCodes
 from pagemill.layers.quantization.dense import DenseQuantConfig
 from pagemill.layers.quantization.gguf import RecordsLinearMethod
-from pagemill.layers.quantization.gguf_records import Int8Codes, pack_planes
+from pagemill.layers.quantization.gguf_records import GEMV_TILE, Int8Codes, _pad_rows, _tiles
 from pagemill.layers.quantization.int8_grid import int8_tiles
 
 
@@ -55,7 +55,8 @@ def _blocks32(c: QuantCodes) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _q4_1_blocks(c: QuantCodes) -> torch.Tensor:
-    """GGUF Q4_1 blocks uint8 [N, K / 32, 20] (fp16 d, fp16 m, 16 bytes: low nibbles elements 0..15, high 16..31)."""
+    """GGUF Q4_1 blocks uint8 [N, K / 32, 20] (fp16 d, fp16 m, 16 bytes: low nibbles elements 0..15, high 16..31):
+    the reference q4_records is checked against (pack_planes of these blocks)."""
     n, k = c.shape
     d, z = _blocks32(c)
     m = (-(d * z.float())).to(torch.float16)
@@ -63,6 +64,22 @@ def _q4_1_blocks(c: QuantCodes) -> torch.Tensor:
     qs = q[..., :16] | (q[..., 16:] << 4)
     dm = torch.stack((d.to(torch.float16), m), dim=-1).view(torch.uint8).view(n, k // 32, 4)
     return torch.cat((dm, qs), dim=-1)
+
+
+def q4_records(parts: list[QuantCodes]) -> torch.Tensor:
+    """gemv_records' "q4" records [T, K / 32, 64 * 20] of 4-bit codes, rows in order: per 32 inputs and 64 channels
+    the nibble pairs of adjacent codes (16 bytes a channel), then fp16 d = s and m = -s z (what pack_planes makes of
+    the same weight's Q4_1 blocks, without the round trip through them)."""
+    codes = torch.cat([c.codes for c in parts]) if len(parts) > 1 else parts[0].codes
+    n, k = codes.shape
+    scales = [_blocks32(c) for c in parts]
+    d = torch.cat([s for s, _ in scales])
+    m = -(d * torch.cat([z for _, z in scales]).float())
+    dm = torch.stack((d.to(torch.float16), m.to(torch.float16)), dim=-1)  # [N, K / 32, 2]
+    pairs = (codes[:, 0::2] | (codes[:, 1::2] << 4)).view(n, k // 32, 16)
+    t = -(-n // GEMV_TILE)
+    body = _tiles(_pad_rows(pairs)).reshape(t, k // 32, -1)
+    return torch.cat((body, _tiles(_pad_rows(dm)).contiguous().view(torch.uint8).reshape(t, k // 32, -1)), dim=2)
 
 
 def _int8_codes(c: QuantCodes) -> Int8Codes:
@@ -109,7 +126,7 @@ class PrequantizedLinearMethod(RecordsLinearMethod):
                              "orders); they share one input and must share one order.")
         if all(c.bits == 4 for c in parts) and all(_fp16_holds(c.scale) for c in parts):
             self.records = "q4"
-            records = pack_planes("q4", [("q4_1", _q4_1_blocks(c)) for c in parts])
+            records = q4_records(parts)
         else:
             self.records = "int8"
             codes = [_int8_codes(c) for c in parts]
