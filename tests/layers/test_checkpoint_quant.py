@@ -282,3 +282,30 @@ def test_q4_records_are_pack_planes_of_the_q4_1_blocks():
         codes, scale, zeros = quantize_groups(torch.randn(rows, 256), 4, group, False)
         parts.append(QuantCodes(codes, scale, zeros.to(torch.int16), 4))
     assert torch.equal(q4_records(parts), pack_planes("q4", [("q4_1", _q4_1_blocks(c)) for c in parts]))
+
+
+def test_batch_invariant_path_keeps_the_order_and_token_quantization():
+    """batch_invariant=True's fixed-order matmul (records streamed for every row count) applies the activation
+    order and W8A8's per-token quantization too: a row's result is the same alone or in a batch."""
+    from pagemill.layers.batch_invariant import fixed_order_apply
+
+    torch.manual_seed(8)
+    g_idx = _g_idx(128, 32, True)
+    codes, scale, zeros = quantize_groups(torch.randn(64, 128), 4, 32, True, g_idx)
+    spec = parse_checkpoint_quant({"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True})
+    lin = _layer(spec, decode_linear(spec, NAME, pack_gptq(codes, scale, zeros, 4, g_idx)))
+    apply = fixed_order_apply(lin.quant_method, lin, require_kernels())
+    x = torch.randn(40, 128)
+    y = apply(lin, x)
+    torch.testing.assert_close(y, F.linear(x, dequantize(codes, scale, zeros, g_idx)), rtol=1e-5, atol=1e-4)
+    assert torch.equal(apply(lin, x[3:4]), y[3:4])
+    w8 = {"weight": codes.to(torch.int16).sub(8).to(torch.int8), "weight_scale": scale[:, :1]}
+    spec8 = parse_checkpoint_quant({"quant_method": "compressed-tensors", "format": "int-quantized",
+                                    "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                                        "num_bits": 8, "type": "int", "strategy": "channel"},
+                                        "input_activations": {"num_bits": 8, "type": "int", "strategy": "token",
+                                                              "dynamic": True}}}})
+    lin8 = _layer(spec8, decode_linear(spec8, NAME, w8))
+    apply8 = fixed_order_apply(lin8.quant_method, lin8, require_kernels())
+    ref = F.linear(quantize_tokens_int8(x), lin8.quant_method.dequantized_weight(lin8))
+    torch.testing.assert_close(apply8(lin8, x), ref, rtol=1e-5, atol=1e-4)

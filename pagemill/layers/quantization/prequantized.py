@@ -139,14 +139,14 @@ class PrequantizedLinearMethod(RecordsLinearMethod):
         self.set_records(layer, records)
         layer.quant_parts = {}
 
-    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """Activation columns in the weight's order; W8A8's per-token int8 activations; the records kernels."""
-        x = x.to(self.input_dtype)
+    def matmul(self, layer: nn.Module, x: torch.Tensor, direct_only: bool) -> torch.Tensor:
+        """Activation columns in the weight's order; W8A8's per-token int8 activations; the records kernels (also
+        the batch-invariant path's entry: both steps are per row)."""
         if layer.act_perm is not None:
             x = x.index_select(-1, layer.act_perm)
         if layer.act_int8:
             x = quantize_tokens_int8(x)
-        return self.matmul(layer, x, direct_only=False)
+        return super().matmul(layer, x, direct_only)
 
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
         """The float32 weight [out, in] in the checkpoint's column order."""
