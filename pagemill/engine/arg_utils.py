@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from pagemill.config import (DP_ROUTING_POLICIES, KV_CACHE_LAYOUTS, CacheConfig, DataParallelConfig, EngineConfig,
-                             KVTransferConfig, LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig,
-                             SpeculativeConfig, StructuredOutputsConfig, CHECKPOINT_QUANTIZATIONS, check_linear_options,
+from pagemill.config import (CHECKPOINT_QUANTIZATIONS, DP_ROUTING_POLICIES, KV_CACHE_LAYOUTS, CacheConfig,
+                             DataParallelConfig, EngineConfig, KVTransferConfig, LoRAConfig, ModelConfig, ParallelConfig,
+                             SchedulerConfig, SpeculativeConfig, StructuredOutputsConfig, check_linear_options,
                              resolve_quantization)
 from pagemill.engine.arg_help import ENGINE_ARG_HELP
 from pagemill.loader.model_files import resolve_model
