@@ -105,7 +105,7 @@ def _with_quantization_config(src: str, dst: str, qconfig: dict | None) -> str:
 
 def test_bad_quantization_config_is_refused_naming_the_field(tmp_path):
     """An unknown quant_method (formerly loaded silently as float) and a bad field fail at LLM() with the field
-    named; quantization='none' on a quantized checkpoint too."""
+    named; quantization='none' on a quantized checkpoint and tensor parallelism too."""
     model, tok = qc.tiny_model("llama")
     good = qc.write_awq(model, tok, str(tmp_path / "awq"))
     with open(os.path.join(good, "config.json")) as f:
@@ -118,3 +118,7 @@ def test_bad_quantization_config_is_refused_naming_the_field(tmp_path):
         LLM(bad, kv_cache_memory="16MiB", max_model_len=256)
     with pytest.raises(ValueError, match=r"quantization='none' does not fit"):
         LLM(good, quantization="none", kv_cache_memory="16MiB", max_model_len=256)
+    from pagemill.engine.arg_utils import EngineArgs
+
+    with pytest.raises(ValueError, match=r"quantization: a quantized checkpoint's weights are not sliced"):
+        EngineArgs(model=good, tensor_parallel_size=2, kv_cache_memory="16MiB").create_engine_config()
