@@ -309,3 +309,35 @@ def test_batch_invariant_path_keeps_the_order_and_token_quantization():
     apply8 = fixed_order_apply(lin8.quant_method, lin8, require_kernels())
     ref = F.linear(quantize_tokens_int8(x), lin8.quant_method.dequantized_weight(lin8))
     torch.testing.assert_close(apply8(lin8, x), ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_whole_tile_shards_are_laid_out_as_they_load(bits):
+    """Shards of whole 64-row tiles are laid out at load_weight (their codes freed); the stacked records are those
+    of the whole layer laid out at once."""
+    from pagemill.layers.quantization.prequantized import q4_records
+
+    spec = parse_checkpoint_quant({"quant_method": "gptq", "bits": bits, "group_size": 32, "desc_act": True,
+                                   "sym": False})
+    ctx = _context(spec, {f"model.layers.0.self_attn.{s}_proj.weight" for s in "qkv"})
+    qkv = QKVParallelLinear(64, 32, 4, 2, False, ctx, [f"model.layers.0.self_attn.{s}_proj" for s in "qkv"])
+    torch.manual_seed(9)
+    g_idx = _g_idx(64, 32, True)
+    decoded, full = [], []
+    for s, rows in (("q", 128), ("k", 64), ("v", 64)):
+        codes, scale, zeros = quantize_groups(torch.randn(rows, 64), bits, 32, False, g_idx)
+        c = decode_linear(spec, s, pack_gptq(codes, scale, zeros, bits, g_idx))
+        qkv.load_weight("weight", c, s)
+        assert not isinstance(qkv.quant_parts[qkv.shard_offsets["qkv".index(s)]][3], QuantCodes)  # laid out now
+        decoded.append(c)
+        full.append(dequantize(codes, scale, zeros, g_idx))
+    qkv.process_weights_after_loading()
+    torch.testing.assert_close(qkv.quant_method.dequantized_weight(qkv), torch.cat(full), rtol=0,
+                               atol=float(torch.cat(full).abs().max()) * 2e-3)
+    if bits == 4:
+        from pagemill.layers.quantization.prequantized import _contiguous_groups
+
+        whole = q4_records([_contiguous_groups(c, "gptq")[0] for c in decoded])
+        assert torch.equal(qkv.gemv_records, whole)
+    x = torch.randn(5, 64)
+    torch.testing.assert_close(qkv(x), F.linear(x, qkv.quant_method.dequantized_weight(qkv)), rtol=1e-5, atol=1e-4)

@@ -2,11 +2,11 @@
 
 Each linear's codes (checkpoint_formats.QuantCodes: w = s (q - z) per group of g inputs) become, with no float copy:
 - 4-bit codes: "q4" records (Q4_1's layout, w = d q + m per 32 inputs): d = s in fp16 (exact for fp16 and, in
-  range, bf16 scales; fp32 scales rounded, within 2^-11, as vLLM's fp16 kernels cast them; scales past fp16's normal
-  range go to int8 tiles instead), m = -s z rounded to fp16 (exact for symmetric schemes, z = 8; otherwise within
-  2^-11 of |m|, under 1% of a quantization step). 0.625 bytes per weight.
-- 8-bit codes (and 4-bit ones whose scales fp16 does not hold): gemv_int8's tiles per 32 inputs, int8 q - 128 with
-  fp32 scale s and min s (128 - z) (exact). 1.125 bytes per weight (symmetric), 1.25 with mins.
+  range, bf16 scales; fp32 scales rounded, within 2^-11, as vLLM's fp16 kernels cast them; a scale under fp16's
+  normal range, 6e-5, keeps an absolute error under 2^-25 per step), m = -s z rounded to fp16 (exact for symmetric
+  schemes, z = 8; otherwise within 2^-11 of |m|, under 1% of a quantization step). 0.625 bytes per weight.
+- 8-bit codes: gemv_int8's tiles per 32 inputs, int8 q - 128 with fp32 scale s and min s (128 - z) (exact).
+  1.125 bytes per weight (symmetric), 1.25 with mins.
 A group of g inputs (g a multiple of 32, or the whole row) repeats its scale over its g / 32 blocks of 32.
 Activation order (GPTQ desc_act / compressed-tensors actorder: g_idx) is undone once at load: the weight's input
 columns are permuted so each group is contiguous (vLLM's exllama / marlin paths do the same) and apply() gathers the
@@ -27,13 +27,6 @@ from pagemill.layers.quantization.dense import DenseQuantConfig
 from pagemill.layers.quantization.gguf import RecordsLinearMethod
 from pagemill.layers.quantization.gguf_records import GEMV_TILE, Int8Codes, _pad_rows, _tiles
 from pagemill.layers.quantization.int8_grid import int8_tiles
-
-
-def _fp16_holds(x: torch.Tensor) -> bool:
-    """fp16 holds every value within its normal rounding (2^-11 relative: exact for fp16 / bf16 scales in range)."""
-    x = x.float()
-    h = x.to(torch.float16).float()
-    return bool(torch.isfinite(h).all()) and bool(((h - x).abs() <= x.abs() * 2.0**-11).all())
 
 
 def _contiguous_groups(c: QuantCodes, name: str) -> tuple[QuantCodes, torch.Tensor | None]:
@@ -76,6 +69,9 @@ def q4_records(parts: list[QuantCodes]) -> torch.Tensor:
     d = torch.cat([s for s, _ in scales])
     m = -(d * torch.cat([z for _, z in scales]).float())
     dm = torch.stack((d.to(torch.float16), m.to(torch.float16)), dim=-1)  # [N, K / 32, 2]
+    if not bool(torch.isfinite(dm).all()):
+        raise ValueError("4-bit scales (or scale x zero) beyond float16's range (65504): the q4 records hold fp16 "
+                         "d and m.")
     pairs = (codes[:, 0::2] | (codes[:, 1::2] << 4)).view(n, k // 32, 16)
     t = -(-n // GEMV_TILE)
     body = _tiles(_pad_rows(pairs)).reshape(t, k // 32, -1)
@@ -91,51 +87,64 @@ def _int8_codes(c: QuantCodes) -> Int8Codes:
 
 
 class PrequantizedLinearMethod(RecordsLinearMethod):
-    """A checkpoint's integer weights (every shard of a fused layer) as q4 records or int8 tiles."""
+    """A checkpoint's integer weights (every shard of a fused layer) as q4 records (4-bit) or int8 tiles (8-bit).
 
-    def __init__(self, method: str, dtype: torch.dtype, kernels: Any) -> None:
-        super().__init__("q4", method, dtype, kernels)  # records kind settled at process time
+    A shard is laid out as it is loaded when every shard of the layer is a whole number of 64-row tiles (real
+    models' q / k / v, gate / up): its decoded codes are freed at once and the layer's records are the shards'
+    records stacked. Otherwise (small models) the codes wait for process_weights_after_loading."""
+
+    def __init__(self, method: str, bits: int, dtype: torch.dtype, kernels: Any) -> None:
+        super().__init__("q4" if bits == 4 else "int8", method, dtype, kernels)
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
-        """Room for the shards' codes (nothing is allocated)."""
+        """Room for the shards (nothing is allocated)."""
         layer.in_features, layer.out_features = in_features, out_features
-        layer.quant_parts = {}
+        layer.quant_parts = {}  # row offset -> (rows, activation order, activations, records or QuantCodes)
         layer.act_perm, layer.act_int8 = None, False
 
     def load_weight(self, layer: nn.Module, loaded: Any, row_offset: int, shard_index: int) -> None:
-        """Keep the shard's codes for process_weights_after_loading."""
+        """Undo the shard's activation order; lay it out now if the layer's shards are whole tiles."""
         if not isinstance(loaded, QuantCodes):
             raise ValueError(f"expected the {self.weight_format} checkpoint's quantized tensors (qweight / "
                              f"weight_packed ...), got {type(loaded).__name__}")
         if loaded.shape[1] != layer.in_features:
             raise ValueError(f"quantized weight has {loaded.shape[1]} inputs, expected {layer.in_features}")
-        layer.quant_parts[row_offset] = loaded
+        c, perm = _contiguous_groups(loaded, self.weight_format)
+        whole_tiles = all(s % GEMV_TILE == 0 for s in getattr(layer, "output_sizes", [layer.out_features]))
+        layer.quant_parts[row_offset] = (c.shape[0], perm, c.activations, self._lay_out([c]) if whole_tiles else c)
+
+    def _lay_out(self, parts: list[QuantCodes]) -> Any:
+        """Records of the codes' rows, in order: q4 records, or int8 tiles [q, scale, min]."""
+        if self.records == "q4":
+            return q4_records(parts)
+        codes = [_int8_codes(c) for c in parts]
+        return int8_tiles(Int8Codes(torch.cat([c.q for c in codes]), torch.cat([c.scale for c in codes]),
+                                    torch.cat([c.min for c in codes]), RECORD_GROUP))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Undo activation order, then lay the codes out as q4 records (4-bit, fp16 scales) or int8 tiles."""
-        parts, perms = [], []
-        for off, c in sorted(layer.quant_parts.items()):
-            c, perm = _contiguous_groups(c, self.weight_format)
-            parts.append(c)
-            perms.append(perm)
-        if sum(c.shape[0] for c in parts) != layer.out_features:
-            raise ValueError(f"quantized shards cover {sum(c.shape[0] for c in parts)} of {layer.out_features} rows")
+        """The shards' records stacked (or laid out now, together); one activation order for the layer."""
+        entries = [e for _, e in sorted(layer.quant_parts.items())]
+        rows = sum(e[0] for e in entries)
+        if rows != layer.out_features:
+            raise ValueError(f"quantized shards cover {rows} of {layer.out_features} rows")
+        perms = [e[1] for e in entries]
         if any(p is None for p in perms) != all(p is None for p in perms) or any(
                 not torch.equal(p, perms[0]) for p in perms if p is not None):
             raise ValueError(f"{self.weight_format}: the shards of a fused layer have different g_idx (activation "
                              "orders); they share one input and must share one order.")
-        if all(c.bits == 4 for c in parts) and all(_fp16_holds(c.scale) for c in parts):
-            self.records = "q4"
-            records = q4_records(parts)
+        laid = [e[3] for e in entries]
+        if all(isinstance(x, QuantCodes) for x in laid):
+            records = self._lay_out(laid)
+        elif len(laid) == 1:
+            records = laid[0]
+        elif self.records == "q4":
+            records = torch.cat(laid)
         else:
-            self.records = "int8"
-            codes = [_int8_codes(c) for c in parts]
-            records = int8_tiles(Int8Codes(torch.cat([c.q for c in codes]), torch.cat([c.scale for c in codes]),
-                                           torch.cat([c.min for c in codes]), RECORD_GROUP))
-            if all(not bool(c.min.any()) for c in codes):
-                records = records[:2]  # symmetric: no mins
+            records = [torch.cat([x[i] for x in laid]) for i in range(3)]
+        if self.records == "int8" and not bool(records[2].any()):
+            records = records[:2]  # symmetric: no mins
         layer.act_perm = perms[0]
-        layer.act_int8 = any(c.activations == "int8_token" for c in parts)
+        layer.act_int8 = any(e[2] == "int8_token" for e in entries)
         self.set_records(layer, records)
         layer.quant_parts = {}
 
@@ -182,7 +191,8 @@ class CheckpointQuantConfig(QuantConfig):
         if not all(hits):
             raise ValueError(f"the checkpoint quantizes some of the fused weights {checkpoint_names} but not all; "
                              "pagemill fuses them into one layer.")
-        return PrequantizedLinearMethod(self.spec.method, self.dense.linear_dtype, self.dense.kernels)
+        return PrequantizedLinearMethod(self.spec.method, self.spec.bits, self.dense.linear_dtype,
+                                        self.dense.kernels)
 
 
 def checkpoint_quant_config(spec: CheckpointQuant, quantized: set[str], dense: DenseQuantConfig) -> QuantConfig:
