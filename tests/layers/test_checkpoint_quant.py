@@ -341,3 +341,44 @@ def test_whole_tile_shards_are_laid_out_as_they_load(bits):
         assert torch.equal(qkv.gemv_records, whole)
     x = torch.randn(5, 64)
     torch.testing.assert_close(qkv(x), F.linear(x, qkv.quant_method.dequantized_weight(qkv)), rtol=1e-5, atol=1e-4)
+
+
+def test_awq_decode_matches_autoawq_dequantize_gemm():
+    """AutoAWQ's own dequantizer (awq/utils/packing_utils.py: unpack by shifts 0, 4, ..., 28, then
+    AWQ_REVERSE_ORDER [0, 4, 1, 5, 2, 6, 3, 7], then (iweight - izeros) * scales), transcribed, is the oracle."""
+    torch.manual_seed(10)
+    codes, scale, zeros = quantize_groups(torch.randn(64, 256), 4, 128, False)
+    t = pack_awq(codes, scale, zeros)
+
+    def unpack(x):
+        shifts = torch.arange(0, 32, 4)
+        return torch.bitwise_right_shift(x[:, :, None], shifts[None, None, :]).to(torch.int8).view(x.shape[0], -1)
+
+    iw, iz = unpack(t["qweight"]), unpack(t["qzeros"])
+    order = torch.arange(iw.shape[-1]).view(-1, 8)[:, [0, 4, 1, 5, 2, 6, 3, 7]].view(-1)
+    iw, iz = iw[:, order] & 15, iz[:, order] & 15
+    ref = (iw - iz.repeat_interleave(128, 0)) * t["scales"].repeat_interleave(128, 0)  # [K, N] fp16 as AWQ does
+    spec = parse_checkpoint_quant({"quant_method": "awq", "bits": 4, "group_size": 128})
+    c = decode_linear(spec, NAME, t)
+    torch.testing.assert_close(c.dequantize().t(), ref.float(), rtol=1e-3, atol=1e-3)  # AWQ rounds to fp16
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gptq_decode_matches_autogptq_dequantization(bits):
+    """AutoGPTQ's QuantLinear dequantization (wf shifts on qweight along K and on qzeros along N, zeros + 1 in the
+    v1 format, scales[g_idx] * (weight - zeros[g_idx])), transcribed, is the oracle; act order included."""
+    torch.manual_seed(11)
+    g_idx = _g_idx(128, 32, True)
+    codes, scale, zeros = quantize_groups(torch.randn(64, 128), bits, 32, False, g_idx)
+    t = pack_gptq(codes, scale, zeros, bits, g_idx)
+    per, maxq = 32 // bits, (1 << bits) - 1
+    wf = torch.arange(0, 32, bits, dtype=torch.int32).unsqueeze(0)
+    z = torch.bitwise_right_shift(t["qzeros"].unsqueeze(2).expand(-1, -1, per), wf.unsqueeze(0)) & maxq
+    z = (z + 1).reshape(t["scales"].shape)
+    w = torch.bitwise_right_shift(t["qweight"].unsqueeze(1).expand(-1, per, -1), wf.unsqueeze(-1)) & maxq
+    w = w.reshape(-1, w.shape[2])  # [K, N]
+    gi = t["g_idx"].long()
+    ref = t["scales"].float()[gi] * (w - z[gi]).float()
+    spec = parse_checkpoint_quant({"quant_method": "gptq", "bits": bits, "group_size": 32, "desc_act": True,
+                                   "sym": False})
+    assert torch.equal(decode_linear(spec, NAME, t).dequantize().t(), ref)
