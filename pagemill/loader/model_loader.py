@@ -41,6 +41,8 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
 
         checkpoint = QuantizedCheckpoint(model_config.model, getattr(model_config.hf_config, "quantization_config",
                                                                      None))
+        if ops.kernels is not None:
+            records_cache = checkpoint.records_cache(layout)
     quant_config = get_quant_config(model_config.linear_dtype, model_config.quantization, model_config.dtype,
                                     ops.kernels, gguf.tensor_types() if gguf is not None else None, records_cache,
                                     checkpoint)
@@ -60,7 +62,7 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
         gguf.gguf.release_pages()  # the file no longer counts in the resident set
     if records_cache is not None:
         if records_cache.mapped:
-            logger.info("GGUF records mapped from %s (%d layers, no packing)", records_cache.path, records_cache.hits)
+            logger.info("Records mapped from %s (%d layers, no packing)", records_cache.path, records_cache.hits)
         records_cache.save()
     logger.info("Loaded %s (%s, %s) in %.1fs; %s", cls.__name__, model_config.dtype, type(quant_config).__name__,
                 time.perf_counter() - start, weight_memory_line(model))

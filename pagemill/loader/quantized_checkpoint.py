@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from pagemill.layers.quantization.checkpoint_formats import (CheckpointQuant, decode_linear, parse_checkpoint_quant,
-                                                             quantized_prefixes)
+from pagemill.layers.quantization.checkpoint_formats import (CheckpointQuant, LazyQuantWeight, decode_linear,
+                                                             parse_checkpoint_quant, quantized_prefixes)
+from pagemill.layers.quantization.records_cache import RecordsCache
 
 
 # attention scales some FP8 checkpoints carry for an fp8 KV cache: not read (the KV cache here is float)
@@ -42,7 +43,16 @@ class QuantizedCheckpoint:
 
     def __init__(self, model_dir: str, quantization_config: Any) -> None:
         self.spec: CheckpointQuant = parse_checkpoint_quant(quantization_config)
+        self.files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
         self.prefixes = quantized_prefixes(self.spec, checkpoint_tensor_names(model_dir))
+
+    def records_cache(self, layout: str) -> RecordsCache | None:
+        """The records cache of these weight files (every file's size and time in its key) for this rank and
+        kernel layout; None when caching is off or the weights run on the float path (fp8)."""
+        if not self.spec.integer or not self.files:
+            return None
+        stats = "|".join(f"{os.path.basename(f)}:{os.stat(f).st_size}:{os.stat(f).st_mtime_ns}" for f in self.files)
+        return RecordsCache.for_weight_file(self.files[0], f"{layout}|{stats}")
 
     @property
     def quantized_weights(self) -> set[str]:
@@ -64,7 +74,10 @@ class QuantizedCheckpoint:
             parts[suffix] = tensor
             if set(parts) == want:
                 del pending[prefix]
-                yield f"{prefix}.weight", decode_linear(self.spec, prefix, parts)
+                if self.spec.integer:  # decoded by the layer, unless its records are cached
+                    yield f"{prefix}.weight", LazyQuantWeight(self.spec, prefix, parts)
+                else:
+                    yield f"{prefix}.weight", decode_linear(self.spec, prefix, parts)
         if pending:
             prefix, parts = next(iter(pending.items()))
             raise ValueError(f"quantized tensors of {prefix!r} are incomplete: {sorted(parts)} of "

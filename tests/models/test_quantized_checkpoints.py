@@ -40,6 +40,13 @@ PROMPTS = [[1 + i] * (3 + 7 * i) for i in range(3)] + [list(range(5, 105))]  # G
 MAX_TOKENS = 8
 
 
+@pytest.fixture(autouse=True)
+def _records_cache_dir(tmp_path, monkeypatch):
+    """Laid-out records are cached under the test's own directory."""
+    monkeypatch.setenv("PAGEMILL_RECORDS_CACHE_DIR", str(tmp_path / "records"))
+    monkeypatch.delenv("PAGEMILL_RECORDS_CACHE", raising=False)
+
+
 def _quantize_inputs_per_token(model) -> None:
     """W8A8's reference: each quantized linear's input rounded per token to int8 (max|x| / 127), as vLLM's dynamic
     per-token quantization does, before a float32 matmul."""
@@ -91,6 +98,30 @@ def test_each_linear_holds_the_dequantized_weight(tmp_path):
     assert torch.equal(qkv.quant_method.dequantized_weight(qkv), want)
     down = m.model.layers[1].mlp.down_proj
     assert torch.equal(down.quant_method.dequantized_weight(down), ref.mlp.down_proj.weight)
+
+
+@pytest.mark.parametrize("fmt", ["gptq-4bit-g32-desc_act", "gptq-8bit-channel-v2", "ct-W8A8"])
+def test_second_start_maps_the_cached_records(fmt, tmp_path):
+    """The first start writes the layers' records (and activation order) to the records cache; the second maps
+    them without decoding a weight, and generates the same tokens."""
+    writer, kwargs, records = FORMATS[fmt]
+    model, tok = qc.tiny_model("llama")
+    path = writer(model, tok, str(tmp_path / fmt), **kwargs)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    runs = []
+    for start in range(2):
+        llm = LLM(path, kv_cache_memory="16MiB", max_model_len=256, enable_prefix_caching=False)
+        layers = [m for m in engine_model(llm).modules()
+                  if isinstance(getattr(m, "quant_method", None), PrequantizedLinearMethod)]
+        assert len(layers) == 8 and all(m.records_mapped == (start == 1) for m in layers)
+        assert {m.quant_method.records for m in layers} == {records}
+        if kwargs.get("desc_act"):
+            assert all(m.act_perm is not None for m in layers)
+        runs.append([o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                                                                   params, use_tqdm=False)])
+        del llm
+    assert runs[0] == runs[1]
+    assert len(list((tmp_path / "records").glob("*.safetensors"))) == 1
 
 
 def _with_quantization_config(src: str, dst: str, qconfig: dict | None) -> str:

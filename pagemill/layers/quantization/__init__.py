@@ -34,7 +34,7 @@ def get_quant_config(linear_dtype: str, quantization: str, model_dtype: torch.dt
 
         if checkpoint is None:
             raise ValueError(f"quantization={quantization!r} needs the quantized checkpoint's tensors.")
-        return checkpoint_quant_config(checkpoint.spec, checkpoint.quantized_weights, dense)
+        return checkpoint_quant_config(checkpoint.spec, checkpoint.quantized_weights, dense, records_cache)
     if quantization in WEIGHT_ONLY_QUANTIZATIONS:
         from pagemill.layers.quantization.weight_only import WeightOnlyQuantConfig
 

@@ -249,6 +249,29 @@ class QuantCodes:
         return w.view(n, k)
 
 
+class LazyQuantWeight:
+    """A quantized linear's stored tensors, decoded to QuantCodes only when its records are not cached."""
+
+    def __init__(self, spec: CheckpointQuant, prefix: str, tensors: dict[str, torch.Tensor]) -> None:
+        self.spec, self.prefix, self.tensors = spec, prefix, tensors
+        self.activations = spec.activations
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out, in) from the stored shapes, without decoding."""
+        t, per = self.tensors, 32 // self.spec.bits
+        if self.spec.method == "gptq":
+            return t["qweight"].shape[1], t["qweight"].shape[0] * per
+        if self.spec.method == "awq":
+            return t["qweight"].shape[1] * 8, t["qweight"].shape[0]
+        if "weight_shape" in t:
+            return tuple(int(v) for v in t["weight_shape"].tolist())
+        return tuple(t["weight"].shape)
+
+    def decode(self) -> QuantCodes:
+        return decode_linear(self.spec, self.prefix, self.tensors)
+
+
 def _unpack_rows(packed: torch.Tensor, bits: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
     """int32 [R, C] packed along the last axis, 32 / bits codes a word (element j at bits b j, or the element
     order[j] there) -> uint8 [R, C * 32 / bits]."""

@@ -22,11 +22,13 @@ import torch
 from torch import nn
 
 from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig
-from pagemill.layers.quantization.checkpoint_formats import RECORD_GROUP, CheckpointQuant, QuantCodes
+from pagemill.layers.quantization.checkpoint_formats import (RECORD_GROUP, CheckpointQuant, LazyQuantWeight,
+                                                             QuantCodes)
 from pagemill.layers.quantization.dense import DenseQuantConfig
 from pagemill.layers.quantization.gguf import RecordsLinearMethod
 from pagemill.layers.quantization.gguf_records import GEMV_TILE, Int8Codes, _pad_rows, _tiles
 from pagemill.layers.quantization.int8_grid import int8_tiles
+from pagemill.layers.quantization.records_cache import RecordsCache
 
 
 def _contiguous_groups(c: QuantCodes, name: str) -> tuple[QuantCodes, torch.Tensor | None]:
@@ -93,23 +95,31 @@ class PrequantizedLinearMethod(RecordsLinearMethod):
     models' q / k / v, gate / up): its decoded codes are freed at once and the layer's records are the shards'
     records stacked. Otherwise (small models) the codes wait for process_weights_after_loading."""
 
-    def __init__(self, method: str, bits: int, dtype: torch.dtype, kernels: Any) -> None:
+    def __init__(self, method: str, bits: int, dtype: torch.dtype, kernels: Any, cache: RecordsCache | None = None,
+                 cache_key: str = "") -> None:
         super().__init__("q4" if bits == 4 else "int8", method, dtype, kernels)
+        self.cache, self.cache_key = cache, cache_key  # the checkpoint's records cache and this layer's key in it
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
-        """Room for the shards (nothing is allocated)."""
+        """Room for the shards (nothing is allocated); the layer's cached records, if an earlier start made them."""
         layer.in_features, layer.out_features = in_features, out_features
         layer.quant_parts = {}  # row offset -> (rows, activation order, activations, records or QuantCodes)
         layer.act_perm, layer.act_int8 = None, False
+        layer.cached_records = self.cache.lookup(self.cache_key) if self.cache is not None else None
 
     def load_weight(self, layer: nn.Module, loaded: Any, row_offset: int, shard_index: int) -> None:
-        """Undo the shard's activation order; lay it out now if the layer's shards are whole tiles."""
-        if not isinstance(loaded, QuantCodes):
+        """Undo the shard's activation order; lay it out now if the layer's shards are whole tiles (nothing is
+        decoded when the layer's records are cached)."""
+        if not isinstance(loaded, (QuantCodes, LazyQuantWeight)):
             raise ValueError(f"expected the {self.weight_format} checkpoint's quantized tensors (qweight / "
                              f"weight_packed ...), got {type(loaded).__name__}")
         if loaded.shape[1] != layer.in_features:
             raise ValueError(f"quantized weight has {loaded.shape[1]} inputs, expected {layer.in_features}")
-        c, perm = _contiguous_groups(loaded, self.weight_format)
+        if layer.cached_records is not None:
+            layer.quant_parts[row_offset] = (loaded.shape[0], None, loaded.activations, None)
+            return
+        c, perm = _contiguous_groups(loaded.decode() if isinstance(loaded, LazyQuantWeight) else loaded,
+                                     self.weight_format)
         whole_tiles = all(s % GEMV_TILE == 0 for s in getattr(layer, "output_sizes", [layer.out_features]))
         layer.quant_parts[row_offset] = (c.shape[0], perm, c.activations, self._lay_out([c]) if whole_tiles else c)
 
@@ -127,6 +137,18 @@ class PrequantizedLinearMethod(RecordsLinearMethod):
         rows = sum(e[0] for e in entries)
         if rows != layer.out_features:
             raise ValueError(f"quantized shards cover {rows} of {layer.out_features} rows")
+        layer.act_int8 = any(e[2] == "int8_token" for e in entries)
+        layer.records_mapped = layer.cached_records is not None  # read-only views of the cache file's map
+        if layer.cached_records is not None:
+            kind, parts = layer.cached_records
+            extra = self.cache.extra(self.cache_key)
+            parts = parts if isinstance(parts, list) else [parts]
+            layer.act_perm = parts[-1].long() if extra.get("perm") else None
+            parts = parts[:-1] if extra.get("perm") else parts
+            self.records = kind
+            self.set_records(layer, parts[0] if kind == "q4" else parts)
+            layer.quant_parts, layer.cached_records = {}, None
+            return
         perms = [e[1] for e in entries]
         if any(p is None for p in perms) != all(p is None for p in perms) or any(
                 not torch.equal(p, perms[0]) for p in perms if p is not None):
@@ -144,9 +166,12 @@ class PrequantizedLinearMethod(RecordsLinearMethod):
         if self.records == "int8" and not bool(records[2].any()):
             records = records[:2]  # symmetric: no mins
         layer.act_perm = perms[0]
-        layer.act_int8 = any(e[2] == "int8_token" for e in entries)
+        if self.cache is not None:  # the activation order is kept beside the records (int32)
+            parts = [records] if self.records == "q4" else list(records)
+            perm = [] if layer.act_perm is None else [layer.act_perm.to(torch.int32)]
+            self.cache.add(self.cache_key, self.records, parts + perm, perm=bool(perm))
         self.set_records(layer, records)
-        layer.quant_parts = {}
+        layer.quant_parts, layer.cached_records = {}, None
 
     def matmul(self, layer: nn.Module, x: torch.Tensor, direct_only: bool) -> torch.Tensor:
         """Activation columns in the weight's order; W8A8's per-token int8 activations; the records kernels (also
@@ -179,8 +204,10 @@ class CheckpointQuantConfig(QuantConfig):
     """A quantized checkpoint's layers: PrequantizedLinearMethod for the linears it stores as integer codes, the
     dense methods elsewhere (float layers such as the LM head, and fp8 weights, dequantized at load)."""
 
-    def __init__(self, spec: CheckpointQuant, quantized: set[str], dense: DenseQuantConfig) -> None:
+    def __init__(self, spec: CheckpointQuant, quantized: set[str], dense: DenseQuantConfig,
+                 records_cache: RecordsCache | None = None) -> None:
         self.spec, self.quantized, self.dense = spec, quantized, dense  # quantized: "prefix.weight" names
+        self.records_cache = records_cache  # the layouts of earlier starts (records_cache.py)
 
     def get_linear_method(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:
         if not self.spec.integer:
@@ -192,10 +219,11 @@ class CheckpointQuantConfig(QuantConfig):
             raise ValueError(f"the checkpoint quantizes some of the fused weights {checkpoint_names} but not all; "
                              "pagemill fuses them into one layer.")
         return PrequantizedLinearMethod(self.spec.method, self.spec.bits, self.dense.linear_dtype,
-                                        self.dense.kernels)
+                                        self.dense.kernels, self.records_cache, "+".join(checkpoint_names))
 
 
-def checkpoint_quant_config(spec: CheckpointQuant, quantized: set[str], dense: DenseQuantConfig) -> QuantConfig:
+def checkpoint_quant_config(spec: CheckpointQuant, quantized: set[str], dense: DenseQuantConfig,
+                            records_cache: RecordsCache | None = None) -> QuantConfig:
     """The config for a quantized checkpoint; ValueError naming the option when the engine cannot run its records."""
     if spec.integer:
         if dense.kernels is None:
@@ -204,4 +232,4 @@ def checkpoint_quant_config(spec: CheckpointQuant, quantized: set[str], dense: D
         if dense.linear_dtype not in (torch.float32, torch.float16):
             raise ValueError(f"quantization={spec.method!r} needs float32 or float16 matmuls (the GEMV kernels' "
                              f"inputs); linear_dtype resolves to {str(dense.linear_dtype).removeprefix('torch.')}.")
-    return CheckpointQuantConfig(spec, quantized, dense)
+    return CheckpointQuantConfig(spec, quantized, dense, records_cache)
