@@ -32,7 +32,9 @@ def parse_size(value: int | float | str) -> int:
 # preset: csrc/variant/gemv_i8.cpp; the exact float32 default keeps HF parity)
 LINEAR_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 WEIGHT_ONLY_QUANTIZATIONS = ("int8", "int4")  # float checkpoints quantized at load (layers/quantization/weight_only.py)
-QUANTIZATIONS = ("auto", "none", "gguf", *WEIGHT_ONLY_QUANTIZATIONS)
+# quantized checkpoints, named by their quantization_config.quant_method (layers/quantization/prequantized.py)
+CHECKPOINT_QUANTIZATIONS = ("gptq", "awq", "compressed-tensors", "fp8")
+QUANTIZATIONS = ("auto", "none", "gguf", *WEIGHT_ONLY_QUANTIZATIONS, *CHECKPOINT_QUANTIZATIONS)
 
 
 def check_linear_options(linear_dtype: str, quantization: str) -> None:
@@ -43,12 +45,24 @@ def check_linear_options(linear_dtype: str, quantization: str) -> None:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}.")
 
 
-def resolve_quantization(quantization: str, from_gguf: bool) -> str:
-    """auto = keep GGUF weights in their block formats (it changes no weight value), else none; gguf needs a GGUF
-    file (the blocks are read from it); int8 / int4 need float weights (safetensors), not a GGUF file's."""
+def resolve_quantization(quantization: str, from_gguf: bool, checkpoint_method: Any = None) -> str:
+    """auto = keep GGUF weights in their block formats (it changes no weight value), a quantized checkpoint's own
+    method (`checkpoint_method`: its quantization_config.quant_method, or None), else none; gguf needs a GGUF file
+    (the blocks are read from it); int8 / int4 need float weights (safetensors), not a GGUF file's; a quantized
+    checkpoint runs only as what it is."""
     check_linear_options("auto", quantization)
+    if checkpoint_method is not None and checkpoint_method not in CHECKPOINT_QUANTIZATIONS:
+        raise ValueError(f"quantization_config.quant_method must be one of {', '.join(CHECKPOINT_QUANTIZATIONS)}, "
+                         f"got {checkpoint_method!r}.")
     if quantization == "auto":
-        return "gguf" if from_gguf else "none"
+        return "gguf" if from_gguf else checkpoint_method or "none"
+    if checkpoint_method is not None and quantization != checkpoint_method:
+        raise ValueError(f"quantization={quantization!r} does not fit this checkpoint, quantized with "
+                         f"quantization_config.quant_method={checkpoint_method!r}: use quantization='auto' or "
+                         f"{checkpoint_method!r}.")
+    if quantization in CHECKPOINT_QUANTIZATIONS and checkpoint_method is None:
+        raise ValueError(f"quantization={quantization!r} needs a checkpoint whose config.json has a "
+                         "quantization_config with that quant_method.")
     if quantization == "gguf" and not from_gguf:
         raise ValueError("quantization='gguf' needs a GGUF model file (the blocks are read from it).")
     if quantization in WEIGHT_ONLY_QUANTIZATIONS and from_gguf:
@@ -70,7 +84,7 @@ class ModelConfig:
     served_model_name: str | None = None
     seed: int = 0
     linear_dtype: str = "auto"  # matmul precision; auto = the model dtype (exact float32)
-    quantization: str = "none"  # none | gguf | int8 | int4 (resolved from auto)
+    quantization: str = "none"  # none | gguf | int8 | int4 | gptq | awq | compressed-tensors | fp8 (resolved)
     runner_type: str = "generate"  # generate | pooling (embeddings, scores: pagemill/pooling/)
     pooler_config: Any = None  # pooling.config.PoolerConfig of a pooling model, else None
     max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for (-1: no limit)

@@ -45,8 +45,10 @@ ENGINE_ARG_HELP: dict[str, str] = {
                          "interpreter: slow, for checking them); kv_cache_layout virtual brings its own (leave auto).",
     "num_threads": "Torch threads of the engine core (None: all cores).",
     "disable_log_stats": "Do not log the periodic stats line.",
-    "quantization": "auto (a GGUF file's own blocks, else none), none, gguf, or int8 / int4: quantize a safetensors "
-                    "model's linear layers at load (weight-only, per group of 16 / 32).",
+    "quantization": "auto (a GGUF file's own blocks, a quantized checkpoint's quantization_config.quant_method, else "
+                    "none), none, gguf, gptq / awq / compressed-tensors / fp8 (what the checkpoint is), or "
+                    "int8 / int4: quantize a safetensors model's linear layers at load (weight-only, per group of "
+                    "16 / 32).",
     "greedy_head_screen": "Greedy rows: int8 screen of the LM head, exact float32 recheck of the tokens that could "
                           "win (same tokens, faster batched decode).",
     "batch_invariant": "Fixed reduction orders in matmuls and attention: a request's logits (and seeded samples) "

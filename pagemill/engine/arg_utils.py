@@ -12,9 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from pagemill.config import (DP_ROUTING_POLICIES, KV_CACHE_LAYOUTS, CacheConfig, DataParallelConfig, EngineConfig,
-                             KVTransferConfig, LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig,
-                             SpeculativeConfig, StructuredOutputsConfig, check_linear_options, resolve_quantization)
+from pagemill.config import (CHECKPOINT_QUANTIZATIONS, DP_ROUTING_POLICIES, KV_CACHE_LAYOUTS, CacheConfig,
+                             DataParallelConfig, EngineConfig, KVTransferConfig, LoRAConfig, ModelConfig, ParallelConfig,
+                             SchedulerConfig, SpeculativeConfig, StructuredOutputsConfig, check_linear_options,
+                             resolve_quantization)
 from pagemill.engine.arg_help import ENGINE_ARG_HELP
 from pagemill.loader.model_files import resolve_model
 from pagemill.platforms import current_platform
@@ -190,7 +191,7 @@ class EngineArgs:
             served_model_name=self.served_model_name,
             seed=self.seed,
             linear_dtype=self.linear_dtype,
-            quantization=resolve_quantization(self.quantization, resolved.gguf_file is not None),
+            quantization=_checkpoint_quantization(self.quantization, resolved.gguf_file is not None, hf_config),
             runner_type="generate" if pooler is None else "pooling", pooler_config=pooler,
             max_logprobs=self.max_logprobs, max_n=self.max_n or self.max_num_seqs,
             mm_hf_config=mm_hf_config, limit_mm_per_prompt=limit_mm,
@@ -280,6 +281,11 @@ def check_parallel(args: EngineArgs, parallel: ParallelConfig, hf_config: Any, p
         raise ValueError(f"runner: pooling models do not run with {what} yet (use one rank).")
     if args.batch_invariant:
         raise ValueError(f"batch_invariant=True is not covered with {what} (use one rank).")
+    quantized_checkpoint = not gguf and _checkpoint_quantization(args.quantization, False,
+                                                                 hf_config) in CHECKPOINT_QUANTIZATIONS
+    if tp > 1 and quantized_checkpoint:
+        raise ValueError(f"quantization: a quantized checkpoint's weights are not sliced over tensor-parallel ranks "
+                         f"yet; use tensor_parallel_size=1 (not {tp}).")
     if tp > 1 and gguf and resolve_quantization(args.quantization, True) == "gguf":
         raise ValueError(f"quantization: GGUF blocks are not sliced over tensor-parallel ranks; use "
                          f"quantization='none' (the file's weights decoded to float) with tensor_parallel_size={tp}.")
@@ -432,3 +438,20 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         else:
             group.add_argument(*flag, type=_scalar_type(hints[f.name]), default=default,
                                choices=_CHOICES.get(f.name), help=help_text)
+
+
+def _checkpoint_quantization(quantization: str, from_gguf: bool, hf_config: Any) -> str:
+    """The resolved quantization; a checkpoint's quantization_config is checked field by field here (ValueError
+    naming the field) so a bad one fails before any weight is read."""
+    qc = None if from_gguf else getattr(hf_config, "quantization_config", None)
+    if qc is not None and not isinstance(qc, dict) and hasattr(qc, "to_dict"):
+        qc = qc.to_dict()
+    method = None
+    if qc is not None:
+        method = qc.get("quant_method") if isinstance(qc, dict) else type(qc).__name__
+    resolved = resolve_quantization(quantization, from_gguf, method)
+    if resolved in CHECKPOINT_QUANTIZATIONS:
+        from pagemill.layers.quantization.checkpoint_formats import parse_checkpoint_quant
+
+        parse_checkpoint_quant(qc)
+    return resolved
