@@ -65,6 +65,7 @@ class ModelConfig:
     hf_config: Any
     tokenizer: str
     gguf_file: str | None = None
+    skip_tokenizer_init: bool = False  # no tokenizer: token ids in, token ids out
     served_model_name: str | None = None
     seed: int = 0
     linear_dtype: str = "auto"  # matmul precision; auto = the model dtype (exact float32)

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from pagemill.engine.detokenizer import IncrementalDetokenizer
+from pagemill.loader.tokenizer import is_no_tokenizer
 from pagemill.engine.parallel_sampling import ParentRequest
 from pagemill.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, EngineCoreRequest, LogprobsLists
 from pagemill.outputs import (CompletionOutput, Logprob, PoolingOutput, PoolingRequestOutput, RequestMetrics,
@@ -94,6 +95,7 @@ class OutputProcessor:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self.no_tokenizer = is_no_tokenizer(tokenizer)
         self.states: dict[str, RequestState] = {}  # by sequence id
         self.parent_requests: dict[str, ParentRequest] = {}  # n > 1: by user request id
         self._token_text: dict[int, str] = {}
@@ -133,7 +135,9 @@ class OutputProcessor:
         self.states.clear()
         self.parent_requests.clear()
 
-    def _decode_token(self, tok: int) -> str:
+    def _decode_token(self, tok: int) -> str | None:
+        if self.no_tokenizer:
+            return None  # skip_tokenizer_init: logprobs carry token ids only
         text = self._token_text.get(tok)
         if text is None:
             text = self._token_text[tok] = self.tokenizer.decode([tok])

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from pagemill.config import ModelConfig, StructuredOutputsConfig
+from pagemill.loader.tokenizer import SKIP_TOKENIZER_MESSAGE, is_no_tokenizer
 from pagemill.lora.request import LoRARequest
 from pagemill.messages import EngineCoreRequest
 from pagemill.pooling.processor import process_pooling
@@ -25,6 +26,7 @@ class Processor:
         self.structured_outputs_config = structured_outputs_config or StructuredOutputsConfig()
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id
+        self.no_tokenizer = is_no_tokenizer(tokenizer)
         self.vocab_size = model_config.hf_config.vocab_size
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
@@ -43,6 +45,16 @@ class Processor:
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             return None, list(prompt)
         raise ValueError(f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}.")
+
+    @staticmethod
+    def _without_text(params: SamplingParams) -> SamplingParams:
+        """skip_tokenizer_init: refuse what needs text (ValueError naming the field); no detokenizing."""
+        for name in ("stop", "bad_words"):
+            if getattr(params, name, None):
+                raise ValueError(f"{name}: {SKIP_TOKENIZER_MESSAGE}; use stop_token_ids.")
+        if params.structured_outputs is not None:
+            raise ValueError(f"structured_outputs: {SKIP_TOKENIZER_MESSAGE}.")
+        return params.clone(detokenize=False) if params.detokenize else params
 
     def _check_structured_outputs(self, params: SamplingParams) -> SamplingParams:
         """Validate the output constraint (ValueError naming the field) and record its backend on a copy."""
@@ -108,6 +120,8 @@ class Processor:
             raise ValueError(f"priority must fit in a signed 64-bit integer, got {priority}.")
         if max(params.n, params.best_of or 0) > params.n and params.output_kind != RequestOutputKind.FINAL_ONLY:
             raise ValueError("best_of > n cannot be streamed: the best sequences are known only at the end.")
+        if self.no_tokenizer:
+            params = self._without_text(params)
         if params.structured_outputs is not None:
             params = self._check_structured_outputs(params)
         if params.max_tokens is None:  # a copy: the same SamplingParams may serve prompts of other lengths

@@ -110,7 +110,8 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
               chat_template: str | None = None, shutdown_engine: bool = True,
               auto_tool_parser: str | None = None, lora_modules: list[LoRAModulePath] | None = None,
               limits: ServerLimits | None = None, cors: CORSOptions | None = None,
-              enable_tokenizer_info: bool = False, serve_tokenizer_files: bool = True) -> FastAPI:
+              enable_tokenizer_info: bool = False, serve_tokenizer_files: bool = True,
+              enable_force_include_usage: bool = False) -> FastAPI:
     """The FastAPI app serving `engine` (with its own Prometheus registry, so several apps can coexist).
 
     `auto_tool_parser`: the tool-call parser of tool_choice="auto" (--enable-auto-tool-choice --tool-call-parser).
@@ -144,6 +145,7 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
                              mc.max_model_len, limits)
     chat = OpenAIServingChat(engine, models, prompts, auto_tool_parser)
     completion = OpenAIServingCompletion(engine, models, prompts)
+    chat.force_include_usage = completion.force_include_usage = enable_force_include_usage
     tokenization = OpenAIServingTokenization(engine.get_tokenizer(), models, prompts)
     registry = CollectorRegistry()
     spec = engine.config.speculative_config
@@ -298,7 +300,8 @@ def run_server(args: argparse.Namespace) -> None:
         app = build_app(engine, names, args.api_key, chat_template, auto_tool_parser=auto_tool_parser,
                         lora_modules=lora_modules, limits=limits, cors=CORSOptions.from_args(args),
                         enable_tokenizer_info=args.enable_tokenizer_info_endpoint,
-                        serve_tokenizer_files=args.serve_tokenizer_files)
+                        serve_tokenizer_files=args.serve_tokenizer_files,
+                        enable_force_include_usage=args.enable_force_include_usage)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                                 access_log=not args.disable_uvicorn_access_log)
         logger.info("Serving %s on http://%s:%d", ", ".join(names), args.host, args.port)

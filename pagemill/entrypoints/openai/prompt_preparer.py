@@ -8,6 +8,7 @@ from pagemill.entrypoints.chat_utils import ChatRenderer, Conversation, Tools
 from pagemill.entrypoints.openai.errors import OpenAIError
 from pagemill.entrypoints.openai.prompt_worker import PromptWorker, TimeLimitExceeded
 from pagemill.entrypoints.openai.server_limits import ServerLimits
+from pagemill.loader.tokenizer import SKIP_TOKENIZER_MESSAGE, is_no_tokenizer
 
 # Tokens beyond max_model_len that a text prefix must reach before the whole text is declared too long (the last
 # word of a cut text may tokenize differently than in the whole).
@@ -32,6 +33,8 @@ class PromptPreparer:
         self.prefix_chars = (max_model_len + _PREFIX_MARGIN_TOKENS) * max(longest, 1)
 
     def _encode(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        if is_no_tokenizer(self.tokenizer):
+            raise OpenAIError(f"{param} is text, but {SKIP_TOKENIZER_MESSAGE}.", 400, param)
         if len(text) > self.prefix_chars:
             head = self.tokenizer.encode(text[:self.prefix_chars], add_special_tokens=add_special_tokens)
             if len(head) >= self.max_model_len + _PREFIX_MARGIN_TOKENS:
@@ -60,6 +63,8 @@ class PromptPreparer:
         """Token ids of a rendered conversation, rendered in a thread of its own and stopped (a 400) after the
         time limit."""
         self.check_request_template(chat_template)
+        if is_no_tokenizer(self.tokenizer):
+            raise OpenAIError(f"messages cannot be rendered: {SKIP_TOKENIZER_MESSAGE}.", 400, "messages")
         try:
             text = await self.worker.run_limited(
                 self.limits.chat_template_timeout_s, self.renderer.render_text, conversation, chat_template,
