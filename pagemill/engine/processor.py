@@ -102,8 +102,8 @@ class Processor:
                 raise ValueError(f"{name} must be token ids in [0, {self.vocab_size}).")
         if len(ids) >= max_len:
             raise ValueError(
-                f"The prompt (length {len(ids)}) is longer than the maximum model length of {max_len} "
-                "(max_model_len): no room to generate."
+                f"prompt: this model's maximum context length is {max_len} tokens (max_model_len), but the prompt "
+                f"has {len(ids)} tokens, leaving no room to generate. Please reduce the length of the prompt."
             )
         for field_name in ("logprobs", "prompt_logprobs"):
             n = getattr(params, field_name)

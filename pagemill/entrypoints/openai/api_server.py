@@ -25,8 +25,8 @@ from pagemill.entrypoints.openai.cors import CORSOptions, add_cors
 from pagemill.entrypoints.openai.lora_modules import LoRAModulePath, runtime_lora_updating_allowed
 from pagemill.entrypoints.openai.openapi_docs import HealthResponse, document_api, error_responses
 from pagemill.entrypoints.openai.prompt_preparer import PromptPreparer
-from pagemill.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                                  EmbeddingRequest, PoolingRequest, RerankRequest,
+from pagemill.entrypoints.openai.protocol import (ChatCompletionRequest, ClassificationRequest, CompletionRequest,
+                                                  DetokenizeRequest, EmbeddingRequest, PoolingRequest, RerankRequest,
                                                   ScoreRequest, TokenizeRequest)
 from pagemill.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagemill.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -260,6 +260,12 @@ def add_pooling_routes(app: FastAPI, engine: AsyncLLM, models: OpenAIServingMode
     async def create_pooling(request: PoolingRequest, raw_request: Request) -> Response:
         """The pooler's output of each input (vLLM)."""
         return await embedding.create_pooling(request)
+
+    @app.post("/classify", include_in_schema=pools)
+    @with_cancellation
+    async def create_classify(request: ClassificationRequest, raw_request: Request) -> Response:
+        """Class probabilities of each input under a classifier (vLLM)."""
+        return await embedding.create_classify(request)
 
     @app.post("/score", include_in_schema=pools)
     @app.post("/v1/score", include_in_schema=pools)

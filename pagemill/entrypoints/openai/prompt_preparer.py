@@ -59,9 +59,10 @@ class PromptPreparer:
 
     async def render(self, conversation: Conversation, chat_template: str | None = None,
                      add_generation_prompt: bool = True, continue_final_message: bool = False,
-                     chat_template_kwargs: dict[str, Any] | None = None, tools: Tools | None = None) -> list[int]:
+                     chat_template_kwargs: dict[str, Any] | None = None, tools: Tools | None = None,
+                     add_special_tokens: bool = False) -> list[int]:
         """Token ids of a rendered conversation, rendered in a thread of its own and stopped (a 400) after the
-        time limit."""
+        time limit; `add_special_tokens`: the tokenizer's own (e.g. BERT's [CLS] / [SEP]) around the text too."""
         self.check_request_template(chat_template)
         if is_no_tokenizer(self.tokenizer):
             raise OpenAIError(f"messages cannot be rendered: {SKIP_TOKENIZER_MESSAGE}.", 400, "messages")
@@ -74,4 +75,5 @@ class PromptPreparer:
             raise OpenAIError(f"The chat template did not render the messages within "
                               f"{self.limits.chat_template_timeout_s:g} s (--chat-template-timeout).", 400,
                               param) from None
-        return await self.worker.run(self._encode, text, False, "messages")  # the template has the special tokens
+        # the template has the special tokens (unless the caller asks for the tokenizer's as well)
+        return await self.worker.run(self._encode, text, add_special_tokens, "messages")
