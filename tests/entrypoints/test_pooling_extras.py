@@ -100,7 +100,7 @@ def test_messages_input(http, floats):
 
 @pytest.mark.parametrize("body,param,words", [
     ({"input": "x", "messages": [{"role": "user", "content": "x"}]}, "messages", "exactly one"),
-    ({}, "input", "exactly one"),
+    ({}, "input", "required"),
     ({"input": "x", "encoding_format": "bytes2"}, "encoding_format", ""),
     ({"input": "x", "embed_dtype": "int8"}, "embed_dtype", ""),
     ({"input": "x", "endianness": "middle"}, "endianness", ""),

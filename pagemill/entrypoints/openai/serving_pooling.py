@@ -110,9 +110,10 @@ class OpenAIServingPooling:
     async def request_prompts(self, request: PoolingInputRequest) -> list[Any]:
         """The prompts of a request's `input`, or of its `messages` rendered with the chat template (vLLM's chat
         form of the pooling endpoints): exactly one of the two."""
-        if (request.input is None) == (request.messages is None):
-            raise OpenAIError("Give exactly one of input and messages.", 400,
-                              "input" if request.input is None else "messages")
+        if request.input is None and request.messages is None:
+            raise OpenAIError("input is required (or give chat-style messages instead).", 400, "input")
+        if request.input is not None and request.messages is not None:
+            raise OpenAIError("Give exactly one of input and messages.", 400, "messages")
         if request.messages is None:
             return self.input_prompts(request.input, "input")
         if not request.messages:
