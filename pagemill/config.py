@@ -75,6 +75,35 @@ class ModelConfig:
     max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for (-1: no limit)
     max_n: int = 128  # most sequences one request may fan out to (n, best_of)
 
+    # vLLM's ModelConfig accessors (read from the HF config)
+    def get_vocab_size(self) -> int:
+        return self.hf_config.vocab_size
+
+    def get_hidden_size(self) -> int:
+        return self.hf_config.hidden_size
+
+    def get_num_layers(self, parallel_config: Any = None) -> int:
+        return self.hf_config.num_hidden_layers
+
+    def get_num_attention_heads(self, parallel_config: Any = None) -> int:
+        return self.hf_config.num_attention_heads
+
+    def get_head_size(self) -> int:
+        hf = self.hf_config
+        return getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+
+    @property
+    def architectures(self) -> list[str]:
+        return list(getattr(self.hf_config, "architectures", None) or [self.architecture])
+
+    @property
+    def tokenizer_mode(self) -> str:
+        return "auto"
+
+    @property
+    def trust_remote_code(self) -> bool:
+        return False
+
     @property
     def architecture(self) -> str:
         """The HF architecture name (e.g. LlamaForCausalLM)."""

@@ -98,8 +98,11 @@ class Processor:
         for name, tokens in (("allowed_token_ids", params.allowed_token_ids or []),
                              ("logprob_token_ids", params.logprob_token_ids or []),
                              ("logit_bias", params.logit_bias or {})):
-            if any(t >= self.vocab_size for t in tokens):
-                raise ValueError(f"{name} must be token ids in [0, {self.vocab_size}).")
+            bad = [t for t in tokens if t >= self.vocab_size]
+            if bad:
+                raise ValueError(f"{name} must be token ids in [0, {self.vocab_size}), got out-of-vocabulary "
+                                 f"{'key' if name == 'logit_bias' else 'id'}{'s' if len(bad) > 1 else ''} "
+                                 f"{', '.join(map(str, bad))}.")
         if len(ids) >= max_len:
             raise ValueError(
                 f"prompt: this model's maximum context length is {max_len} tokens (max_model_len), but the prompt "
@@ -108,6 +111,12 @@ class Processor:
         for field_name in ("logprobs", "prompt_logprobs"):
             n = getattr(params, field_name)
             limit = self.model_config.max_logprobs
+            if n == -1:  # vLLM: the whole vocabulary, if max_logprobs allows it
+                n = self.vocab_size
+                if 0 <= limit < n:
+                    raise ValueError(f"{field_name}=-1 asks for the whole vocabulary ({n} tokens), more than "
+                                     f"max_logprobs ({limit}) allows; start the engine with max_logprobs=-1.")
+                params = params.clone(**{field_name: n})
             if n is not None and 0 <= limit < n:
                 raise ValueError(f"{field_name} must be at most {limit} (max_logprobs), got {n}.")
             if n is not None and n > self.vocab_size:

@@ -42,7 +42,7 @@ def test_unknown_flag_names_the_closest(flag, suggestion):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = RemoteServer(["--kv_cache_memory", "128MiB", "--max_model_len", "512", "--disable-uvicorn-access-log",
-                        "--skip-tokenizer-init", "--enable-force-include-usage"],
+                        "--skip-tokenizer-init", "--enable-force-include-usage", "--max_logprobs", "-1"],
                        tmp_path_factory.mktemp("flags") / "server.log")
     try:
         srv.wait_healthy()
@@ -95,3 +95,20 @@ def test_force_include_usage_without_stream_options(server):
     assert all(c.get("usage") is None for c in chunks[:-1])
     streamed = [t for c in chunks[:-1] for ch in c["choices"] for t in ch.get("token_ids") or []]
     assert len(streamed) == 4
+
+
+def test_request_details(server):
+    """logprobs=-1 is the whole vocabulary (--max-logprobs -1 allows it); errors name every bad value; an
+    over-long prompt says "maximum context length" as OpenAI and vLLM do."""
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        r = http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT_IDS, "max_tokens": 1, "logprobs": -1})
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"][0]["logprobs"]["top_logprobs"][0]) == 49152
+        r = http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT_IDS, "max_tokens": 1,
+                                               "logit_bias": {"5": 1, "49152": 2, "100000": 3}})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "logit_bias" and "49152, 100000" in err["message"]
+        r = http.post("/v1/completions", json={"model": MODEL, "prompt": [7] * 600, "max_tokens": 1})
+        assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"]
+        r = http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT_IDS, "logprobs": -2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"

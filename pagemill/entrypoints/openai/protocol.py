@@ -220,7 +220,7 @@ class SamplingRequest(OpenAIBaseModel):
     # vLLM extra parameters
     allowed_token_ids: list[int] | None = None
     logprob_token_ids: list[int] | None = None  # with logprobs: these tokens' logprobs too, at every position
-    prompt_logprobs: int | None = Field(default=None, ge=0)
+    prompt_logprobs: int | None = Field(default=None, ge=-1)  # -1: the whole vocabulary
     return_token_ids: bool = False  # the prompt's and each choice's token ids in the response
     return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:<id>" (for tokens that are not text)
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)  # keep k prompt tokens (-1: the model's limit)
@@ -259,7 +259,7 @@ class CompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(default=16, ge=0)  # 0 only with echo: score the prompt, generate nothing
     echo: bool = False
     suffix: str | None = None
-    logprobs: int | None = Field(default=None, ge=0)
+    logprobs: int | None = Field(default=None, ge=-1)  # -1: the whole vocabulary
     best_of: int | None = None
     add_special_tokens: bool = True
 
@@ -414,7 +414,7 @@ class ChatCompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0)
+    top_logprobs: int | None = Field(default=None, ge=-1)  # -1: the whole vocabulary
     tools: list[ChatCompletionToolsParam] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None

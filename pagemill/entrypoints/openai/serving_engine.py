@@ -176,8 +176,14 @@ class OpenAIServing:
             name = "best_of" if best_of > request.n else "n"
             raise OpenAIError(f"{name} must be at most {mc.max_n} (--max-n), got {getattr(request, name)}.", 400,
                               name)
+        vocab = mc.hf_config.vocab_size
         for param, k in ((logprobs_param, num_logprobs), ("prompt_logprobs", request.prompt_logprobs)):
-            if k is not None and 0 <= mc.max_logprobs < k:
+            if k == -1:  # vLLM: the whole vocabulary (bounded by --max-logprobs)
+                if 0 <= mc.max_logprobs < vocab:
+                    raise OpenAIError(f"{param}=-1 asks for the whole vocabulary ({vocab} tokens), more than "
+                                      f"--max-logprobs ({mc.max_logprobs}) allows.", 400, param)
+                setattr(request, param, vocab)
+            elif k is not None and 0 <= mc.max_logprobs < k:
                 raise OpenAIError(f"{param} must be at most {mc.max_logprobs} (--max-logprobs), got {k}.", 400, param)
 
     @staticmethod
