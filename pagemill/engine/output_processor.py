@@ -185,9 +185,13 @@ class OutputProcessor:
                     state.metrics.first_token_time = now
                 state.metrics.last_token_time = now
             new_len = 0
-            for tok in eco.new_token_ids:
+            # A request stopped by a stop token (EOS or stop_token_ids) leaves that token out of its text, as
+            # vLLM does (it shows when special tokens are kept, e.g. for tool parsers).
+            stop_tok = len(eco.new_token_ids) - 1 if eco.finish_reason == "stop" and \
+                not state.params.include_stop_str_in_output else -1
+            for i, tok in enumerate(eco.new_token_ids):
                 state.token_ids.append(tok)
-                if state.detok is not None:
+                if state.detok is not None and i != stop_tok:
                     piece = state.detok.step(tok)
                     state.text += piece
                     new_len += len(piece)

@@ -77,3 +77,16 @@ def test_logprobs_minus_one_bounded_by_max_logprobs():
         small.generate(PROMPT, SamplingParams(max_tokens=1), use_tqdm=False)
     with pytest.raises(ValueError, match="^stop: the engine runs with skip_tokenizer_init"):
         small.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, stop=["."]), use_tqdm=False)
+
+
+def test_stop_token_not_in_text_with_special_tokens_kept(llm):
+    """As vLLM: the EOS / stop token that ends a reply is not detokenized, even with skip_special_tokens=False."""
+    messages = [{"role": "user", "content": "Say hi."}]
+    kept = llm.chat(messages, SamplingParams(max_tokens=60, temperature=0, skip_special_tokens=False),
+                    use_tqdm=False)[0].outputs[0]
+    plain = llm.chat(messages, SamplingParams(max_tokens=60, temperature=0), use_tqdm=False)[0].outputs[0]
+    assert kept.finish_reason == "stop" and kept.token_ids == plain.token_ids
+    assert kept.text == plain.text and "<|im_end|>" not in kept.text
+    shown = llm.chat(messages, SamplingParams(max_tokens=60, temperature=0, skip_special_tokens=False,
+                                              include_stop_str_in_output=True), use_tqdm=False)[0].outputs[0]
+    assert shown.text == plain.text + "<|im_end|>"

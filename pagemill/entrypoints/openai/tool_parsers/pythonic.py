@@ -27,9 +27,8 @@ _HEX_WIDTH = {"x": 2, "u": 4, "U": 8}
 
 @register_tool_parser("pythonic")
 class PythonicToolParser(ToolParser):
-    """Calls only when the reply starts with `[` (after whitespace and `<|python_start|>`)."""
-
-    keeps_special_tokens = True
+    """Calls only when the reply starts with `[` (after whitespace and `<|python_start|>`, which is read whether
+    or not special tokens are skipped)."""
 
     def parse(self, text: str, final: bool) -> ParsedOutput:
         pos = skip_ws(text, 0)
