@@ -22,7 +22,8 @@ def test_model_config_has_vllm_names(llm):
     assert mc.max_model_len == 256 and mc.dtype == torch.float32 and mc.runner_type == "generate"
     assert mc.model.endswith(".gguf") and mc.tokenizer and mc.seed == 0 and mc.max_logprobs == -1
     assert mc.skip_tokenizer_init is False and mc.get_vocab_size() == 49152 and mc.get_hidden_size() == 576
-    assert mc.architecture and mc.architectures == [mc.architecture] and mc.get_num_layers() == 30 and mc.get_head_size() == 64
+    assert mc.architecture and mc.architectures == [mc.architecture]
+    assert mc.get_num_layers() == 30 and mc.get_head_size() == 64
     assert llm.llm_engine.config.model_config is mc
 
 

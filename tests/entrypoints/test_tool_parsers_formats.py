@@ -16,8 +16,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
     "lat": {"type": "number"}, "metric": {"type": "boolean"}, "tags": {"type": "array"},
     "opts": {"type": "object"}, "zip": {"type": ["string", "null"]}}}}}]
 
-D = {"calls_begin": "<｜tool▁calls▁begin｜>", "calls_end": "<｜tool▁calls▁end｜>", "begin": "<｜tool▁call▁begin｜>",
-     "end": "<｜tool▁call▁end｜>", "sep": "<｜tool▁sep｜>"}
+D = {"calls_begin": "<｜tool▁calls▁begin｜>", "calls_end": "<｜tool▁calls▁end｜>",
+     "begin": "<｜tool▁call▁begin｜>", "end": "<｜tool▁call▁end｜>", "sep": "<｜tool▁sep｜>"}
 
 
 def ds_v3(name: str, args: str) -> str:

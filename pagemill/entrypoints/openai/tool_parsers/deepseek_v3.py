@@ -1,4 +1,5 @@
-"""DeepSeek V3 / R1 and V3.1: content, then the calls between `<｜tool▁calls▁begin｜>` and `<｜tool▁calls▁end｜>`.
+"""DeepSeek V3 / R1 and V3.1: content, then the calls between `<｜tool▁calls▁begin｜>` and
+`<｜tool▁calls▁end｜>`.
 
 V3 / R1:  <｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```<｜tool▁call▁end｜>
 V3.1:     <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>
