@@ -81,6 +81,7 @@ class ModelConfig:
     hf_config: Any
     tokenizer: str
     gguf_file: str | None = None
+    skip_tokenizer_init: bool = False  # no tokenizer: token ids in, token ids out
     served_model_name: str | None = None
     seed: int = 0
     linear_dtype: str = "auto"  # matmul precision; auto = the model dtype (exact float32)
@@ -98,6 +99,35 @@ class ModelConfig:
     def is_multimodal(self) -> bool:
         """Whether the model takes images."""
         return self.mm_hf_config is not None
+
+    # vLLM's ModelConfig accessors (read from the HF config)
+    def get_vocab_size(self) -> int:
+        return self.hf_config.vocab_size
+
+    def get_hidden_size(self) -> int:
+        return self.hf_config.hidden_size
+
+    def get_num_layers(self, parallel_config: Any = None) -> int:
+        return self.hf_config.num_hidden_layers
+
+    def get_num_attention_heads(self, parallel_config: Any = None) -> int:
+        return self.hf_config.num_attention_heads
+
+    def get_head_size(self) -> int:
+        hf = self.hf_config
+        return getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+
+    @property
+    def architectures(self) -> list[str]:
+        return list(getattr(self.hf_config, "architectures", None) or [self.architecture])
+
+    @property
+    def tokenizer_mode(self) -> str:
+        return "auto"
+
+    @property
+    def trust_remote_code(self) -> bool:
+        return False
 
     @property
     def architecture(self) -> str:

@@ -55,6 +55,12 @@ class LLM(PoolingLLMMixin):
         """The model's tokenizer."""
         return self.llm_engine.tokenizer
 
+    @property
+    def model_config(self) -> Any:
+        """The engine's ModelConfig, with vLLM's field names (model, tokenizer, dtype, max_model_len, seed,
+        served_model_name, hf_config, runner_type, max_logprobs, skip_tokenizer_init, ...; get_vocab_size())."""
+        return self.llm_engine.config.model_config
+
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's own defaults (its generation_config.json), else vLLM's defaults."""
         from pagemill.loader.generation_config import sampling_defaults
@@ -81,9 +87,10 @@ class LLM(PoolingLLMMixin):
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest] | None = None,
-                 priority: list[int] | None = None) -> list[RequestOutput]:
+                 priority: int | Sequence[int] | None = None) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order. `lora_request`: one adapter for every
-        prompt or one per prompt (None entries: the base model)."""
+        prompt or one per prompt (None entries: the base model); `priority`: one for every prompt or one per
+        prompt (with scheduling_policy="priority", lower values first)."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                 and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -94,6 +101,11 @@ class LLM(PoolingLLMMixin):
             else list(sampling_params)
         if len(params) != len(prompts):
             raise ValueError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts.")
+        if isinstance(priority, bool) or (priority is not None and not isinstance(priority, int)
+                                          and any(isinstance(p, bool) or not isinstance(p, int) for p in priority)):
+            raise ValueError(f"priority must be an integer or a list of integers, got {priority!r}.")
+        if isinstance(priority, int):
+            priority = [priority] * len(prompts)
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts.")
         return self._run(prompts, params, use_tqdm, priority, self._lora_requests(lora_request, len(prompts)))
@@ -131,7 +143,8 @@ class LLM(PoolingLLMMixin):
              chat_template: str | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None,
              chat_template_kwargs: dict[str, Any] | None = None,
-             lora_request: LoRARequest | Sequence[LoRARequest] | None = None) -> list[RequestOutput]:
+             lora_request: LoRARequest | Sequence[LoRARequest] | None = None,
+             priority: int | Sequence[int] | None = None) -> list[RequestOutput]:
         """Apply the chat template to one conversation or a list of them and generate replies.
 
         `tools` (OpenAI function definitions) reach the template as its `tools` variable; `chat_template` is a
@@ -140,7 +153,7 @@ class LLM(PoolingLLMMixin):
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [self._chat_prompt(c, chat_template, add_generation_prompt, continue_final_message, tools,
                                      chat_template_kwargs) for c in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request, priority=priority)
 
     def _chat_prompt(self, conversation: ChatMessages, chat_template: str | None, add_generation_prompt: bool,
                      continue_final_message: bool, tools: list[dict[str, Any]] | None,

@@ -19,15 +19,21 @@ def wrap_int64(value: int) -> int:
 STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-def _token_id(key: object) -> int:
-    """A logit_bias key as a token id (JSON object keys arrive as strings)."""
+def _token_id(key: object) -> int | None:
+    """A logit_bias key as a token id (JSON object keys arrive as strings); None if it is not one."""
     try:
         token = int(key)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise ValueError(f"logit_bias keys must be token ids, got {key!r}.") from None
-    if token < 0:
-        raise ValueError(f"logit_bias keys must be non-negative token ids, got {key!r}.")
-    return token
+        return None
+    return token if token >= 0 else None
+
+
+def _bias_ids(bias: dict) -> dict[int, float]:
+    """logit_bias with int keys; a ValueError naming every key that is not a non-negative token id."""
+    bad = [k for k in bias if _token_id(k) is None]
+    if bad:
+        raise ValueError(f"logit_bias keys must be non-negative token ids, got {', '.join(map(repr, bad))}.")
+    return {_token_id(k): float(v) for k, v in bias.items()}  # type: ignore[misc]
 
 
 class RequestOutputKind(IntEnum):
@@ -169,10 +175,10 @@ class SamplingParams:
         if self.thinking_token_budget is not None and (isinstance(self.thinking_token_budget, bool) or not isinstance(
                 self.thinking_token_budget, int) or self.thinking_token_budget < 0):
             raise bad("thinking_token_budget", "must be an integer >= 0")
-        if self.logprobs is not None and self.logprobs < 0:
-            raise bad("logprobs", "must be non-negative")
-        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
-            raise bad("prompt_logprobs", "must be non-negative")
+        if self.logprobs is not None and self.logprobs < -1:
+            raise bad("logprobs", "must be -1 (the whole vocabulary) or non-negative")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < -1:
+            raise bad("prompt_logprobs", "must be -1 (the whole vocabulary) or non-negative")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}.")
         if any(not isinstance(t, int) or not 0 <= t <= INT64_MAX for t in self.stop_token_ids):
@@ -188,7 +194,7 @@ class SamplingParams:
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise bad("logit_bias", "must map token ids to biases")
-            self.logit_bias = {_token_id(k): float(v) for k, v in self.logit_bias.items()}
+            self.logit_bias = _bias_ids(self.logit_bias)
             if any(not -100.0 <= v <= 100.0 for v in self.logit_bias.values()):
                 raise bad("logit_bias", "values must be in [-100, 100]")
         if self.truncate_prompt_tokens is not None and (not isinstance(self.truncate_prompt_tokens, int)

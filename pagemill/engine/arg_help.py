@@ -5,6 +5,8 @@ from __future__ import annotations
 ENGINE_ARG_HELP: dict[str, str] = {
     "model": "HF model directory or .gguf file (None: the embedded SmolLM2-135M-Instruct).",
     "tokenizer": "A local HF tokenizer directory (or .gguf file) to use instead of the model's own tokenizer.",
+    "skip_tokenizer_init": "Start without a tokenizer (token-in / token-out, as vLLM): prompts must be token ids, "
+                           "outputs carry token ids and no text.",
     "dtype": "Weight and activation dtype: auto (float32), float32, bfloat16, float16.",
     "max_model_len": "Context length (None: the model's).",
     "max_num_seqs": "Most sequences in one batch.",

@@ -48,6 +48,7 @@ class EngineArgs:
 
     model: str | None = None
     tokenizer: str | None = None
+    skip_tokenizer_init: bool = False  # token-in / token-out: no tokenizer, prompts and outputs are token ids
     dtype: str = "auto"
     max_model_len: int | None = None
     max_num_seqs: int = 128
@@ -187,6 +188,7 @@ class EngineArgs:
             max_model_len=max_model_len,
             hf_config=hf_config,
             tokenizer=resolved.tokenizer_path,
+            skip_tokenizer_init=self.skip_tokenizer_init,
             gguf_file=resolved.gguf_file,
             served_model_name=self.served_model_name,
             seed=self.seed,

@@ -15,7 +15,7 @@ from pagemill.engine.core_client import CoreOutputBatch, EngineCoreClient, Engin
 from pagemill.engine.dp_core_client import DPEngineCoreClient, make_engine_core_client
 from pagemill.engine.output_processor import OutputProcessor, first_scheduled_time
 from pagemill.engine.processor import Processor, PromptType
-from pagemill.loader.tokenizer import load_tokenizer
+from pagemill.loader.tokenizer import load_engine_tokenizer
 from pagemill.lora.request import LoRARequest
 from pagemill.metrics.logger import LoggingStatLogger
 from pagemill.metrics.per_engine import PerEngineStatLogger
@@ -103,7 +103,7 @@ class AsyncLLM:
         self.client = client or make_engine_core_client(config)
         try:
             mc = config.model_config
-            self.tokenizer = load_tokenizer(mc.tokenizer, mc.gguf_file, mc.hf_config)
+            self.tokenizer = load_engine_tokenizer(mc)
             self.processor = Processor(mc, self.tokenizer, config.structured_outputs_config)
             self.output_processor = OutputProcessor(self.tokenizer)
             self.client.wait_ready()

@@ -13,7 +13,7 @@ from pagemill.engine.core import EngineCore
 from pagemill.engine.dp_sync_core import DPSyncEngineCore
 from pagemill.engine.output_processor import OutputProcessor
 from pagemill.engine.processor import Processor, PromptType
-from pagemill.loader.tokenizer import load_tokenizer
+from pagemill.loader.tokenizer import load_engine_tokenizer
 from pagemill.lora.request import LoRARequest
 from pagemill.messages import EngineCoreRequest
 from pagemill.metrics.stats import SchedulerStats
@@ -27,7 +27,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         mc = config.model_config
-        self.tokenizer = load_tokenizer(mc.tokenizer, mc.gguf_file, mc.hf_config)
+        self.tokenizer = load_engine_tokenizer(mc)
         self.processor = Processor(mc, self.tokenizer, config.structured_outputs_config)
         # data_parallel_size > 1: engine core processes behind the same methods (engine/dp_sync_core.py)
         self.engine_core: EngineCore | DPSyncEngineCore = (

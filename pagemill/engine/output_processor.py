@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from pagemill.engine.detokenizer import IncrementalDetokenizer
+from pagemill.loader.tokenizer import is_no_tokenizer
 from pagemill.engine.parallel_sampling import ParentRequest
 from pagemill.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, EngineCoreRequest, LogprobsLists
 from pagemill.outputs import (CompletionOutput, Logprob, PoolingOutput, PoolingRequestOutput, RequestMetrics,
@@ -94,6 +95,7 @@ class OutputProcessor:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self.no_tokenizer = is_no_tokenizer(tokenizer)
         self.states: dict[str, RequestState] = {}  # by sequence id
         self.parent_requests: dict[str, ParentRequest] = {}  # n > 1: by user request id
         self._token_text: dict[int, str] = {}
@@ -133,7 +135,9 @@ class OutputProcessor:
         self.states.clear()
         self.parent_requests.clear()
 
-    def _decode_token(self, tok: int) -> str:
+    def _decode_token(self, tok: int) -> str | None:
+        if self.no_tokenizer:
+            return None  # skip_tokenizer_init: logprobs carry token ids only
         text = self._token_text.get(tok)
         if text is None:
             text = self._token_text[tok] = self.tokenizer.decode([tok])
@@ -181,9 +185,13 @@ class OutputProcessor:
                     state.metrics.first_token_time = now
                 state.metrics.last_token_time = now
             new_len = 0
-            for tok in eco.new_token_ids:
+            # A request stopped by a stop token (EOS or stop_token_ids) leaves that token out of its text, as
+            # vLLM does (it shows when special tokens are kept, e.g. for tool parsers).
+            stop_tok = len(eco.new_token_ids) - 1 if eco.finish_reason == "stop" and \
+                not state.params.include_stop_str_in_output else -1
+            for i, tok in enumerate(eco.new_token_ids):
                 state.token_ids.append(tok)
-                if state.detok is not None:
+                if state.detok is not None and i != stop_tok:
                     piece = state.detok.step(tok)
                     state.text += piece
                     new_len += len(piece)

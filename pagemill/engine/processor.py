@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from pagemill.config import ModelConfig, StructuredOutputsConfig
+from pagemill.loader.tokenizer import SKIP_TOKENIZER_MESSAGE, is_no_tokenizer
 from pagemill.lora.request import LoRARequest
 from pagemill.messages import EngineCoreRequest, MultiModalFeature
 from pagemill.pooling.processor import process_pooling
@@ -25,6 +26,7 @@ class Processor:
         self.structured_outputs_config = structured_outputs_config or StructuredOutputsConfig()
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id
+        self.no_tokenizer = is_no_tokenizer(tokenizer)
         self.vocab_size = model_config.hf_config.vocab_size
         self.mm_processor = None  # a vision-language model's HF processor (images -> pixels, placeholders expanded)
         if model_config.is_multimodal:
@@ -65,6 +67,16 @@ class Processor:
         ids, features = self.mm_processor.process(prompt["prompt"], data.get("image", []),
                                                   prompt.get("add_special_tokens", True))
         return prompt["prompt"], ids, features
+
+    @staticmethod
+    def _without_text(params: SamplingParams) -> SamplingParams:
+        """skip_tokenizer_init: refuse what needs text (ValueError naming the field); no detokenizing."""
+        for name in ("stop", "bad_words"):
+            if getattr(params, name, None):
+                raise ValueError(f"{name}: {SKIP_TOKENIZER_MESSAGE}; use stop_token_ids.")
+        if params.structured_outputs is not None:
+            raise ValueError(f"structured_outputs: {SKIP_TOKENIZER_MESSAGE}.")
+        return params.clone(detokenize=False) if params.detokenize else params
 
     def _check_structured_outputs(self, params: SamplingParams) -> SamplingParams:
         """Validate the output constraint (ValueError naming the field) and record its backend on a copy."""
@@ -126,16 +138,25 @@ class Processor:
         for name, tokens in (("allowed_token_ids", params.allowed_token_ids or []),
                              ("logprob_token_ids", params.logprob_token_ids or []),
                              ("logit_bias", params.logit_bias or {})):
-            if any(t >= self.vocab_size for t in tokens):
-                raise ValueError(f"{name} must be token ids in [0, {self.vocab_size}).")
+            bad = [t for t in tokens if t >= self.vocab_size]
+            if bad:
+                raise ValueError(f"{name} must be token ids in [0, {self.vocab_size}), got out-of-vocabulary "
+                                 f"{'key' if name == 'logit_bias' else 'id'}{'s' if len(bad) > 1 else ''} "
+                                 f"{', '.join(map(str, bad))}.")
         if len(ids) >= max_len:
             raise ValueError(
-                f"The prompt (length {len(ids)}) is longer than the maximum model length of {max_len} "
-                "(max_model_len): no room to generate."
+                f"prompt: this model's maximum context length is {max_len} tokens (max_model_len), but the prompt "
+                f"has {len(ids)} tokens, leaving no room to generate. Please reduce the length of the prompt."
             )
         for field_name in ("logprobs", "prompt_logprobs"):
             n = getattr(params, field_name)
             limit = self.model_config.max_logprobs
+            if n == -1:  # vLLM: the whole vocabulary, if max_logprobs allows it
+                n = self.vocab_size
+                if 0 <= limit < n:
+                    raise ValueError(f"{field_name}=-1 asks for the whole vocabulary ({n} tokens), more than "
+                                     f"max_logprobs ({limit}) allows; start the engine with max_logprobs=-1.")
+                params = params.clone(**{field_name: n})
             if n is not None and 0 <= limit < n:
                 raise ValueError(f"{field_name} must be at most {limit} (max_logprobs), got {n}.")
             if n is not None and n > self.vocab_size:
@@ -148,6 +169,8 @@ class Processor:
             raise ValueError(f"priority must fit in a signed 64-bit integer, got {priority}.")
         if max(params.n, params.best_of or 0) > params.n and params.output_kind != RequestOutputKind.FINAL_ONLY:
             raise ValueError("best_of > n cannot be streamed: the best sequences are known only at the end.")
+        if self.no_tokenizer:
+            params = self._without_text(params)
         if params.structured_outputs is not None:
             params = self._check_structured_outputs(params)
         if params.thinking_token_budget is not None:

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from pagemill.entrypoints.openai.cli_args import add_engine_args, add_serve_args, engine_args_from_namespace
+from pagemill.utils.argparse_utils import FlexibleArgumentParser
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -98,7 +99,7 @@ def cmd_env(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full `pagemill` argument parser."""
-    parser = argparse.ArgumentParser(prog="pagemill", description="pagemill: LLM inference and serving on CPUs.")
+    parser = FlexibleArgumentParser(prog="pagemill", description="pagemill: LLM inference and serving on CPUs.")
     sub = parser.add_subparsers(dest="command", required=True,
                                 metavar="{serve,generate,chat,env,disagg-proxy,bench}")
     fmt = argparse.ArgumentDefaultsHelpFormatter

@@ -48,3 +48,58 @@ def _gguf_tokenizer_class(directory: str, gguf_file: str, hf_config: Any) -> typ
     if cls.__name__ in ("MistralCommonBackend", "PythonBackend"):
         return None
     return cls
+
+
+SKIP_TOKENIZER_MESSAGE = ("the engine runs with skip_tokenizer_init (--skip-tokenizer-init): it has no tokenizer, "
+                          "so prompts must be token ids and outputs are token ids")
+
+
+class NoTokenizer:
+    """The tokenizer of an engine started with skip_tokenizer_init (vLLM's token-in / token-out mode): it knows the
+    end-of-sequence id from the model's config; anything that needs text raises a ValueError saying why."""
+
+    is_stub = True
+    chat_template = None
+    init_kwargs: dict[str, Any] = {}
+    all_special_ids: list[int] = []
+    all_special_tokens: list[str] = []
+
+    def __init__(self, hf_config: Any = None, model_dir: str | None = None) -> None:
+        eos = getattr(hf_config, "eos_token_id", None)
+        if eos is None and model_dir is not None:
+            import json
+
+            try:
+                with open(os.path.join(model_dir, "generation_config.json")) as f:
+                    eos = json.load(f).get("eos_token_id")
+            except (OSError, ValueError, AttributeError):
+                eos = None
+        self.eos_token_id = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+        self.bos_token_id = getattr(hf_config, "bos_token_id", None)
+        self.pad_token_id = getattr(hf_config, "pad_token_id", None)
+        self.vocab_size = getattr(hf_config, "vocab_size", 0)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def get_vocab(self) -> dict[str, int]:
+        return {}
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError(f"prompt: {SKIP_TOKENIZER_MESSAGE}.")
+
+    encode = decode = batch_decode = apply_chat_template = convert_ids_to_tokens = convert_tokens_to_ids = _refuse
+    convert_tokens_to_string = tokenize = __call__ = _refuse
+
+
+def is_no_tokenizer(tokenizer: Any) -> bool:
+    """Whether `tokenizer` is the NoTokenizer of skip_tokenizer_init."""
+    return getattr(tokenizer, "is_stub", False) is True
+
+
+def load_engine_tokenizer(model_config: Any) -> Any:
+    """The tokenizer of a ModelConfig: NoTokenizer with skip_tokenizer_init, else load_tokenizer's."""
+    if getattr(model_config, "skip_tokenizer_init", False):
+        directory = model_config.model if os.path.isdir(model_config.model) else None
+        return NoTokenizer(model_config.hf_config, directory)
+    return load_tokenizer(model_config.tokenizer, model_config.gguf_file, model_config.hf_config)

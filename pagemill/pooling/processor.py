@@ -74,8 +74,9 @@ def process_pooling(model_config: ModelConfig, tokenizer: Any, request_id: str, 
     if min(ids) < 0 or max(ids) >= hf.vocab_size:
         raise ValueError(f"prompt_token_ids must be in [0, {hf.vocab_size}), got a token id out of range.")
     if len(ids) > max_len:
-        raise ValueError(f"The input has {len(ids)} tokens, more than the maximum model length of {max_len} "
-                         "(max_model_len): shorten it or set truncate_prompt_tokens.")
+        raise ValueError(f"This model's maximum context length is {max_len} tokens (max_model_len). However, you "
+                         f"requested {len(ids)} tokens in the input for embedding generation. Please reduce the "
+                         "length of the input, or set truncate_prompt_tokens.")
     if types is not None:
         num_types = getattr(hf, "type_vocab_size", 0) if pooler_config.encoder_only else 0
         if not num_types:

@@ -4,6 +4,7 @@ flags whose value is a JSON object (`--speculative-config '{"method": "ngram"}'`
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -18,6 +19,39 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
         """Parse with each `--long_option` (up to an `=`) rewritten to `--long-option`."""
         args = sys.argv[1:] if args is None else list(args)
         return super().parse_known_args([_dashed(a) for a in args], namespace)
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """Parse; an unknown flag exits with an error that suggests the closest valid flag."""
+        args = sys.argv[1:] if args is None else list(args)
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            spelled = {_dashed(a): a for a in args}  # name the flag as the user wrote it
+            self.error(unknown_flags_message([spelled.get(e, e) for e in extras], self._flags_in_use(parsed)))
+        return parsed
+
+    def _flags_in_use(self, parsed: argparse.Namespace) -> list[str]:
+        """The long flags of this parser and of the sub-command that was chosen."""
+        flags = [f for f in self._option_string_actions if f.startswith("--")]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+                if chosen is not None:
+                    flags += [f for f in chosen._option_string_actions if f.startswith("--")]
+        return flags
+
+
+def unknown_flags_message(extras: Sequence[str], flags: Sequence[str]) -> str:
+    """'unrecognized arguments: ...', with the closest valid flag of each unknown one."""
+    message = "unrecognized arguments: " + " ".join(extras)
+    hints = []
+    for arg in extras:
+        if isinstance(arg, str) and arg.startswith("--"):
+            flag = arg.partition("=")[0]
+            close = difflib.get_close_matches(_dashed(flag), flags, n=1, cutoff=0.6)
+            if close:
+                hints.append(f"{flag}: did you mean {close[0]}?")
+    return message + ("" if not hints else " (" + "; ".join(hints) + ")")
 
 
 def _dashed(arg: Any) -> Any:

@@ -42,6 +42,13 @@ SCRIPTS = {
              '{"name": "get_time", "arguments": {"tz": 1}}]</tool_call>', None),
     "llama3_json": ('{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}; '
                     '{"name": "get_time", "parameters": {"tz": 1}}', None),
+    "pythonic": ("[get_weather(city='Paris', unit=\"celsius\"), get_time(tz=1)]", None),
+    "mistral": ('Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "celsius"}[TOOL_CALLS]get_time[ARGS]'
+                '{"tz": 1}', "Sure."),
+    "qwen3_coder": ("Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                    "<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+                    "<function=get_time>\n<parameter=tz>\n1\n</parameter>\n</function>\n</tool_call>",
+                    "Checking.\n"),
 }
 
 
@@ -250,7 +257,7 @@ def test_auto_without_parallel_calls_keeps_the_first(client):
                   **scripted("hermes")).names_and_arguments() == reply.names_and_arguments()
 
 
-@pytest.mark.parametrize("parser", ["xlam", "llama3_json"])
+@pytest.mark.parametrize("parser", ["xlam", "llama3_json", "pythonic", "mistral", "qwen3_coder"])
 def test_auto_other_parsers_scripted(parser, tmp_path):
     srv = start_server(parser, tmp_path)
     try:

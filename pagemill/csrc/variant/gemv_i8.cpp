@@ -99,10 +99,20 @@ struct Dot {
 #endif
 };
 
-// fsum[r][channels of half h] = the integer dot products of panel quads [s0, s1) with R rows of codes (xr[r] at the
-// span's first k), as float.
+// The span's scales for R rows: weight group scales d / mins m (natural channel order, m == nullptr: no min term
+// in this span) and each row's activation scale dx and group sum sx.
+template <int R>
+struct SpanScales {
+  const float* d;
+  const float* m;
+  float dx[R], sx[R];
+};
+
+// acc (R rows of NT floats, panel order: position (h * 4 + n) * 8 + 4 L + i is channel 32 h + 16 L + 4 n + i) +=
+// the integer dot products of panel quads [s0, s1) with R rows of codes (xr[r] at the span's first k), scaled.
 template <int R, bool Signed>
-inline void span_dot(const uint8_t* panel, int64_t s0, int64_t s1, int h, const int8_t* const* xr, float* fsum) {
+inline void span_dot(const uint8_t* panel, int64_t s0, int64_t s1, int h, const int8_t* const* xr,
+                     const SpanScales<R>& sc, float* acc_out) {
   __m256i acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int n = 0; n < 4; ++n) acc[r][n] = _mm256_setzero_si256();
@@ -119,13 +129,28 @@ inline void span_dot(const uint8_t* panel, int64_t s0, int64_t s1, int h, const 
       for (int r = 0; r < R; ++r) acc[r][n] = Dot<Signed>::add(acc[r][n], w, xb[r]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int n = 0; n < 4; ++n) {
-      const __m256 f = _mm256_cvtepi32_ps(Dot<Signed>::finish(acc[r][n]));
-      float* o = fsum + r * NT + 32 * h + 4 * n;
-      _mm_storeu_ps(o, _mm256_castps256_ps128(f));
-      _mm_storeu_ps(o + 16, _mm256_extractf128_ps(f, 1));
+  for (int n = 0; n < 4; ++n) {
+    const int64_t c = 32 * h + 4 * n;
+    const __m256 d = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(sc.d + c)), _mm_loadu_ps(sc.d + c + 16), 1);
+    const __m256 m = sc.m ? _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(sc.m + c)),
+                                                 _mm_loadu_ps(sc.m + c + 16), 1)
+                          : _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+      float* a = acc_out + r * NT + (h * 4 + n) * 8;
+      __m256 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Dot<Signed>::finish(acc[r][n])),
+                                 _mm256_mul_ps(d, _mm256_set1_ps(sc.dx[r])), _mm256_loadu_ps(a));
+      if (sc.m) y = _mm256_fmadd_ps(m, _mm256_set1_ps(sc.sx[r]), y);
+      _mm256_storeu_ps(a, y);
     }
+  }
+}
+
+// A row of accumulators from panel order to channel order.
+inline void channel_order(const float* in, float* out) {
+  for (int64_t p = 0; p < NT; ++p) {
+    const int64_t hn = p / 8, h = hn / 4, n = hn % 4, L = (p % 8) / 4, i = p % 4;
+    out[32 * h + 16 * L + 4 * n + i] = in[p];
+  }
 }
 #else
 // Portable forms of the same panel and products.
@@ -151,8 +176,16 @@ inline void quad_from_rows(const int8_t* r, uint8_t* out) {
       }
 }
 
+template <int R>
+struct SpanScales {
+  const float* d;
+  const float* m;
+  float dx[R], sx[R];
+};
+
 template <int R, bool Signed>
-inline void span_dot(const uint8_t* panel, int64_t s0, int64_t s1, int h, const int8_t* const* xr, float* fsum) {
+inline void span_dot(const uint8_t* panel, int64_t s0, int64_t s1, int h, const int8_t* const* xr,
+                     const SpanScales<R>& sc, float* acc_out) {
   int32_t acc[R][32] = {};
   for (int64_t s = s0; s < s1; ++s) {
     const uint8_t* pv = panel + (s * 2 + h) * 4 * PV;
@@ -170,8 +203,15 @@ inline void span_dot(const uint8_t* panel, int64_t s0, int64_t s1, int h, const 
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 32; ++c) fsum[r * NT + 32 * h + c] = float(acc[r][c]);
+    for (int c = 0; c < 32; ++c) {
+      const int64_t ch = 32 * h + c;
+      float y = acc_out[r * NT + ch] + float(acc[r][c]) * (sc.d[ch] * sc.dx[r]);
+      if (sc.m) y += sc.m[ch] * sc.sx[r];
+      acc_out[r * NT + ch] = y;
+    }
 }
+
+inline void channel_order(const float* in, float* out) { memcpy(out, in, sizeof(float) * NT); }
 #endif
 
 // The scales of weight group g of tile t: y += fsum * d * dx + m * sx (m == nullptr source: no min term).
@@ -210,44 +250,47 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, Build build, const Scales&
     sx = sx_buf.get(M * ng);
     group_sums(a, G, ng, sx);
   }
-  const int64_t nblk = (M + RMAX - 1) / RMAX, base = M / nblk, extra = M % nblk;
+  const int64_t nblk = (M + RMAX - 1) / RMAX, base = M / nblk, extra = M % nblk, gpb = KBI / G;
   parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
-    Scratch acc_buf, panel_buf, fsum_buf;
-    float* acc = acc_buf.get(M * NT);
+    Scratch acc_buf, out_buf, panel_buf, scale_buf;
+    float* acc = acc_buf.get(M * NT);  // panel order
+    float* out = out_buf.get(M * NT);  // channel order
     uint8_t* panel = reinterpret_cast<uint8_t*>(panel_buf.get(KBI / 4 * 8 * PV / 4));
-    float* fsum = fsum_buf.get(RMAX * NT);
+    float* dbuf = scale_buf.get(2 * gpb * NT);  // the k block's group scales d, then mins m [gpb, NT]
+    float* mbuf = dbuf + gpb * NT;
     for (int64_t t = t0; t < t1; ++t) {
       memset(acc, 0, sizeof(float) * M * NT);
       for (int64_t k0 = 0; k0 < Kw; k0 += KBI) {
-        const int64_t k1 = imin(k0 + KBI, Kw);
+        const int64_t k1 = imin(k0 + KBI, Kw), g0 = k0 / G;
         build(t, k0, k1, panel);
+        for (int64_t g = g0; g < k1 / G; ++g)
+          for (int v = 0; v < NV; ++v) {
+            vstore(dbuf + (g - g0) * NT + v * W, sc.d(t, g, v));
+            if (sc.has_min()) vstore(mbuf + (g - g0) * NT + v * W, sc.m(t, g, v));
+          }
         for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
           const int R = int(base + (i < extra));
           for (int64_t ks = k0; ks < k1; ks += SP) {
+            const int64_t g = ks / G;
+            const bool min_term = sc.has_min() && ks % G == 0;
             const int8_t* xr[RMAX];
             for (int r = 0; r < R; ++r) xr[r] = xq + (m0 + r) * Kq + ks;
             with_static_count<RMAX>(R, [&](auto rc) {
               constexpr int RC = decltype(rc)::value;
-              for (int h = 0; h < 2; ++h) span_dot<RC, Signed>(panel, (ks - k0) / 4, (ks - k0 + SP) / 4, h, xr, fsum);
-            });
-            const int64_t g = ks / G;
-            const bool min_term = sc.has_min() && ks % G == 0;
-            for (int v = 0; v < NV; ++v) {
-              const vf d = sc.d(t, g, v);
-              const vf mn = min_term ? sc.m(t, g, v) : vzero();
-              for (int r = 0; r < R; ++r) {
-                const int64_t m = m0 + r;
-                float* y = acc + m * NT + v * W;
-                vf out = vfma(vload(fsum + r * NT + v * W), vmul(d, vset(dx[m * nb + ks / XB])), vload(y));
-                if (min_term) out = vfma(mn, vset(sx[m * ng + g]), out);
-                vstore(y, out);
+              SpanScales<RC> ss{dbuf + (g - g0) * NT, min_term ? mbuf + (g - g0) * NT : nullptr, {}, {}};
+              for (int r = 0; r < RC; ++r) {
+                ss.dx[r] = dx[(m0 + r) * nb + ks / XB];
+                ss.sx[r] = min_term ? sx[(m0 + r) * ng + g] : 0.0f;
               }
-            }
+              for (int h = 0; h < 2; ++h)
+                span_dot<RC, Signed>(panel, (ks - k0) / 4, (ks - k0 + SP) / 4, h, xr, ss, acc + m0 * NT);
+            });
           }
           m0 += R;
         }
       }
-      store_tile(a, acc, t);
+      for (int64_t m = 0; m < M; ++m) channel_order(acc + m * NT, out + m * NT);
+      store_tile(a, out, t);
     }
   });
 }

@@ -25,8 +25,8 @@ from pagemill.entrypoints.openai.cors import CORSOptions, add_cors
 from pagemill.entrypoints.openai.lora_modules import LoRAModulePath, runtime_lora_updating_allowed
 from pagemill.entrypoints.openai.openapi_docs import HealthResponse, document_api, error_responses
 from pagemill.entrypoints.openai.prompt_preparer import PromptPreparer
-from pagemill.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                                  EmbeddingRequest, PoolingRequest, RerankRequest,
+from pagemill.entrypoints.openai.protocol import (ChatCompletionRequest, ClassificationRequest, CompletionRequest,
+                                                  DetokenizeRequest, EmbeddingRequest, PoolingRequest, RerankRequest,
                                                   ScoreRequest, TokenizeRequest)
 from pagemill.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagemill.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -110,7 +110,8 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
               chat_template: str | None = None, shutdown_engine: bool = True,
               auto_tool_parser: str | None = None, lora_modules: list[LoRAModulePath] | None = None,
               limits: ServerLimits | None = None, cors: CORSOptions | None = None,
-              enable_tokenizer_info: bool = False, serve_tokenizer_files: bool = True) -> FastAPI:
+              enable_tokenizer_info: bool = False, serve_tokenizer_files: bool = True,
+              enable_force_include_usage: bool = False) -> FastAPI:
     """The FastAPI app serving `engine` (with its own Prometheus registry, so several apps can coexist).
 
     `auto_tool_parser`: the tool-call parser of tool_choice="auto" (--enable-auto-tool-choice --tool-call-parser).
@@ -145,6 +146,7 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
     reasoning_parser = engine.config.structured_outputs_config.reasoning_parser
     chat = OpenAIServingChat(engine, models, prompts, auto_tool_parser, reasoning_parser)
     completion = OpenAIServingCompletion(engine, models, prompts)
+    chat.force_include_usage = completion.force_include_usage = enable_force_include_usage
     tokenization = OpenAIServingTokenization(engine.get_tokenizer(), models, prompts)
     registry = CollectorRegistry()
     spec = engine.config.speculative_config
@@ -261,6 +263,12 @@ def add_pooling_routes(app: FastAPI, engine: AsyncLLM, models: OpenAIServingMode
         """The pooler's output of each input (vLLM)."""
         return await embedding.create_pooling(request)
 
+    @app.post("/classify", include_in_schema=pools)
+    @with_cancellation
+    async def create_classify(request: ClassificationRequest, raw_request: Request) -> Response:
+        """Class probabilities of each input under a classifier (vLLM)."""
+        return await embedding.create_classify(request)
+
     @app.post("/score", include_in_schema=pools)
     @app.post("/v1/score", include_in_schema=pools)
     @with_cancellation
@@ -300,7 +308,8 @@ def run_server(args: argparse.Namespace) -> None:
         app = build_app(engine, names, args.api_key, chat_template, auto_tool_parser=auto_tool_parser,
                         lora_modules=lora_modules, limits=limits, cors=CORSOptions.from_args(args),
                         enable_tokenizer_info=args.enable_tokenizer_info_endpoint,
-                        serve_tokenizer_files=args.serve_tokenizer_files)
+                        serve_tokenizer_files=args.serve_tokenizer_files,
+                        enable_force_include_usage=args.enable_force_include_usage)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                                 access_log=not args.disable_uvicorn_access_log)
         logger.info("Serving %s on http://%s:%d", ", ".join(names), args.host, args.port)

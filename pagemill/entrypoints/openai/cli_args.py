@@ -62,6 +62,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="Serve the tokenizer's files (tokenizer.json, tokenizer_config.json, chat_template.jinja; "
                              "nothing else) by the Hugging Face Hub's protocol under the served model names, so that "
                              "clients load it with HF_ENDPOINT=http://HOST:PORT.")
+    server.add_argument("--enable-force-include-usage", action="store_true",
+                        help="Send usage at the end of every stream, even without stream_options.include_usage.")
     add_limit_args(server)
     add_cors_args(server)
     server.add_argument("--uvicorn-log-level", default="info",

@@ -25,7 +25,8 @@ STREAMED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 _ANTHROPIC_ERROR_REF = {"$ref": "#/components/schemas/AnthropicErrorResponse"}
 # Paths that resolve a `model` field (404 for an unknown one).
-MODEL_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/pooling", "/score", "/v1/score",
+MODEL_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/pooling", "/classify",
+               "/score", "/v1/score",
                "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize", "/v1/responses", "/v1/messages",
                "/v1/messages/count_tokens")
 

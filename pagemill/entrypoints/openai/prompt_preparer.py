@@ -8,6 +8,7 @@ from pagemill.entrypoints.chat_utils import ChatRenderer, Conversation, Tools
 from pagemill.entrypoints.openai.errors import OpenAIError
 from pagemill.entrypoints.openai.prompt_worker import PromptWorker, TimeLimitExceeded
 from pagemill.entrypoints.openai.server_limits import ServerLimits
+from pagemill.loader.tokenizer import SKIP_TOKENIZER_MESSAGE, is_no_tokenizer
 
 # Tokens beyond max_model_len that a text prefix must reach before the whole text is declared too long (the last
 # word of a cut text may tokenize differently than in the whole).
@@ -32,6 +33,8 @@ class PromptPreparer:
         self.prefix_chars = (max_model_len + _PREFIX_MARGIN_TOKENS) * max(longest, 1)
 
     def _encode(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        if is_no_tokenizer(self.tokenizer):
+            raise OpenAIError(f"{param} is text, but {SKIP_TOKENIZER_MESSAGE}.", 400, param)
         if len(text) > self.prefix_chars:
             head = self.tokenizer.encode(text[:self.prefix_chars], add_special_tokens=add_special_tokens)
             if len(head) >= self.max_model_len + _PREFIX_MARGIN_TOKENS:
@@ -56,9 +59,10 @@ class PromptPreparer:
 
     async def render(self, conversation: Conversation, chat_template: str | None = None,
                      add_generation_prompt: bool = True, continue_final_message: bool = False,
-                     chat_template_kwargs: dict[str, Any] | None = None, tools: Tools | None = None) -> list[int]:
+                     chat_template_kwargs: dict[str, Any] | None = None, tools: Tools | None = None,
+                     add_special_tokens: bool = False) -> list[int]:
         """Token ids of a rendered conversation, rendered in a thread of its own and stopped (a 400) after the
-        time limit."""
+        time limit; `add_special_tokens`: the tokenizer's own (e.g. BERT's [CLS] / [SEP]) around the text too."""
         from pagemill.multimodal.chat import first_image_part
 
         image_part = first_image_part(conversation)
@@ -66,12 +70,16 @@ class PromptPreparer:
             raise OpenAIError(f"{image_part}: images are taken by /v1/chat/completions only.", 400, image_part)
         text = await self._render_text(conversation, chat_template, add_generation_prompt, continue_final_message,
                                        chat_template_kwargs, tools)
-        return await self.worker.run(self._encode, text, False, "messages")  # the template has the special tokens
+        # the template has the special tokens (unless the caller asks for the tokenizer's as well)
+        return await self.worker.run(self._encode, text, add_special_tokens, "messages")
 
     async def _render_text(self, conversation: Conversation, chat_template: str | None, add_generation_prompt: bool,
                            continue_final_message: bool, chat_template_kwargs: dict[str, Any] | None,
                            tools: Tools | None) -> str:
+        """The conversation rendered to text by the chat template, in a worker thread under the time limit."""
         self.check_request_template(chat_template)
+        if is_no_tokenizer(self.tokenizer):
+            raise OpenAIError(f"messages cannot be rendered: {SKIP_TOKENIZER_MESSAGE}.", 400, "messages")
         try:
             return await self.worker.run_limited(
                 self.limits.chat_template_timeout_s, self.renderer.render_text, conversation, chat_template,

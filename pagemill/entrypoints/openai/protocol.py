@@ -220,7 +220,7 @@ class SamplingRequest(OpenAIBaseModel):
     # vLLM extra parameters
     allowed_token_ids: list[int] | None = None
     logprob_token_ids: list[int] | None = None  # with logprobs: these tokens' logprobs too, at every position
-    prompt_logprobs: int | None = Field(default=None, ge=0)
+    prompt_logprobs: int | None = Field(default=None, ge=-1)  # -1: the whole vocabulary
     return_token_ids: bool = False  # the prompt's and each choice's token ids in the response
     return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:<id>" (for tokens that are not text)
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)  # keep k prompt tokens (-1: the model's limit)
@@ -260,7 +260,7 @@ class CompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(default=16, ge=0)  # 0 only with echo: score the prompt, generate nothing
     echo: bool = False
     suffix: str | None = None
-    logprobs: int | None = Field(default=None, ge=0)
+    logprobs: int | None = Field(default=None, ge=-1)  # -1: the whole vocabulary
     best_of: int | None = None
     add_special_tokens: bool = True
 
@@ -435,7 +435,7 @@ class ChatCompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0)
+    top_logprobs: int | None = Field(default=None, ge=-1)  # -1: the whole vocabulary
     tools: list[ChatCompletionToolsParam] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -606,14 +606,23 @@ class PoolingInputRequest(OpenAIBaseModel):
     """What /v1/embeddings and /pooling share: OpenAI's input forms plus vLLM's extras."""
 
     model: str | None = None
-    input: str | list[str] | list[int] | list[list[int]]
-    encoding_format: Literal["float", "base64"] = "float"
+    input: str | list[str] | list[int] | list[list[int]] | None = None
+    encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
     dimensions: int | None = None
     user: str | None = None
     # vLLM extra parameters
+    embed_dtype: Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = "float32"  # base64 / bytes
+    endianness: Literal["native", "big", "little"] = "native"  # of base64 / bytes
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     normalize: bool | None = None
     priority: int = 0
+    add_special_tokens: bool | None = None  # None: True for input, False for messages (the template adds them)
+    # chat-style input (vLLM's EmbeddingChatRequest): messages rendered with the chat template, instead of input
+    messages: list[ChatMessage] | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
 
 
 class EmbeddingRequest(PoolingInputRequest):
@@ -661,6 +670,32 @@ class PoolingResponse(ResponseModel):
     created: int
     model: str
     data: list[PoolingResponseData]
+    usage: UsageInfo
+
+
+class ClassificationRequest(PoolingInputRequest):
+    """POST /classify (vLLM): the class probabilities of each input under a classifier model."""
+
+    activation: bool | None = None
+
+
+class ClassificationData(ResponseModel):
+    """One input's class probabilities and its most likely label."""
+
+    index: int
+    label: str | None
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(ResponseModel):
+    """The /classify response."""
+
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[ClassificationData]
     usage: UsageInfo
 
 

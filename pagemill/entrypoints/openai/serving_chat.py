@@ -180,8 +180,7 @@ class OpenAIServingChat(OpenAIServing):
                       constraint: OutputConstraint | None, in_reasoning: bool | None = None) -> AsyncIterator[str]:
         """SSE chunks: a role chunk per choice, reasoning, content and tool-call deltas, optional usage, then
         [DONE]."""
-        include_usage = request.stream_options is not None and request.stream_options.include_usage
-        continuous = include_usage and request.stream_options.continuous_usage_stats  # type: ignore[union-attr]
+        include_usage, continuous = self.stream_usage(request.stream_options)
         num_prompt = len(prompt_ids)
         num_gen = num_cached = 0
         reasoning: ReasoningParser | None = self.reasoning_parser

@@ -141,22 +141,22 @@ class OpenAIServingCompletion(OpenAIServing):
                                                   frozenset(request.logprob_token_ids or ()))
         if first and request.prompt_logprobs is not None:
             choice.prompt_logprobs = prompt_logprobs_json(out.prompt_logprobs)
-        if request.return_token_ids:
+        if request.return_token_ids or self.no_tokenizer:
             if first:
                 choice.prompt_token_ids = prompt.token_ids
             choice.token_ids = list(token_ids)
         return choice
 
     def _token_text(self, token_id: int) -> str:
+        if self.no_tokenizer:
+            return f"token_id:{token_id}"
         return self.tokenizer.decode([token_id])
 
     async def _stream(self, request: CompletionRequest, request_id: str, iterators: list[AsyncIterator[RequestOutput]],
                       prompts: list[Prompt], model: str, created: int,
                       constraint: OutputConstraint | None = None) -> AsyncIterator[str]:
         """SSE chunks of text deltas (choice index = prompt index * n + sequence index), usage, [DONE]."""
-        opts = request.stream_options
-        include_usage = opts is not None and opts.include_usage
-        continuous = include_usage and opts.continuous_usage_stats  # type: ignore[union-attr]
+        include_usage, continuous = self.stream_usage(request.stream_options)
         num_prompt = sum(len(p.token_ids) for p in prompts)
         offsets: dict[int, int] = {}
         cached: dict[int, int] = {}

@@ -15,6 +15,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from pagemill.entrypoints.openai.errors import OpenAIError, error_body, from_value_error
+from pagemill.loader.tokenizer import is_no_tokenizer
 from pagemill.entrypoints.openai.prompt_preparer import PromptPreparer
 from pagemill.entrypoints.openai.protocol import SamplingRequest
 from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
@@ -103,13 +104,21 @@ class OpenAIServing:
     """Base of the endpoint handlers that generate text."""
 
     request_fields: frozenset[str] = frozenset()
+    force_include_usage = False  # --enable-force-include-usage: every stream ends with usage
 
     def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, prompts: PromptPreparer) -> None:
         self.engine = engine
         self.models = models
         self.prompts = prompts
         self.tokenizer = engine.get_tokenizer()
+        self.no_tokenizer = is_no_tokenizer(self.tokenizer)  # --skip-tokenizer-init: token ids in and out
         self.max_model_len = engine.model_config.max_model_len
+
+    def stream_usage(self, options: Any) -> tuple[bool, bool]:
+        """(usage at the end of the stream, usage on every chunk) for a request's stream_options, as vLLM:
+        --enable-force-include-usage gives the final usage even without stream_options."""
+        include = self.force_include_usage or (options is not None and bool(options.include_usage))
+        return include, include and options is not None and bool(options.continuous_usage_stats)
 
     def check_length(self, num_prompt_tokens: int, max_tokens: int | None, prompt_param: str,
                      max_tokens_param: str = "max_tokens") -> None:
@@ -167,8 +176,14 @@ class OpenAIServing:
             name = "best_of" if best_of > request.n else "n"
             raise OpenAIError(f"{name} must be at most {mc.max_n} (--max-n), got {getattr(request, name)}.", 400,
                               name)
+        vocab = mc.hf_config.vocab_size
         for param, k in ((logprobs_param, num_logprobs), ("prompt_logprobs", request.prompt_logprobs)):
-            if k is not None and 0 <= mc.max_logprobs < k:
+            if k == -1:  # vLLM: the whole vocabulary (bounded by --max-logprobs)
+                if 0 <= mc.max_logprobs < vocab:
+                    raise OpenAIError(f"{param}=-1 asks for the whole vocabulary ({vocab} tokens), more than "
+                                      f"--max-logprobs ({mc.max_logprobs}) allows.", 400, param)
+                setattr(request, param, vocab)
+            elif k is not None and 0 <= mc.max_logprobs < k:
                 raise OpenAIError(f"{param} must be at most {mc.max_logprobs} (--max-logprobs), got {k}.", 400, param)
 
     @staticmethod

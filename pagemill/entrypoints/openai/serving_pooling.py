@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import base64
+import json
+import sys
 import time
 from typing import Any
 
+import torch
 from fastapi.responses import Response
 from pydantic import BaseModel
 
 from pagemill.engine.async_llm import AsyncLLM
 from pagemill.entrypoints.openai.errors import OpenAIError, from_value_error
 from pagemill.entrypoints.openai.prompt_preparer import PromptPreparer
-from pagemill.entrypoints.openai.protocol import (EmbeddingRequest, EmbeddingResponse, EmbeddingResponseData,
+from pagemill.entrypoints.openai.protocol import (ClassificationData, ClassificationRequest, ClassificationResponse,
+                                                  EmbeddingRequest, EmbeddingResponse, EmbeddingResponseData,
                                                   PoolingInputRequest, PoolingRequest, PoolingResponse,
                                                   PoolingResponseData, UsageInfo)
 from pagemill.entrypoints.openai.serving_engine import json_response, merge_async_iterators, random_id
@@ -31,11 +35,45 @@ def check_generate_model(engine: AsyncLLM, endpoint: str) -> None:
                           f"{', '.join(POOLING_ENDPOINTS)}.", 400, "model")
 
 
-def encode_vector(output: PoolingOutput, encoding_format: str) -> list[float] | str:
-    """A vector as floats, or base64 of its little-endian float32 bytes (what OpenAI's base64 format is)."""
+EMBED_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def vector_bytes(data: torch.Tensor, embed_dtype: str = "float32", endianness: str = "native") -> bytes:
+    """A vector's values as `embed_dtype` in the byte order `endianness` (vLLM's tensor2binary)."""
+    values = data.detach().to("cpu").contiguous().to(EMBED_DTYPES[embed_dtype])
+    width = values.element_size()
+    raw = values.view(torch.uint8)
+    order = sys.byteorder if endianness == "native" else endianness
+    if width > 1 and order != sys.byteorder:
+        raw = raw.view(-1, width).flip(1)
+    return raw.numpy().tobytes()
+
+
+def encode_vector(output: PoolingOutput, encoding_format: str, embed_dtype: str = "float32",
+                  endianness: str = "native") -> list[float] | str:
+    """A vector as floats, or base64 of its bytes (float32 little-endian by default: OpenAI's base64 format)."""
     if encoding_format == "base64":
-        return base64.b64encode(output.data.numpy().astype("<f4").tobytes()).decode("ascii")
+        return base64.b64encode(vector_bytes(output.data, embed_dtype, endianness)).decode("ascii")
     return output.data.tolist()
+
+
+def bytes_response(outs: list[PoolingRequestOutput], request: PoolingInputRequest, request_id: str, created: int,
+                   model: str) -> Response:
+    """vLLM's `bytes` / `bytes_only` formats: the vectors' bytes back to back as application/octet-stream; with
+    `bytes`, a `metadata` header (JSON) gives id, created, model, usage and each vector's byte range and shape."""
+    body, items, offset = [], [], 0
+    for i, out in enumerate(outs):
+        raw = vector_bytes(out.outputs.data, request.embed_dtype, request.endianness)
+        items.append({"index": i, "embed_dtype": request.embed_dtype, "endianness": request.endianness,
+                      "start": offset, "end": offset + len(raw), "shape": list(out.outputs.data.shape)})
+        body.append(raw)
+        offset += len(raw)
+    headers = None
+    if request.encoding_format == "bytes":
+        headers = {"metadata": json.dumps({"id": request_id, "created": created, "model": model, "data": items,
+                                           "usage": _usage(outs).model_dump(exclude_none=True)})}
+    return Response(b"".join(body), media_type="application/octet-stream", headers=headers)
 
 
 class OpenAIServingPooling:
@@ -69,6 +107,23 @@ class OpenAIServingPooling:
         except ValueError as e:
             raise from_value_error(e, type(request).model_fields) from e
 
+    async def request_prompts(self, request: PoolingInputRequest) -> list[Any]:
+        """The prompts of a request's `input`, or of its `messages` rendered with the chat template (vLLM's chat
+        form of the pooling endpoints): exactly one of the two."""
+        if request.input is None and request.messages is None:
+            raise OpenAIError("input is required (or give chat-style messages instead).", 400, "input")
+        if request.input is not None and request.messages is not None:
+            raise OpenAIError("Give exactly one of input and messages.", 400, "messages")
+        if request.messages is None:
+            return self.input_prompts(request.input, "input")
+        if not request.messages:
+            raise OpenAIError("messages must not be empty.", 400, "messages")
+        conversation = [m.to_dict() for m in request.messages]
+        ids = await self.prompts.render(conversation, request.chat_template, request.add_generation_prompt,
+                                        request.continue_final_message, request.chat_template_kwargs,
+                                        add_special_tokens=bool(request.add_special_tokens))
+        return [{"prompt_token_ids": ids}]
+
     @staticmethod
     def input_prompts(value: Any, param: str) -> list[Any]:
         """The prompts of an OpenAI `input`: a string, strings, token ids, or lists of token ids."""
@@ -85,10 +140,11 @@ class OpenAIServingPooling:
                 raise OpenAIError(f"{param} must not contain an empty string or an empty token list.", 400, param)
         return [item if isinstance(item, str) else {"prompt_token_ids": list(item)} for item in items]
 
-    def _tokenized(self, prompts: list[Any]) -> list[Any]:
+    def _tokenized(self, prompts: list[Any], add_special_tokens: bool | None = None) -> list[Any]:
         """Text prompts with their token ids (run in a worker thread: the engine then tokenizes nothing)."""
-        return [{"prompt": p, "prompt_token_ids": self.tokenizer.encode(p)} if isinstance(p, str) and p else p
-                for p in prompts]
+        special = add_special_tokens is not False
+        return [{"prompt": p, "prompt_token_ids": self.tokenizer.encode(p, add_special_tokens=special)}
+                if isinstance(p, str) and p else p for p in prompts]
 
     async def run(self, prompts: list[Any], params: PoolingParams, request: BaseModel, prefix: str,
                   default_param: str) -> list[PoolingRequestOutput]:
@@ -99,7 +155,7 @@ class OpenAIServingPooling:
         ids = [f"{base}-{i}" for i in range(len(prompts))]
         collectors = []
         priority = getattr(request, "priority", 0)
-        prompts = await self.prompts.worker.run(self._tokenized, prompts)
+        prompts = await self.prompts.worker.run(self._tokenized, prompts, getattr(request, "add_special_tokens", None))
         try:
             for rid, prompt in zip(ids, prompts):
                 collectors.append(self.engine.add_request(rid, prompt, params, priority=priority))
@@ -126,10 +182,14 @@ class OpenAIServingEmbedding(OpenAIServingPooling):
         model = self.models.resolve(request.model)
         self.check_task("embed", "/v1/embeddings")
         outs = await self._pool(request, "embed", "embd", normalize=request.normalize)
-        data = [EmbeddingResponseData(index=i, embedding=encode_vector(o.outputs, request.encoding_format))
+        request_id, created = random_id("embd"), int(time.time())
+        if request.encoding_format in ("bytes", "bytes_only"):
+            return bytes_response(outs, request, request_id, created, model)
+        data = [EmbeddingResponseData(index=i, embedding=encode_vector(o.outputs, request.encoding_format,
+                                                                       request.embed_dtype, request.endianness))
                 for i, o in enumerate(outs)]
-        return json_response(EmbeddingResponse(id=random_id("embd"), created=int(time.time()), model=model,
-                                               data=data, usage=_usage(outs)))
+        return json_response(EmbeddingResponse(id=request_id, created=created, model=model, data=data,
+                                               usage=_usage(outs)))
 
     async def create_pooling(self, request: PoolingRequest) -> Response:
         """The pooler's output for every input (embeddings, or a classifier's probabilities)."""
@@ -137,15 +197,37 @@ class OpenAIServingEmbedding(OpenAIServingPooling):
         self.check_task("encode", "/pooling")
         outs = await self._pool(request, "encode", "pool", normalize=request.normalize,
                                 activation=request.activation)
-        data = [PoolingResponseData(index=i, data=encode_vector(o.outputs, request.encoding_format))
+        request_id, created = random_id("pool"), int(time.time())
+        if request.encoding_format in ("bytes", "bytes_only"):
+            return bytes_response(outs, request, request_id, created, model)
+        data = [PoolingResponseData(index=i, data=encode_vector(o.outputs, request.encoding_format,
+                                                                request.embed_dtype, request.endianness))
                 for i, o in enumerate(outs)]
-        return json_response(PoolingResponse(id=random_id("pool"), created=int(time.time()), model=model, data=data,
+        return json_response(PoolingResponse(id=request_id, created=created, model=model, data=data,
                                              usage=_usage(outs)))
+
+    async def create_classify(self, request: ClassificationRequest) -> Response:
+        """Class probabilities of every input, with the most likely class's label (vLLM's /classify)."""
+        model = self.models.resolve(request.model)
+        self.check_task("classify", "/classify")
+        if request.encoding_format != "float" or request.dimensions is not None:
+            param = "dimensions" if request.dimensions is not None else "encoding_format"
+            raise OpenAIError(f"/classify does not take {param}.", 400, param)
+        outs = await self._pool(request, "classify", "classify", activation=request.activation)
+        labels = getattr(self.engine.model_config.hf_config, "id2label", None) or {}
+        data = []
+        for i, o in enumerate(outs):
+            probs = o.outputs.data.float().reshape(-1).tolist()
+            best = max(range(len(probs)), key=probs.__getitem__)
+            label = labels.get(best, labels.get(str(best), f"LABEL_{best}"))
+            data.append(ClassificationData(index=i, label=label, probs=probs, num_classes=len(probs)))
+        return json_response(ClassificationResponse(id=random_id("classify"), created=int(time.time()), model=model,
+                                                    data=data, usage=_usage(outs)))
 
     async def _pool(self, request: PoolingInputRequest, task: str, prefix: str,
                     **fields: Any) -> list[PoolingRequestOutput]:
         params = self.pooling_params(request, task, dimensions=request.dimensions, **fields)
-        return await self.run(self.input_prompts(request.input, "input"), params, request, prefix, "input")
+        return await self.run(await self.request_prompts(request), params, request, prefix, "input")
 
 
 def _usage(outs: list[PoolingRequestOutput]) -> UsageInfo:

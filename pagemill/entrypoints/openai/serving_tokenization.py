@@ -41,5 +41,9 @@ class OpenAIServingTokenization:
         self.models.resolve(request.model)
         bad = [t for t in request.tokens if not 0 <= t < self.vocab_size]
         if bad:
-            raise OpenAIError(f"tokens must be in [0, {self.vocab_size}), got {bad[0]}.", 400, "tokens")
+            raise OpenAIError(f"tokens must be in [0, {self.vocab_size}), got {', '.join(map(str, bad))}.", 400,
+                              "tokens")
+        if getattr(self.tokenizer, "is_stub", False):
+            raise OpenAIError("tokens cannot be detokenized: the server runs with --skip-tokenizer-init.", 400,
+                              "tokens")
         return DetokenizeResponse(prompt=await self.prompts.worker.run(self.tokenizer.decode, request.tokens))

@@ -70,7 +70,9 @@ def plan_tools(request: ChatCompletionRequest, auto_parser: str | None) -> ToolP
         if auto_parser is None:
             raise OpenAIError('"auto" tool choice requires the server to run with --enable-auto-tool-choice and '
                               "--tool-call-parser.", 400, "tool_choice")
-        parser = get_tool_parser(auto_parser)
+        parser = get_tool_parser(auto_parser, rendered)
+        if parser.keeps_special_tokens:
+            request.skip_special_tokens = False  # the format's markers are special tokens (as vLLM's parsers do)
         return ToolPlan(rendered, parser if parallel else AtMostOneCall(parser))
     if choice == "required":
         schema = required_schema(tools, parallel)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pagemill.entrypoints.openai.tool_parsers import hermes, llama3_json, xlam  # noqa: F401  (they register)
+from pagemill.entrypoints.openai.tool_parsers import (deepseek_v3, granite, hermes, llama3_json, mistral,  # noqa: F401
+                                                       openai, pythonic, qwen3_coder, xlam)  # (they register)
 from pagemill.entrypoints.openai.tool_parsers.abstract import (ParsedOutput, ParsedToolCall, ToolParser,
                                                                 register_tool_parser, registered_parsers)
 
@@ -12,12 +13,12 @@ def tool_parser_names() -> list[str]:
     return sorted(registered_parsers())
 
 
-def get_tool_parser(name: str) -> ToolParser:
-    """A parser by name; ValueError naming tool_call_parser for an unknown one."""
+def get_tool_parser(name: str, tools: list[dict] | None = None) -> ToolParser:
+    """A parser by name (given the request's tools); ValueError naming tool_call_parser for an unknown one."""
     parsers = registered_parsers()
     if name not in parsers:
         raise ValueError(f"tool_call_parser must be one of {', '.join(sorted(parsers))}, got {name!r}.")
-    return parsers[name]()
+    return parsers[name](tools)
 
 
 __all__ = ["ParsedOutput", "ParsedToolCall", "ToolParser", "get_tool_parser", "register_tool_parser",

@@ -41,6 +41,23 @@ class ToolParser(ABC):
     """Extracts tool calls from a model's text (see the module docstring for the prefix rule)."""
 
     name: ClassVar[str] = ""
+    # The markers of this format are special tokens, so the reply must be detokenized with them kept.
+    keeps_special_tokens: ClassVar[bool] = False
+
+    def __init__(self, tools: list[dict] | None = None) -> None:
+        """`tools`: the request's tools as dicts ({"type": "function", "function": {...}}), for formats whose
+        argument types come from the tools' schemas."""
+        self.tools = tools or []
+
+    def parameter_schema(self, function: str, parameter: str) -> dict | None:
+        """The JSON schema of one parameter of one of the request's functions (None: not known)."""
+        for tool in self.tools:
+            fn = tool.get("function", tool)
+            if fn.get("name") == function:
+                props = (fn.get("parameters") or {}).get("properties") or {}
+                schema = props.get(parameter)
+                return schema if isinstance(schema, dict) else None
+        return None
 
     @abstractmethod
     def parse(self, text: str, final: bool) -> ParsedOutput:
