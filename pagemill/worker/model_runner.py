@@ -188,10 +188,12 @@ class ModelRunner:
             ib.token_ids[row, n:n + len(drafts)] = drafts
         if so.blocks_to_swap_out:  # before anything can overwrite the freed blocks
             kv_ids, swap_ids = (torch.tensor(x) for x in zip(*so.blocks_to_swap_out))
-            self.swap_cache[:, :, swap_ids] = self.kv_cache[:, :, kv_ids]
+            self.swap_cache[:, :, swap_ids] = self.kv_cache[:, :, kv_ids.to(self.kv_cache.device)].to(
+                self.swap_cache.device)
         if so.blocks_to_swap_in:
             swap_ids, kv_ids = (torch.tensor(x) for x in zip(*so.blocks_to_swap_in))
-            self.kv_cache[:, :, kv_ids] = self.swap_cache[:, :, swap_ids]
+            self.kv_cache[:, :, kv_ids.to(self.kv_cache.device)] = self.swap_cache[:, :, swap_ids].to(
+                self.kv_cache.device, non_blocking=True)
         if so.blocks_to_copy:
             src, dst = (torch.tensor(x) for x in zip(*so.blocks_to_copy))
             for cache in (self.kv_cache, *self.extra_kv_caches):
@@ -220,8 +222,8 @@ class ModelRunner:
             step = self._prepare(so)
         metadata = [self.backend.build_metadata(md) for md in step.attn_metadata]
         start = time.perf_counter()
-        with prof.section("forward"), set_forward_context(metadata, self.lora_mapping(step.rows, step.counts)):
-            hidden = self.model(step.input_ids, step.positions)
+        with prof.section("forward"):
+            hidden = self._forward(step, metadata)
         if connector is not None:  # (our models never see block tables: every layer is saved at once, after)
             with prof.section("kv_save"):
                 connector.save_kv_layer(ALL_LAYERS, self.kv_cache)
@@ -238,6 +240,11 @@ class ModelRunner:
             if positions:
                 out.draft_cost = (time.perf_counter() - start - target) / (positions * target)
         return out
+
+    def _forward(self, step: StepInputs, metadata: list) -> torch.Tensor:
+        """The model's forward over the step (the GPU runner replays a CUDA graph here where it can)."""
+        with set_forward_context(metadata, self.lora_mapping(step.rows, step.counts)):
+            return self.model(step.input_ids, step.positions)
 
     def apply_sampled(self, sampled: dict[str, list[int]], appended: bool) -> None:
         """The engine's tokens of the previous step, on a worker whose own are not the engine's (tensor / pipeline

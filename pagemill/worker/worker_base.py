@@ -100,6 +100,8 @@ class WorkerBase(ABC):
         """Release what the worker holds beyond its memory (sockets, threads)."""
 
 
-def worker_class() -> type[WorkerBase]:
-    """The worker class the current platform names (`Platform.worker_cls`)."""
-    return resolve_obj_by_qualname(current_platform.worker_cls)
+def worker_class(config: EngineConfig | None = None) -> type[WorkerBase]:
+    """The worker class the engine's `worker_cls` names, else the one the current platform names
+    (`Platform.worker_cls`)."""
+    name = getattr(config, "worker_cls", "auto") if config is not None else "auto"
+    return resolve_obj_by_qualname(current_platform.worker_cls if name in ("auto", None, "") else name)

@@ -111,6 +111,8 @@ class TritonAttentionMetadata:
 
     def tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(block table int32 [B, max_blocks], token's request int32 [T], token's position int32 [T]) on `device`."""
+        if self.common.device_tensors is not None:  # the GPU runner's persistent buffers (CUDA-graph safe)
+            return self.common.device_tensors
         if device not in self._tensors:
             md = self.common
             qsl = md.query_start_loc
