@@ -116,7 +116,7 @@ def test_a_wrong_kernel_is_caught():
     meta = TritonPagedAttention().build_metadata(md)
     device = torch.device(DEVICE)
     table, req, pos = meta.tensors(device)
-    meta._tensors[device] = (table, req, torch.full_like(pos, 0))  # every token sees only key 0
+    meta._tensors[device.type] = (table, req, torch.full_like(pos, 0))  # every token sees only key 0
     got, _ = _run_triton(layer, q, k, v, cache, md, meta)
     assert not torch.allclose(got, want, atol=1e-3)
 

@@ -185,15 +185,16 @@ class TritonAttentionMetadata:
         """(block table int32 [B, max_blocks], token's request int32 [T], token's position int32 [T]) on `device`."""
         if self.common.device_tensors is not None:  # the GPU runner's persistent buffers (CUDA-graph safe)
             return self.common.device_tensors
-        if device not in self._tensors:
+        key = torch.device(device).type  # (cuda and cuda:0 are one device here: one GPU per rank)
+        if key not in self._tensors:
             md = self.common
             qsl = md.query_start_loc
             counts = np.diff(qsl[:md.num_reqs + 1])
             token_req = np.repeat(np.arange(md.num_reqs), counts)
             token_pos = md.num_computed_tokens[token_req] + np.arange(int(qsl[md.num_reqs])) - qsl[token_req]
-            self._tensors[device] = tuple(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device)
+            self._tensors[key] = tuple(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device)
                                           for a in (md.block_table, token_req, token_pos))
-        return self._tensors[device]
+        return self._tensors[key]
 
 
 class TritonPagedAttention(AttentionBackend):
