@@ -88,7 +88,8 @@ class CudaPlatform(Platform):
             torch.set_num_threads(num_threads)
         return torch.get_num_threads()
 
-    def describe(self) -> dict[str, str]:
+    @staticmethod
+    def describe() -> dict[str, str]:
         """GPU, driver / CUDA versions and the attention backend, for `pagemill env`."""
         import torch
 
