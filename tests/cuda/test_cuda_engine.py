@@ -81,7 +81,7 @@ def test_greedy_equals_hf_with_graphs_and_eager(tiny, hf_refs, monkeypatch):
     original = DecodeGraphs.replay
     monkeypatch.setattr(DecodeGraphs, "replay", lambda self, size: replays.append(size) or original(self, size))
     prompts = _prompts(12)
-    for over in ({}, {"enforce_eager": True}, {"max_num_batched_tokens": 16}, {"num_gpu_blocks_override": 20}):
+    for over in ({}, {"enforce_eager": True}, {"max_num_batched_tokens": 16}, {"num_gpu_blocks_override": 40}):
         llm = LLM(tiny, dtype="float32", max_model_len=512, kv_cache_memory="64MiB", max_num_seqs=16, **over)
         tokens, _ = _greedy(llm, prompts)
         assert tokens == hf_refs, over
