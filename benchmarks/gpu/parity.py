@@ -56,6 +56,8 @@ def main() -> int:
                  "eager": dict(enforce_eager=True), "preempt": dict(num_gpu_blocks_override=24, block_size=16)}
         if dry:
             paths = {"chunked": paths["chunked"]}
+        elif kind not in ("llama", "gemma3_text"):  # (every path on two families, the batch on the others: time)
+            paths = {"batch": paths["batch"]}
         for name, over in paths.items():
             t0 = time.perf_counter()
             llm = LLM(path, dtype="float32", max_model_len=256, max_num_seqs=32, **{"kv_cache_memory": "64MiB",

@@ -90,7 +90,7 @@ def main() -> int:
     prompts = [{"prompt_token_ids": torch.randint(3, vocab, (i,), generator=g).tolist()} for i in ins]
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outs]
     results = {}
-    for label, over in [("graphs", {}), *([("eager", {"enforce_eager": True})] if args.eager_too or dry else [])]:
+    for label, over in [("graphs", {}), *([("eager", {"enforce_eager": True})] if args.eager_too else [])]:
         t0 = time.perf_counter()
         llm = LLM(path, **engine, **over)
         load = time.perf_counter() - t0

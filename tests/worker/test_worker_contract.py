@@ -38,6 +38,8 @@ KINDS = {
     "gpu": ({"attention_backend": "triton", "worker_cls": "pagemill.worker.gpu_worker.GpuWorker"}, "GpuModelRunner"),
 }
 REFERENCE_ARGS = {"gpu": {"attention_backend": "torch"}}
+# the interpreter is slow: the GPU worker's contract runs on the tiny random Llama (SmolLM2's tokenizer) instead
+TINY_MODEL_KINDS = {"gpu"}
 PROMPTS = {"a": "The capital of France is", "b": "Once upon a time, in a small village, there lived",
            "c": "def fibonacci(n):"}
 MAX_TOKENS = 6
@@ -128,11 +130,13 @@ def _skip_unsupported(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", [k for k in KINDS if KINDS[k][1] != "DecoderPoolingRunner"])
-def test_generate_worker_contract(kind, smol_path, prompt_ids):
+def test_generate_worker_contract(kind, smol_path, prompt_ids, request):
     """New requests (b in two prefill chunks), decode steps, a finished request whose row c reuses, an empty step:
     a token for exactly the requests that reached the end of their tokens, greedy tokens equal to LLM.generate's."""
     _skip_unsupported(kind)
     kind_args, runner_name = KINDS[kind]
+    if kind in TINY_MODEL_KINDS:
+        smol_path = request.getfixturevalue("tiny_llama")
     args = dict(model=smol_path, **ENGINE, **kind_args)
     worker, kv, num_blocks = start_worker(args)
     try:
