@@ -10,6 +10,7 @@ continuation) and the mean |delta logprob|. Prints one line per check and a summ
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -75,6 +76,7 @@ def main() -> int:
                 if bad:
                     failures.append(f"{kind}/{name}{suffix}: requests {bad}")
             del llm
+            gc.collect()
         del hf
     agree, dlp = bf16_agreement(args.root, device, extra, dry)
     print(f"PARITY fp32 {checks - len(failures)}/{checks} checks equal; bf16 top-1 agreement {agree:.2%}, "
