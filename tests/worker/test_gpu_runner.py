@@ -150,3 +150,42 @@ def test_kv_cache_bytes_from_profile():
     assert kv_cache_bytes_from_profile(80 * gib, 0.9, 10 * gib, 1 * gib) == 72 * gib - 11 * gib
     with pytest.raises(ValueError, match="gpu_memory_utilization=0.1"):
         kv_cache_bytes_from_profile(80 * gib, 0.1, 10 * gib, 1 * gib)
+
+
+def test_decode_graph_path_with_padding_equals_hf(tiny_models):
+    """The CUDA-graph path on the CPU: "graphs" whose replay re-runs the model over the metadata built once at
+    capture from the persistent buffers' views (what a captured graph reads). Decode batches of 5, 3, ... padded to
+    buckets 6, 4, ... (null-block padding) give HF's greedy tokens."""
+    from transformers import AutoModelForCausalLM
+
+    from pagemill.forward_context import set_forward_context
+    from pagemill.worker.cuda_graphs import DecodeGraphs
+
+    class RerunGraphs(DecodeGraphs):
+        def _capture_one(self, runner, size):
+            self.model = runner.model
+            self.graphs[size] = (self._metadata(runner, size), runner.buffers.views(size))
+
+        def replay(self, size):
+            replayed.append(size)
+            metadata, (ids, pos) = self.graphs[size]
+            with set_forward_context(metadata, None):
+                return self.model(ids, pos)
+
+    replayed: list[int] = []
+    path = tiny_models["llama"]
+    llm = LLM(path, kv_cache_memory="16MiB", max_model_len=128, max_num_seqs=6, block_size=8, **GPU_ARGS)
+    runner = llm.llm_engine.engine_core.executor.driver_worker.model_runner
+    assert runner.buckets == [1, 2, 4, 6]
+    graphs = RerunGraphs()
+    for size in runner.buckets:
+        graphs._capture_one(runner, size)
+    runner.graphs = graphs
+    prompts = SMOL_PROMPTS[:5]
+    lengths = [6, 3, 6, 4, 2]
+    outs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths],
+                        use_tqdm=False)
+    assert 6 in replayed and 4 in replayed  # 5 decodes -> bucket 6, 3 -> 4
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for o, n in zip(outs, lengths):
+        assert list(o.outputs[0].token_ids) == hf_greedy(hf, list(o.prompt_token_ids), n)
