@@ -42,11 +42,17 @@ fi
 
 stage "install"
 if [ $DRY = 0 ]; then
-  ls $WHEELS/*.whl >/dev/null 2>&1 && $PY -m pip install -q --no-deps --no-index $WHEELS/*.whl
-  if $PY -m pip install -q --no-deps --no-build-isolation --no-index . 2>"$OUT/pip.log"; then
-    echo "pagemill installed (pip --no-deps)"
+  # into a target directory: works where the system Python is externally managed (PEP 668) and leaves it untouched
+  SITE="$OUT/site"; rm -rf "$SITE"; mkdir -p "$SITE"
+  if ls $WHEELS/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-deps --no-index --target "$SITE" $WHEELS/*.whl || echo "WARN: carried wheels did not install"
   else
-    echo "pip install failed (see $OUT/pip.log): using PYTHONPATH=$ROOT"; export PYTHONPATH=$ROOT
+    echo "WARN: no carried wheels in $WHEELS (msgspec, pyzmq, gguf): run --fetch-wheels on a CPU machine and carry it"
+  fi
+  if $PY -m pip install -q --no-deps --no-build-isolation --no-index --target "$SITE" . 2>"$OUT/pip.log"; then
+    echo "pagemill installed (pip --no-deps --target $SITE)"; export PYTHONPATH="$SITE"
+  else
+    echo "pip install of pagemill failed (see $OUT/pip.log): using the tree"; export PYTHONPATH="$ROOT:$SITE"
   fi
 else
   export PYTHONPATH=$ROOT TRITON_INTERPRET=1
