@@ -80,7 +80,7 @@ def main() -> int:
         del hf
     agree, dlp = bf16_agreement(args.root, device, extra, dry)
     print(f"PARITY fp32 {checks - len(failures)}/{checks} checks equal; bf16 top-1 agreement {agree:.2%}, "
-          f"mean |dlogprob| {dlp:.4f}", flush=True)
+          f"mean abs dlogprob {dlp:.4f}", flush=True)
     for f in failures:
         print("  FAIL", f)
     return 1 if failures or agree < 0.99 else 0
