@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # CI: a kernel variant that does not compile fails the build (elsewhere the torch paths take over, with a warning).
 KERNEL_BUILD_FLAGS := $(if $(CI),--strict,)
 
-.PHONY: install kernels run generate test test-fast clean
+.PHONY: install kernels run generate test test-fast docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -40,5 +40,9 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -x -m "not slow"
 
+# The docs site into site/ (`$(BIN)/mkdocs serve` previews it); tests/docs runs the same strict build.
+docs: install
+	$(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

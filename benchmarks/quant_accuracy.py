@@ -9,6 +9,10 @@ quantization reads the corpus paragraphs with prompt logprobs against the float3
 
     python benchmarks/quant_accuracy.py [--model FILE.gguf | --gemma3 | --hf-dir DIR] [--weights dithered]
                                         [--chunk 64] [--dither-seed 0]
+    python benchmarks/quant_accuracy.py --int8-activations [--model FILE.gguf | --gemma3]
+
+--int8-activations measures linear_dtype="int8" (int8 activations x the GGUF's own records) against the exact
+float32 default on the GGUF file itself.
 """
 
 from __future__ import annotations
@@ -57,8 +61,18 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=64,
                         help="prefill tokens per step (<= 64: the GEMV records; more: oneDNN)")
     parser.add_argument("--dither-seed", type=int, default=0)
+    parser.add_argument("--int8-activations", action="store_true",
+                        help="linear_dtype='int8' against the exact default on the GGUF file itself")
     parser.add_argument("--no-bf16", action="store_true", help="leave out the bfloat16-matmul reference row")
     args = parser.parse_args()
+    if args.int8_activations:
+        path = gguf_path(args)
+        print(f"{'model':<24} {'variant':<12} {'positions':>9} {'top-1 agree':>11} {'mean |dlp|':>10} "
+              f"{'max |dlp|':>9} {'missing':>7}")
+        for a in measure(path, {"int8 activations": {"linear_dtype": "int8"}}, chunk=args.chunk):
+            print(f"{os.path.basename(path)[:24]:<24} {a.name:<12} {a.positions:>9} {a.top1_agreement:>11.4f} "
+                  f"{a.mean_abs_dlogprob:>10.4f} {a.max_abs_dlogprob:>9.3f} {a.missing:>7}", flush=True)
+        return
     variants = {"int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}}
     if not args.no_bf16:  # a known scale: the float weights rounded to bfloat16 (8 significant bits)
         variants["bf16 matmuls"] = {"linear_dtype": "bfloat16"}

@@ -28,9 +28,13 @@ def parse_size(value: int | float | str) -> int:
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 
-LINEAR_DTYPES = ("auto", "float32", "float16", "bfloat16")
+# int8: activations quantized per row and block of 32 and multiplied in integers against quantized weights (a speed
+# preset: csrc/variant/gemv_i8.cpp; the exact float32 default keeps HF parity)
+LINEAR_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 WEIGHT_ONLY_QUANTIZATIONS = ("int8", "int4")  # float checkpoints quantized at load (layers/quantization/weight_only.py)
-QUANTIZATIONS = ("auto", "none", "gguf", *WEIGHT_ONLY_QUANTIZATIONS)
+# quantized checkpoints, named by their quantization_config.quant_method (layers/quantization/prequantized.py)
+CHECKPOINT_QUANTIZATIONS = ("gptq", "awq", "compressed-tensors", "fp8")
+QUANTIZATIONS = ("auto", "none", "gguf", *WEIGHT_ONLY_QUANTIZATIONS, *CHECKPOINT_QUANTIZATIONS)
 
 
 def check_linear_options(linear_dtype: str, quantization: str) -> None:
@@ -41,12 +45,24 @@ def check_linear_options(linear_dtype: str, quantization: str) -> None:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}.")
 
 
-def resolve_quantization(quantization: str, from_gguf: bool) -> str:
-    """auto = keep GGUF weights in their block formats (it changes no weight value), else none; gguf needs a GGUF
-    file (the blocks are read from it); int8 / int4 need float weights (safetensors), not a GGUF file's."""
+def resolve_quantization(quantization: str, from_gguf: bool, checkpoint_method: Any = None) -> str:
+    """auto = keep GGUF weights in their block formats (it changes no weight value), a quantized checkpoint's own
+    method (`checkpoint_method`: its quantization_config.quant_method, or None), else none; gguf needs a GGUF file
+    (the blocks are read from it); int8 / int4 need float weights (safetensors), not a GGUF file's; a quantized
+    checkpoint runs only as what it is."""
     check_linear_options("auto", quantization)
+    if checkpoint_method is not None and checkpoint_method not in CHECKPOINT_QUANTIZATIONS:
+        raise ValueError(f"quantization_config.quant_method must be one of {', '.join(CHECKPOINT_QUANTIZATIONS)}, "
+                         f"got {checkpoint_method!r}.")
     if quantization == "auto":
-        return "gguf" if from_gguf else "none"
+        return "gguf" if from_gguf else checkpoint_method or "none"
+    if checkpoint_method is not None and quantization != checkpoint_method:
+        raise ValueError(f"quantization={quantization!r} does not fit this checkpoint, quantized with "
+                         f"quantization_config.quant_method={checkpoint_method!r}: use quantization='auto' or "
+                         f"{checkpoint_method!r}.")
+    if quantization in CHECKPOINT_QUANTIZATIONS and checkpoint_method is None:
+        raise ValueError(f"quantization={quantization!r} needs a checkpoint whose config.json has a "
+                         "quantization_config with that quant_method.")
     if quantization == "gguf" and not from_gguf:
         raise ValueError("quantization='gguf' needs a GGUF model file (the blocks are read from it).")
     if quantization in WEIGHT_ONLY_QUANTIZATIONS and from_gguf:
@@ -68,17 +84,27 @@ class ModelConfig:
     served_model_name: str | None = None
     seed: int = 0
     linear_dtype: str = "auto"  # matmul precision; auto = the model dtype (exact float32)
-    quantization: str = "none"  # none | gguf | int8 | int4 (resolved from auto)
+    quantization: str = "none"  # none | gguf | int8 | int4 | gptq | awq | compressed-tensors | fp8 (resolved)
     runner_type: str = "generate"  # generate | pooling (embeddings, scores: pagemill/pooling/)
     pooler_config: Any = None  # pooling.config.PoolerConfig of a pooling model, else None
     max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for (-1: no limit)
     max_n: int = 128  # most sequences one request may fan out to (n, best_of)
+    # A multimodal model's whole HF config (vision + text; hf_config is then its text config), else None.
+    mm_hf_config: Any = None
+    limit_mm_per_prompt: dict[str, int] | None = None  # most images per prompt (None: the default, 8)
+    allowed_local_media_path: str | None = None  # file:// image URLs are read only under this directory
+
+    @property
+    def is_multimodal(self) -> bool:
+        """Whether the model takes images."""
+        return self.mm_hf_config is not None
 
     @property
     def architecture(self) -> str:
         """The HF architecture name (e.g. LlamaForCausalLM)."""
-        archs = getattr(self.hf_config, "architectures", None) or []
-        return archs[0] if archs else self.hf_config.model_type
+        c = self.mm_hf_config or self.hf_config
+        archs = getattr(c, "architectures", None) or []
+        return archs[0] if archs else c.model_type
 
     @property
     def num_layers(self) -> int:
@@ -152,8 +178,14 @@ class SchedulerConfig:
     staging_size: int = 8  # two-level: requests moved from the FIFO waiting queue to the SRTF staging queue at once
     # Schedule step N+1 while the model runs step N (engine/core.py step_with_batch_queue; vLLM's async scheduling).
     async_scheduling: bool = False
+    # Image placeholder tokens whose encoder runs one step may start (vLLM's encoder budget; None: the token budget).
+    # A step that would start more stops the request's chunk before the image; an image larger than the budget
+    # still runs when it is the step's first.
+    max_num_encoder_input_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_num_encoder_input_tokens is not None and self.max_num_encoder_input_tokens < 1:
+            raise ValueError("max_num_encoder_input_tokens must be >= 1.")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}.")
         if self.policy not in SCHEDULING_POLICIES:
@@ -178,6 +210,11 @@ class StructuredOutputsConfig:
 
     backend: str = "auto"  # auto: xgrammar unless the constraint needs what only llguidance has
     max_json_whitespace: int = 2  # most whitespace characters between JSON tokens (0: none)
+    # --reasoning-parser (vLLM keeps it here too): a grammar starts after the reasoning end marker, and
+    # thinking_token_budget forces that marker; the start / end strings override the parser's (--reasoning-config).
+    reasoning_parser: str | None = None
+    reasoning_start_str: str | None = None
+    reasoning_end_str: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in STRUCTURED_OUTPUT_BACKENDS:

@@ -138,10 +138,25 @@ class LLM(PoolingLLMMixin):
         template, a file, or a shipped template's name (e.g. "chatml_tools", ChatML with a tools branch).
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [{"prompt_token_ids": self.render_chat(c, chat_template, add_generation_prompt,
-                                                          continue_final_message, tools, chat_template_kwargs)}
-                   for c in conversations]
+        prompts = [self._chat_prompt(c, chat_template, add_generation_prompt, continue_final_message, tools,
+                                     chat_template_kwargs) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
+
+    def _chat_prompt(self, conversation: ChatMessages, chat_template: str | None, add_generation_prompt: bool,
+                     continue_final_message: bool, tools: list[dict[str, Any]] | None,
+                     chat_template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+        """The prompt of one conversation: its token ids, or (with image parts) its text and images."""
+        from pagemill.multimodal.chat import has_images, load_images, take_images
+
+        if not has_images(conversation):
+            return {"prompt_token_ids": self.render_chat(conversation, chat_template, add_generation_prompt,
+                                                         continue_final_message, tools, chat_template_kwargs)}
+        mm = self.llm_engine.processor.mm_processor
+        conversation, sources = take_images(conversation, mm.image_token if mm is not None else None)
+        text = self._chat_renderer.render_text(conversation, load_chat_template(chat_template), add_generation_prompt,
+                                               continue_final_message, chat_template_kwargs, tools)
+        images = load_images(sources, mm.allowed_local_media_path)
+        return {"prompt": text, "multi_modal_data": {"image": images}, "add_special_tokens": False}
 
     def render_chat(self, conversation: ChatMessages, chat_template: str | None = None,
                     add_generation_prompt: bool = True, continue_final_message: bool = False,

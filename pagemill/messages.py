@@ -13,6 +13,19 @@ from pagemill.pooling_params import PoolingParams
 from pagemill.sampling_params import SamplingParams
 
 
+class MultiModalFeature(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One image of a request, processed by the front end: its pixels for the vision encoder and where its
+    placeholder tokens sit in the prompt (vLLM's MultiModalFeatureSpec)."""
+
+    identifier: str  # content hash of the processed pixels: prefix-cache blocks over the placeholder are keyed by it
+    offset: int  # index of the first placeholder token in the prompt
+    length: int  # placeholder tokens (= rows of the encoder's output)
+    data: bytes  # the processed pixel values, C order
+    shape: list[int]
+    dtype: str = "float32"
+    modality: str = "image"
+
+
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     """A tokenized, validated request as the engine core receives it."""
 
@@ -27,6 +40,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     lora_request: LoRARequest | None = None  # the adapter this request runs with (None: the base model)
     pooling_params: PoolingParams | None = None  # a pooling request (embed / classify / score): no tokens sampled
     token_type_ids: list[int] | None = None  # segment ids of an encoder's input (a cross-encoder's pair), else zeros
+    mm_features: list[MultiModalFeature] | None = None  # the prompt's images, in placeholder order
 
 
 class LogprobsLists(msgspec.Struct, array_like=True):

@@ -6,7 +6,7 @@ import enum
 from typing import TYPE_CHECKING
 
 from pagemill.lora.request import LoRARequest
-from pagemill.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreRequest
+from pagemill.messages import EngineCoreEvent, EngineCoreEventType, EngineCoreRequest, MultiModalFeature
 from pagemill.pooling_params import PoolingParams
 from pagemill.sampling_params import SamplingParams
 
@@ -78,6 +78,8 @@ class Request:
         # A pooling request (set from the EngineCoreRequest by the engine core): finishes when its prompt is computed.
         self.pooling_params: PoolingParams | None = None
         self.token_type_ids: list[int] | None = None  # an encoder's segment ids (None: all zeros)
+        self.mm_features: list[MultiModalFeature] | None = None  # the prompt's images (set by the engine core)
+        self.num_images_scheduled = 0  # its images (in order) whose encoder run a step has been given
 
     @classmethod
     def from_engine_core_request(cls, r: EngineCoreRequest) -> "Request":

@@ -108,6 +108,8 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens (-1: max_model_len - 1)
     # srtf / two-level scheduling: the output length to expect (a hint, capped by max_tokens; None: max_tokens).
     expected_output_tokens: int | None = None
+    # With a reasoning parser: after this many thinking tokens the engine forces the end-of-thinking marker.
+    thinking_token_budget: int | None = None
     # Filled in by the engine from the model's generation config; not user input.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -164,6 +166,9 @@ class SamplingParams:
                 isinstance(self.expected_output_tokens, bool) or not isinstance(self.expected_output_tokens, int)
                 or self.expected_output_tokens < 0):
             raise bad("expected_output_tokens", "must be an integer >= 0")
+        if self.thinking_token_budget is not None and (isinstance(self.thinking_token_budget, bool) or not isinstance(
+                self.thinking_token_budget, int) or self.thinking_token_budget < 0):
+            raise bad("thinking_token_budget", "must be an integer >= 0")
         if self.logprobs is not None and self.logprobs < 0:
             raise bad("logprobs", "must be non-negative")
         if self.prompt_logprobs is not None and self.prompt_logprobs < 0:

@@ -27,10 +27,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core / sample / layers", ("pagemill.core", "pagemill.sample", "pagemill.layers", "pagemill.kernels",
                                 "pagemill.request", "pagemill.messages", "pagemill.metrics.stats",
                                 "pagemill.forward_context", "pagemill.distributed", "pagemill.structured_output",
-                                "pagemill.attention.backend", "pagemill.attention.metadata")),
+                                "pagemill.reasoning", "pagemill.attention.backend", "pagemill.attention.metadata")),
     # Built from layers: models, attention backends, loaders, LoRA wrappers, draft proposers, KV connectors, and the
     # grammar manager (it loads the tokenizer).
     ("models / attention / loader", ("pagemill.models", "pagemill.attention", "pagemill.loader", "pagemill.lora",
+                                     "pagemill.multimodal",
                                      "pagemill.spec_decode", "pagemill.distributed.kv_transfer",
                                      "pagemill.structured_output.manager")),
     ("worker", ("pagemill.worker",)),

@@ -6,6 +6,9 @@ import argparse
 import time
 from typing import Any, Callable, Protocol, Sequence
 
+from pagemill.benchmarks.variants import PREFIX as VARIANT_PREFIX
+from pagemill.benchmarks.variants import add_variant_args, variant_backend_names, variant_kwargs, variant_label
+
 BACKENDS = ("pagemill", "hf", "llama.cpp")
 
 
@@ -83,12 +86,18 @@ def make_backend(name: str, args: argparse.Namespace, model: str, hf_batch_size:
         from pagemill.benchmarks.pagemill_backend import PagemillBackend, engine_kwargs
 
         backend = PagemillBackend(engine_kwargs(args, model))
+    elif name.startswith(VARIANT_PREFIX):
+        from pagemill.benchmarks.pagemill_backend import PagemillBackend, engine_kwargs
+
+        backend = PagemillBackend({**engine_kwargs(args, model), **variant_kwargs(args, name)})
     elif name == "hf":
         from pagemill.benchmarks.hf_backend import HFBackend
 
         backend = HFBackend(model, hf_batch_size)
     else:
         raise ValueError(f"unknown backend {name!r}; choose from {BACKENDS}")
+    if isinstance(getattr(backend, "reset_prefix_cache", None), bool):
+        backend.reset_prefix_cache = bool(getattr(args, "reset_prefix_cache", False))
     return backend, time.perf_counter() - start
 
 
@@ -101,7 +110,12 @@ def apply_peer_defaults(args: argparse.Namespace) -> None:
 
 
 def backend_order(args: argparse.Namespace) -> list[str]:
-    """The backend under test first, then the `--compare` baseline if different."""
+    """The backend under test first (or each `--variant`, in order), then the `--compare` baseline if different."""
+    variants = variant_backend_names(args)
+    if variants:
+        if args.backend != "pagemill":
+            raise ValueError("--variant runs pagemill configurations: leave --backend at pagemill")
+        return variants + ([args.compare] if args.compare and args.compare != "pagemill" else [])
     names = [args.backend]
     if args.compare and args.compare != args.backend:
         names.append(args.compare)
@@ -113,6 +127,8 @@ def backend_label(name: str, args: argparse.Namespace, hf_batch_size: int,
     """Short description of a backend's configuration for tables and JSON."""
     if backend is not None and callable(getattr(backend, "describe", None)):
         return backend.describe()
+    if name.startswith(VARIANT_PREFIX):
+        return variant_label(args, name)
     if name == "hf":
         return f"hf transformers float32 generate, static batches of {hf_batch_size}"
     caching = {None: "", True: ", prefix caching on", False: ", prefix caching off"}
@@ -138,6 +154,7 @@ def add_backend_args(parser: argparse.ArgumentParser, hf_batch_default: int | No
                    help="llama.cpp threads (default: --threads, else torch's thread count)")
     g.add_argument("--llama-cpp-parallel", type=int, default=None,
                    help="llama-server slots (default: min(requests, --max-num-seqs or the engine default))")
+    add_variant_args(parser)
     if hf_batch_default is not None:
         parser.add_argument("--hf-batch-size", type=int, default=hf_batch_default,
                             help="static batch size of the hf backend")

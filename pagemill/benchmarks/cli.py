@@ -18,16 +18,17 @@ def _run(module: str, func: str) -> Any:
 
 
 def register_bench_subcommands(subparsers: Any) -> argparse.ArgumentParser:
-    """Add `bench` with `throughput`, `latency`, `serve`, `speculative` and `embed` to an argparse sub-parser set."""
+    """Add `bench` with `throughput`, `latency`, `serve`, `speculative`, `lora`, `embed` and `report` to an argparse sub-parser set."""
     from pagemill.benchmarks.embed import add_embed_args
     from pagemill.benchmarks.latency import add_latency_args
     from pagemill.benchmarks.lora import add_lora_args
+    from pagemill.benchmarks.results_page import add_report_args
     from pagemill.benchmarks.serve import add_serve_args
     from pagemill.benchmarks.speculative import add_speculative_args
     from pagemill.benchmarks.throughput import add_throughput_args
 
     bench = subparsers.add_parser("bench", help="benchmark pagemill against its baselines")
-    bench_sub = bench.add_subparsers(dest="bench_command", metavar="{throughput,latency,serve,speculative,lora,embed}")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="{throughput,latency,serve,speculative,lora,embed,report}")
     bench_sub.required = True
     for name, add_args, module, func, help_text in (
         ("throughput", add_throughput_args, "throughput", "run_throughput",
@@ -41,6 +42,8 @@ def register_bench_subcommands(subparsers: Any) -> argparse.ArgumentParser:
          "decode tok/s of a batch over several LoRA adapters vs the base model"),
         ("embed", add_embed_args, "embed", "run_embed",
          "embeddings/s of mixed-length texts: the pooling runner vs HF batched encode"),
+        ("report", add_report_args, "results_page", "run_report",
+         "render docs/benchmarks/index.md (current numbers) from benchmarks/results/*.json"),
     ):
         parser = bench_sub.add_parser(name, help=help_text,
                                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)

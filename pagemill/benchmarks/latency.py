@@ -17,6 +17,7 @@ from pagemill.benchmarks.prompts import PromptBuilder
 from pagemill.benchmarks.report import (check_machine_idle, config_dict, environment_info,
                                         format_table, save_result)
 from pagemill.benchmarks.spec_report import backend_spec_decoding, spec_rows
+from pagemill.benchmarks.variants import ratio_lines
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 
@@ -101,7 +102,15 @@ def run_latency(args: argparse.Namespace) -> dict[str, Any]:
     for result in payload["results"].values():
         print(latency_table(result))
     names = list(payload["results"])
-    if len(names) == 2:
+    if getattr(args, "variant", None):
+        results = payload["results"]
+        lines = ratio_lines(results, "avg_s", False, "speed, mean latency")
+        if all("decode_s_per_token" in r for r in results.values()):
+            lines += ratio_lines(results, "decode_s_per_token", False, "decode speed")
+            lines += ratio_lines(results, "ttft_s", False, "TTFT")
+        payload["variant_ratios"] = lines
+        print("\n".join(lines))
+    elif len(names) == 2:
         ours, base = (payload["results"][n] for n in names)
         payload["speedup"] = {"avg_latency": base["avg_s"] / ours["avg_s"]}
         if "decode_s_per_token" in ours and "decode_s_per_token" in base:

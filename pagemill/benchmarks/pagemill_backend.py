@@ -46,6 +46,7 @@ class PagemillBackend:
 
         self.kwargs = kwargs
         self.llm = LLM(**kwargs)
+        self.reset_prefix_cache = False  # --reset-prefix-cache: each run finds only what it shares within itself
 
     def generate(self, prompts: Sequence[Sequence[int]], output_lens: Sequence[int],
                  use_tqdm: bool = False) -> list[list[int]]:
@@ -53,6 +54,8 @@ class PagemillBackend:
         from pagemill import SamplingParams
 
         params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in output_lens]
+        if self.reset_prefix_cache:
+            self.llm.reset_prefix_cache()
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
                                     use_tqdm=use_tqdm)
         return [list(o.outputs[0].token_ids) for o in outputs]

@@ -176,13 +176,23 @@ def compare(name: str, ref: list[list[dict[int, float]]], other: list[list[dict[
 DEFAULT_VARIANTS = {"int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}}
 
 
+def corpus_tokenizer(model: str) -> Any:
+    """The model's tokenizer: an HF directory's, or the one pagemill builds from a GGUF file's metadata."""
+    if model.endswith(".gguf"):
+        from pagemill.loader.model_files import resolve_model
+        from pagemill.loader.tokenizer import load_tokenizer
+
+        resolved = resolve_model(model)
+        return load_tokenizer(resolved.tokenizer_path, resolved.gguf_file, resolved.hf_config)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
 def measure(model: str, variants: dict[str, dict[str, Any]] | None = None, chunk: int = 64) -> list[Agreement]:
     """Each variant (name -> LLM kwargs; default int8 and int4) of an HF-directory model against its float32 self
     over the corpus paragraphs."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model)
-    token_lists = [tok.encode(p) for p in corpus_paragraphs()]
+    token_lists = [corpus_tokenizer(model).encode(p) for p in corpus_paragraphs()]
     ref = prompt_topk(model, token_lists, chunk)
     return [compare(name, ref, prompt_topk(model, token_lists, chunk, **kwargs))
             for name, kwargs in (variants or DEFAULT_VARIANTS).items()]

@@ -16,6 +16,7 @@ from pagemill.benchmarks.peer_report import peer_rows
 from pagemill.benchmarks.report import (check_machine_idle, config_dict, environment_info,
                                         format_table, save_result)
 from pagemill.benchmarks.spec_report import backend_spec_decoding, spec_rows
+from pagemill.benchmarks.variants import ratio_lines
 
 
 def throughput_metrics(samples: Sequence[SampleRequest], outputs: Sequence[Sequence[int]] | None,
@@ -134,7 +135,16 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     for metrics in results.values():
         print(throughput_table(metrics))
     names = list(payload["results"])
-    if len(names) == 2:
+    if getattr(args, "variant", None):
+        lines = ratio_lines(results, "output_tokens_per_s", True, "output tok/s")
+        payload["variant_ratios"] = lines
+        print("\n".join(lines))
+        first = outputs[names[0]]
+        for name in names[1:]:
+            if first is not None and outputs[name] is not None:
+                same = agreement(first, outputs[name])["identical_requests"]
+                print(f"{name} vs {names[0]}: identical greedy outputs {same}/{len(samples)}")
+    elif len(names) == 2:
         ours, base = (payload["results"][n] for n in names)
         payload["ratio"] = {
             "output_tokens_per_s": ours["output_tokens_per_s"] / base["output_tokens_per_s"],

@@ -55,8 +55,10 @@ class KVCacheManager:
     def _ensure_hashes(self, request: Request, num_full_blocks: int) -> None:
         # Blocks computed under another adapter (or salt) hold other KV: the adapter id and the salt key the hash.
         extra = (request.lora_int_id, request.cache_salt) if request.lora_int_id or request.cache_salt else None
+        spans = ([(f.offset, f.length, f.identifier) for f in request.mm_features] if request.mm_features
+                 else None)
         extend_block_hashes(self.hash_fn, request.block_hashes, request.all_token_ids, self.block_size,
-                            num_full_blocks, extra)
+                            num_full_blocks, extra, spans)
 
     def get_computed_blocks(self, request: Request, count: bool = True) -> tuple[KVCacheBlocks, int]:
         """The longest cached prefix every group can serve (its blocks per group), and how many tokens that is.

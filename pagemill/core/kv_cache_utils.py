@@ -30,12 +30,21 @@ def hash_block_tokens(hash_fn: Callable[[object], int], parent_hash: int, block_
 
 
 def extend_block_hashes(hash_fn: Callable[[object], int], block_hashes: list[int], token_ids: Sequence[int],
-                        block_size: int, num_full_blocks: int, extra_keys: tuple | None) -> None:
-    """Append hashes to `block_hashes` until it covers `num_full_blocks` blocks of `token_ids`."""
+                        block_size: int, num_full_blocks: int, extra_keys: tuple | None,
+                        mm_spans: Sequence[tuple[int, int, str]] | None = None) -> None:
+    """Append hashes to `block_hashes` until it covers `num_full_blocks` blocks of `token_ids`.
+
+    `mm_spans`: (offset, length, content hash) of each image's placeholder tokens. A block that overlaps a span also
+    hashes the image's content (vLLM's multimodal extra keys): the placeholder token ids are the same for every
+    image, so two prompts with the same text and different images must not share those blocks."""
     for i in range(len(block_hashes), num_full_blocks):
         parent = block_hashes[-1] if block_hashes else NONE_HASH
-        block_hashes.append(hash_block_tokens(hash_fn, parent, token_ids[i * block_size:(i + 1) * block_size],
-                                              extra_keys))
+        keys, start, end = extra_keys, i * block_size, (i + 1) * block_size
+        if mm_spans:
+            images = tuple(h for off, n, h in mm_spans if off < end and start < off + n)
+            if images:
+                keys = (extra_keys, images)
+        block_hashes.append(hash_block_tokens(hash_fn, parent, token_ids[start:end], keys))
 
 
 def kv_cache_groups(windows: Sequence[int | None], max_model_len: int) -> list[tuple[int | None, list[int]]]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagemill.lora.request import LoRARequest
-from pagemill.messages import LogprobsLists
+from pagemill.messages import LogprobsLists, MultiModalFeature
 from pagemill.pooling_params import PoolingParams
 from pagemill.sampling_params import SamplingParams
 
@@ -25,6 +25,7 @@ class NewRequestData:
     lora_request: LoRARequest | None = None
     pooling_params: PoolingParams | None = None  # a pooling request (the runner pools instead of sampling)
     token_type_ids: list[int] | None = None  # an encoder's segment ids (None: all zeros)
+    mm_features: list[MultiModalFeature] | None = None  # the prompt's images (pixels and placeholder spans)
 
 
 @dataclass

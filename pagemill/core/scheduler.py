@@ -212,6 +212,24 @@ class Scheduler:
         self.running.remove(victim)
         return victim
 
+    @staticmethod
+    def _encoder_inputs(req: Request, start: int, num_new: int, encoder_budget: int,
+                        encoder_full: int) -> tuple[int, int, int]:
+        """(tokens to schedule, encoder tokens they start, images scheduled so far after them) for a chunk of
+        `num_new` tokens of `req` from `start`: the chunk stops before an image whose encoder run the step's
+        encoder budget has no room for (an image over the whole budget still runs first in a step)."""
+        cost, images = 0, req.num_images_scheduled
+        for j in range(req.num_images_scheduled, len(req.mm_features)):
+            f = req.mm_features[j]
+            if f.offset >= start + num_new:
+                break
+            if f.offset + f.length > start:  # (an image before `start` was a prefix-cache hit: never encoded)
+                if cost + f.length > encoder_budget and not (cost == 0 and encoder_budget == encoder_full):
+                    return max(0, f.offset - start), cost, images
+                cost += f.length
+            images = j + 1
+        return num_new, cost, images
+
     def schedule(self) -> SchedulerOutput:
         """Plan one step within the token budget, preempting by recompute when blocks run out."""
         budget = self.config.max_num_batched_tokens
@@ -225,6 +243,8 @@ class Scheduler:
         spec_tokens: dict[str, list[int]] = {}
         if self.config.policy in SRTF_POLICIES:
             self.waiting.order_running(self.running, budget)
+        encoder_full = self.config.max_num_encoder_input_tokens or budget
+        encoder_budget = encoder_full
 
         i = 0
         while i < len(self.running) and budget > 0 and len(num_scheduled) < max_reqs:
@@ -240,6 +260,9 @@ class Scheduler:
             if (self.config.policy in SRTF_POLICIES and req.num_tokens - req.num_computed_tokens > 1 and not preempted
                     and len(self.running) < self.config.max_num_seqs):  # a prefill chunk: srtf may put waiting first
                 num_new = min(num_new, budget - self.waiting.budget_to_yield(req, budget))
+            if req.mm_features:
+                num_new, encoder_cost, images = self._encoder_inputs(req, req.num_computed_tokens, num_new,
+                                                                      encoder_budget, encoder_full)
             if num_new <= 0:
                 i += 1
                 continue
@@ -262,6 +285,9 @@ class Scheduler:
             if new_blocks is None:
                 break  # req itself was preempted; everything after it is gone too
             num_scheduled[req.request_id] = num_new
+            if req.mm_features:
+                encoder_budget -= encoder_cost
+                req.num_images_scheduled = images
             if req.spec_token_ids:  # the budget or the context length may leave room for fewer drafts
                 num_spec = num_new + req.num_computed_tokens - req.num_tokens
                 if num_spec > 0:
@@ -307,6 +333,11 @@ class Scheduler:
                 if self.connector is not None:
                     num_external, _ = self.connector.get_num_new_matched_tokens(req, num_hit)
             num_new = min(req.num_tokens - req.num_computed_tokens - num_hit - num_external, budget)
+            if req.mm_features:
+                num_new, encoder_cost, images = self._encoder_inputs(
+                    req, req.num_computed_tokens + num_hit + num_external, num_new, encoder_budget, encoder_full)
+                if num_new <= 0:
+                    break
             if not self.kv_cache_config.has_kv_cache and num_new < req.num_tokens:
                 break  # an encoder-only model has no KV cache to resume from: the whole prompt waits for room
             # (externally computed tokens take blocks but no budget: they are loaded, not computed)
@@ -329,6 +360,9 @@ class Scheduler:
             req.num_computed_tokens += num_hit + num_external
             self.running.append(req)
             num_scheduled[req.request_id] = num_new
+            if req.mm_features:
+                encoder_budget -= encoder_cost
+                req.num_images_scheduled = images
             new_reqs.append(NewRequestData(req.request_id, list(req.all_token_ids), req.num_prompt_tokens,
                                            req.sampling_params,
                                            self.kv_cache_manager.get_block_ids(req.request_id),
@@ -338,6 +372,7 @@ class Scheduler:
                 loras.add(req.lora_int_id)
             if req.pooling_params is not None:
                 new_reqs[-1].pooling_params, new_reqs[-1].token_type_ids = req.pooling_params, req.token_type_ids
+            new_reqs[-1].mm_features = req.mm_features
             budget -= num_new
         for req in reversed(skipped):
             self.waiting.add_front(req)
@@ -550,8 +585,12 @@ class Scheduler:
                                    num_cached_tokens=max(req.num_cached_tokens, 0), events=req.take_events())
             if status is None:
                 drafts = out.draft_token_ids.get(rid, [])
-                if req.structured_output is not None and self.spec_config is not None:
-                    drafts = self._constrained_drafts(req, drafts)
+                sor = req.structured_output
+                if sor is not None and self.spec_config is not None:
+                    if sor.constrains:
+                        drafts = self._constrained_drafts(req, drafts)
+                    elif sor.in_reasoning and sor.reasoning.budget is not None:
+                        drafts = []  # a spent budget forces the end marker one token a step
                 req.spec_token_ids = drafts
             else:
                 self._detach(req)  # (async scheduling: it may have been preempted while this step ran)

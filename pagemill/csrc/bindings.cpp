@@ -270,7 +270,8 @@ void gemv_f32(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::opt
 }
 
 void gemv_int8(torch::Tensor out, torch::Tensor x, torch::Tensor packed_q, torch::Tensor scales,
-               c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> mins, bool direct_only) {
+               c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> mins, bool direct_only,
+               bool int8_activations) {
   TORCH_CHECK(packed_q.dim() == 3 && packed_q.size(2) == kGemvTile && packed_q.scalar_type() == at::kChar &&
                   packed_q.is_contiguous(), "gemv_int8: packed_q must come from pack_gemv_weight_int8");
   const int64_t tiles = packed_q.size(0), Kp = packed_q.size(1), K = x.size(1);
@@ -285,7 +286,7 @@ void gemv_int8(torch::Tensor out, torch::Tensor x, torch::Tensor packed_q, torch
               "gemv_int8: mins must be contiguous float32 shaped like scales, with a group size dividing 256");
   const auto xf = as_f32(x);
   auto a = gemv_args("gemv_int8", out, x, xf, K, tiles, bias);
-  a.direct_only = direct_only;
+  a.direct_only = direct_only, a.int8_activations = int8_activations;
   if (a.M == 0 || a.N == 0) return;
   active->gemv_int8(a, packed_q.data_ptr<int8_t>(), scales.data_ptr<float>(), mins ? mins->data_ptr<float>() : nullptr,
                     Kp, G);
@@ -327,14 +328,14 @@ int64_t record_length(RecordFormat f) { return f == RecordFormat::Q4_1 || f == R
 }  // namespace
 
 void gemv_records(torch::Tensor out, torch::Tensor x, torch::Tensor packed, const std::string& format,
-                  c10::optional<torch::Tensor> bias, bool direct_only) {
+                  c10::optional<torch::Tensor> bias, bool direct_only, bool int8_activations) {
   const RecordFormat f = record_format(format);
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                   packed.size(2) == record_bytes(f), "gemv_records: packed must hold ", format, " records [T, K / ",
               record_length(f), ", ", record_bytes(f), "]");
   const auto xf = as_f32(x);
   auto a = gemv_args("gemv_records", out, x, xf, packed.size(1) * record_length(f), packed.size(0), bias);
-  a.direct_only = direct_only;
+  a.direct_only = direct_only, a.int8_activations = int8_activations;
   if (a.M == 0 || a.N == 0) return;
   active->gemv_records(a, packed.data_ptr<uint8_t>(), f);
 }
@@ -508,7 +509,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("w"), py::arg("group_size"));
   m.def("gemv_int8", &gemv_int8, "out = x @ W^T + bias (few rows streamed; more through fp32 panels), W from pack_gemv_weight_int8",
         py::arg("out"), py::arg("x"), py::arg("packed_q"), py::arg("scales"), py::arg("bias") = py::none(),
-        py::arg("mins") = py::none(), py::arg("direct_only") = false);
+        py::arg("mins") = py::none(), py::arg("direct_only") = false, py::arg("int8_activations") = false);
   m.def("pack_gemv_weight_q4", &pack_gemv_weight_q4,
         "Recover Q4_1 (w = d*q + m per group) from a dequantized [N, K] weight and pack it for gemv_q4: "
         "[packed uint8 [T, K/G, G/2*64 + 256], max |d*q + m - w| / max |w| (float64 scalar)]",
@@ -530,7 +531,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "out = x @ W^T + bias over GGUF bit-plane records (q4_1, q5_1, q4_k, q5_k, q6_k, q2_k, q3_k; layouts: "
         "csrc/variant/gemv.cpp, made by pagemill.layers.quantization.gguf_records)",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("format"), py::arg("bias") = py::none(),
-        py::arg("direct_only") = false);
+        py::arg("direct_only") = false, py::arg("int8_activations") = false);
   m.def("gemv_q4", &gemv_q4, "out = x @ W^T + bias (few rows streamed; more through fp32 panels), W packed by pack_gemv_weight_q4",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
   m.def("apply_token_bitmask", &apply_token_bitmask,

@@ -64,6 +64,9 @@ struct GemvArgs {
   // Every row on the direct path (streamed weights, 16 rows at a time), never the fp32 panels of many-row calls: one
   // summation order per row whatever M (gemv_int8 / gemv_records; the batch-invariant mode)
   bool direct_only = false;
+  // x quantized to int8 per row and block of 32 and multiplied in integers (linear_dtype="int8"; 4-bit records and
+  // int8 tiles: variant/gemv_i8.cpp), else the float kernels
+  bool int8_activations = false;
 };
 
 // The LM head's greedy screen (variant/head_screen.cpp): logits [M, N] fp32, exact (float32, from `table` [N, K])

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from pagemill.config import (DP_ROUTING_POLICIES, KV_CACHE_LAYOUTS, CacheConfig, DataParallelConfig, EngineConfig,
-                             KVTransferConfig, LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig,
-                             SpeculativeConfig, StructuredOutputsConfig, check_linear_options, resolve_quantization)
+from pagemill.config import (CHECKPOINT_QUANTIZATIONS, DP_ROUTING_POLICIES, KV_CACHE_LAYOUTS, CacheConfig,
+                             DataParallelConfig, EngineConfig, KVTransferConfig, LoRAConfig, ModelConfig, ParallelConfig,
+                             SchedulerConfig, SpeculativeConfig, StructuredOutputsConfig, check_linear_options,
+                             resolve_quantization)
 from pagemill.engine.arg_help import ENGINE_ARG_HELP
 from pagemill.loader.model_files import resolve_model
 from pagemill.platforms import current_platform
+from pagemill.reasoning import reasoning_parser_names
 from pagemill.utils.argparse_utils import json_dict_flag
 
 if TYPE_CHECKING:
@@ -65,7 +68,7 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = None
     num_threads: int | None = None
     attention_backend: str = "auto"
-    linear_dtype: str = "auto"  # float16/bfloat16: 3-4x faster GEMMs, top-1 within 99% of float32
+    linear_dtype: str = "auto"  # float16/bfloat16: 3-4x faster GEMMs, top-1 within 99% of float32; int8: int8 activations x quantized weights
     kv_cache_dtype: str = "auto"  # float16/bfloat16: half the KV bytes (attention reads, cache capacity)
     kv_cache_layout: str = "paged"  # virtual: vTensor-style contiguous per-request KV over mapped chunks (Linux)
     quantization: str = "auto"  # gguf (auto for GGUF files): small-batch GEMVs stream the Q4_1/Q8_0 weights as stored;
@@ -76,6 +79,8 @@ class EngineArgs:
     greedy_head_screen: bool = True
     disable_log_stats: bool = True
     structured_outputs_backend: str = "auto"  # auto | xgrammar | guidance (structured output / guided decoding)
+    reasoning_parser: str | None = None  # deepseek_r1 | qwen3 | granite | ...: split thinking from the answer
+    reasoning_config: dict[str, Any] | str | None = None  # {"reasoning_start_str", "reasoning_end_str"} (JSON text)
     speculative_config: dict[str, Any] | str | None = None  # SpeculativeConfig's fields, as a dict or JSON text
     enable_lora: bool = False  # serve LoRA adapters (LoRARequest per request)
     max_loras: int = 1  # adapters one batch can mix
@@ -103,6 +108,9 @@ class EngineArgs:
     pipeline_parallel_size: int = 1  # stages the layers are split over
     distributed_executor_backend: str | None = None  # uni | mp | ray (None: uni for one rank, else mp processes)
     kv_transfer_config: dict[str, Any] | str | None = None  # KVTransferConfig's fields, as a dict or JSON text
+    max_num_encoder_input_tokens: int | None = None  # image tokens one step may encode (None: the token budget)
+    limit_mm_per_prompt: dict[str, Any] | str | None = None  # most items per prompt per modality, {"image": 8}
+    allowed_local_media_path: str | None = None  # file:// image URLs are read only under this directory
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -124,6 +132,10 @@ class EngineArgs:
         """Load the model's config, resolve every default and check the result against the platform."""
         resolved = resolve_model(self.model, self.tokenizer)
         hf_config = resolved.hf_config
+        mm_hf_config = None
+        if getattr(hf_config, "vision_config", None) is not None:  # a vision-language model: its decoder's config
+            mm_hf_config, hf_config = hf_config, hf_config.get_text_config()
+        limit_mm = _limit_mm_per_prompt(self.limit_mm_per_prompt)
         model_max = getattr(hf_config, "max_position_embeddings", None) or 8192
         pooler = _resolve_pooling(self, resolved.path, hf_config)
         if pooler is not None and pooler.max_seq_length:
@@ -141,7 +153,9 @@ class EngineArgs:
             raise ValueError(f"max_logprobs must be -1 (no limit) or >= 0, got {self.max_logprobs}.")
         if self.max_n is not None and self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}.")
-        so_config = StructuredOutputsConfig(backend=self.structured_outputs_backend)
+        so_config = StructuredOutputsConfig(backend=self.structured_outputs_backend,
+                                            reasoning_parser=self.reasoning_parser,
+                                            **_reasoning_strings(self.reasoning_config, self.reasoning_parser))
         spec_config = SpeculativeConfig.from_user(self.speculative_config)
         lora_config = (LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras) if self.enable_lora
                        else None)
@@ -152,6 +166,9 @@ class EngineArgs:
         dp_config = self.create_data_parallel_config()
         parallel_config = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size,
                                          self.distributed_executor_backend)
+        if mm_hf_config is not None and self.pipeline_parallel_size > 1:
+            raise ValueError("pipeline_parallel_size: a vision-language model runs on one pipeline stage (images "
+                             "are merged into the first stage's embeddings; not supported across stages yet).")
         if parallel_config.world_size > 1:
             check_parallel(self, parallel_config, hf_config, pooler is not None, resolved.gguf_file is not None)
         if dp_config.data_parallel_size > 1 and parallel_config.world_size > 1:
@@ -180,9 +197,11 @@ class EngineArgs:
             served_model_name=self.served_model_name,
             seed=self.seed,
             linear_dtype=self.linear_dtype,
-            quantization=resolve_quantization(self.quantization, resolved.gguf_file is not None),
+            quantization=_checkpoint_quantization(self.quantization, resolved.gguf_file is not None, hf_config),
             runner_type="generate" if pooler is None else "pooling", pooler_config=pooler,
             max_logprobs=self.max_logprobs, max_n=self.max_n or self.max_num_seqs,
+            mm_hf_config=mm_hf_config, limit_mm_per_prompt=limit_mm,
+            allowed_local_media_path=self.allowed_local_media_path,
         )
         cache_config = CacheConfig(
             block_size=self.block_size,
@@ -197,6 +216,7 @@ class EngineArgs:
             gpu_memory_utilization=(self.gpu_memory_utilization or 0.9) if device == "cuda" else None,
         )
         scheduler_config = SchedulerConfig(
+            max_num_encoder_input_tokens=self.max_num_encoder_input_tokens,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=max_batched,
             max_model_len=max_model_len,
@@ -284,6 +304,11 @@ def check_parallel(args: EngineArgs, parallel: ParallelConfig, hf_config: Any, p
         raise ValueError(f"runner: pooling models do not run with {what} yet (use one rank).")
     if args.batch_invariant:
         raise ValueError(f"batch_invariant=True is not covered with {what} (use one rank).")
+    quantized_checkpoint = not gguf and _checkpoint_quantization(args.quantization, False,
+                                                                 hf_config) in CHECKPOINT_QUANTIZATIONS
+    if tp > 1 and quantized_checkpoint:
+        raise ValueError(f"quantization: a quantized checkpoint's weights are not sliced over tensor-parallel ranks "
+                         f"yet; use tensor_parallel_size=1 (not {tp}).")
     if tp > 1 and gguf and resolve_quantization(args.quantization, True) == "gguf":
         raise ValueError(f"quantization: GGUF blocks are not sliced over tensor-parallel ranks; use "
                          f"quantization='none' (the file's weights decoded to float) with tensor_parallel_size={tp}.")
@@ -352,6 +377,24 @@ JSON_FIELD_VALIDATORS: dict[str, Callable[[dict[str, Any]], object]] = {
 }
 
 
+def _limit_mm_per_prompt(value: dict[str, Any] | str | None) -> dict[str, int] | None:
+    """--limit-mm-per-prompt checked: {"image": N} (JSON text or a dict), N >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"limit_mm_per_prompt must be JSON such as '{{\"image\": 4}}': {e}") from e
+    if not isinstance(value, dict) or any(not isinstance(n, int) or isinstance(n, bool) or n < 0
+                                          for n in value.values()):
+        raise ValueError(f"limit_mm_per_prompt must map a modality to a count >= 0, got {value!r}.")
+    unknown = set(value) - {"image"}
+    if unknown:
+        raise ValueError(f"limit_mm_per_prompt: unsupported modalities {sorted(unknown)} (supported: image).")
+    return dict(value)
+
+
 def config_flag(name: str) -> Callable[[str], dict[str, Any]]:
     """The argparse `type` of the EngineArgs field `name` (e.g. speculative_config), with its validation."""
     return json_dict_flag(name, JSON_FIELD_VALIDATORS.get(name))
@@ -359,7 +402,7 @@ def config_flag(name: str) -> Callable[[str], dict[str, Any]]:
 
 _ALIASES = {"data_parallel_size": ["-dp"], "tensor_parallel_size": ["-tp"],  # vLLM's short flags
             "pipeline_parallel_size": ["-pp"]}
-_CHOICES = {"dp_routing": DP_ROUTING_POLICIES}
+_CHOICES = {"dp_routing": DP_ROUTING_POLICIES, "reasoning_parser": reasoning_parser_names()}
 _CUSTOM = {"served_model_name"}  # declared by hand (several names allowed)
 
 
@@ -380,6 +423,27 @@ def _is_dict_field(tp: object) -> bool:
     return any(a is dict or typing.get_origin(a) is dict for a in args)
 
 
+def _reasoning_strings(config: dict[str, Any] | str | None, parser: str | None) -> dict[str, str | None]:
+    """--reasoning-config as StructuredOutputsConfig's fields (ValueError naming it for a bad one)."""
+    if parser is not None and parser not in reasoning_parser_names():
+        raise ValueError(f"reasoning_parser must be one of {', '.join(reasoning_parser_names())}, got {parser!r}.")
+    if config is None:
+        return {}
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError as e:
+            raise ValueError(f"reasoning_config is not valid JSON: {e}") from e
+    known = ("reasoning_start_str", "reasoning_end_str")
+    if isinstance(config, dict):  # vLLM's older names: think_start_str / think_end_str
+        config = {k.replace("think_", "reasoning_", 1) if k.startswith("think_") else k: v for k, v in config.items()}
+    if not isinstance(config, dict) or any(k not in known for k in config):
+        raise ValueError(f"reasoning_config must be an object with the fields {', '.join(known)}, got {config!r}.")
+    if parser is None:
+        raise ValueError("reasoning_config needs --reasoning-parser.")
+    return {k: config.get(k) for k in known}
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """One flag per EngineArgs field (`--max-num-seqs`, `--enable-prefix-caching/--no-...`)."""
     hints = typing.get_type_hints(EngineArgs)
@@ -397,3 +461,20 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         else:
             group.add_argument(*flag, type=_scalar_type(hints[f.name]), default=default,
                                choices=_CHOICES.get(f.name), help=help_text)
+
+
+def _checkpoint_quantization(quantization: str, from_gguf: bool, hf_config: Any) -> str:
+    """The resolved quantization; a checkpoint's quantization_config is checked field by field here (ValueError
+    naming the field) so a bad one fails before any weight is read."""
+    qc = None if from_gguf else getattr(hf_config, "quantization_config", None)
+    if qc is not None and not isinstance(qc, dict) and hasattr(qc, "to_dict"):
+        qc = qc.to_dict()
+    method = None
+    if qc is not None:
+        method = qc.get("quant_method") if isinstance(qc, dict) else type(qc).__name__
+    resolved = resolve_quantization(quantization, from_gguf, method)
+    if resolved in CHECKPOINT_QUANTIZATIONS:
+        from pagemill.layers.quantization.checkpoint_formats import parse_checkpoint_quant
+
+        parse_checkpoint_quant(qc)
+    return resolved

@@ -74,6 +74,7 @@ class EngineCore:
             self.add_lora(request.lora_request)
         req = Request.from_engine_core_request(request)
         req.pooling_params, req.token_type_ids = request.pooling_params, request.token_type_ids
+        req.mm_features = request.mm_features
         self.structured_output_manager.add_request(req)
         self.scheduler.add_request(req)
 

@@ -71,7 +71,9 @@ class DPRouter:
         extra = (lora_id, req.cache_salt) if lora_id or req.cache_salt else None
         hashes: list[int] = []
         tokens = req.prompt_token_ids
-        extend_block_hashes(self.hash_fn, hashes, tokens, self.block_size, len(tokens) // self.block_size, extra)
+        spans = [(f.offset, f.length, f.identifier) for f in req.mm_features] if req.mm_features else None
+        extend_block_hashes(self.hash_fn, hashes, tokens, self.block_size, len(tokens) // self.block_size, extra,
+                            spans)
         return hashes
 
     def route(self, req: EngineCoreRequest) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 
 from pagemill.config import ModelConfig, StructuredOutputsConfig
 from pagemill.lora.request import LoRARequest
-from pagemill.messages import EngineCoreRequest
+from pagemill.messages import EngineCoreRequest, MultiModalFeature
 from pagemill.pooling.processor import process_pooling
 from pagemill.pooling_params import PoolingParams
 from pagemill.sampling_params import INT64_MAX, INT64_MIN, RequestOutputKind, SamplingParams
@@ -26,6 +26,11 @@ class Processor:
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id
         self.vocab_size = model_config.hf_config.vocab_size
+        self.mm_processor = None  # a vision-language model's HF processor (images -> pixels, placeholders expanded)
+        if model_config.is_multimodal:
+            from pagemill.multimodal.processing import MultiModalProcessor
+
+            self.mm_processor = MultiModalProcessor(model_config)
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """(prompt text or None, token ids) from a string, {"prompt": ...}, {"prompt_token_ids": ...} or ids."""
@@ -44,6 +49,23 @@ class Processor:
             return None, list(prompt)
         raise ValueError(f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}.")
 
+    def process_multimodal(self, prompt: dict) -> tuple[str | None, list[int], list[MultiModalFeature]]:
+        """(text, token ids, image features) of a prompt dict with `multi_modal_data` (processed here) or with
+        `mm_features` (processed already, by the server's prompt worker)."""
+        if "mm_features" in prompt:
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"]), list(prompt["mm_features"])
+        data = prompt["multi_modal_data"]
+        if self.mm_processor is None:
+            raise ValueError(f"multi_modal_data: the model ({self.model_config.architecture}) takes no images.")
+        if not isinstance(data, dict) or set(data) - {"image"}:
+            raise ValueError("multi_modal_data must be a dict with an 'image' entry (a PIL image or a list of them); "
+                             f"got {sorted(data) if isinstance(data, dict) else type(data).__name__}.")
+        if "prompt" not in prompt:
+            raise ValueError("prompt: multi_modal_data needs the prompt as text (one image placeholder per image).")
+        ids, features = self.mm_processor.process(prompt["prompt"], data.get("image", []),
+                                                  prompt.get("add_special_tokens", True))
+        return prompt["prompt"], ids, features
+
     def _check_structured_outputs(self, params: SamplingParams) -> SamplingParams:
         """Validate the output constraint (ValueError naming the field) and record its backend on a copy."""
         from pagemill.structured_output import prepare
@@ -53,6 +75,16 @@ class Processor:
         if so._backend == backend:
             return params
         return params.clone(structured_outputs=dataclasses.replace(so, _backend=backend))
+
+    def _check_thinking_budget(self) -> None:
+        """thinking_token_budget needs a reasoning parser whose thinking ends with a marker (ValueError naming it)."""
+        from pagemill.reasoning.abs_reasoning_parsers import reasoning_parser_class
+
+        so = self.structured_outputs_config
+        if so.reasoning_parser is None or (so.reasoning_end_str is None
+                                           and reasoning_parser_class(so.reasoning_parser).end_token is None):
+            raise ValueError("thinking_token_budget needs a server started with --reasoning-parser (one whose "
+                             "thinking ends with a marker, e.g. deepseek_r1 or qwen3).")
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | PoolingParams,
                 arrival_time: float | None = None, priority: int = 0,
@@ -72,7 +104,13 @@ class Processor:
             raise ValueError(f"truncation_side must be 'left' or 'right', got {truncation_side!r}.")
         if lora_request is not None and not isinstance(lora_request, LoRARequest):
             raise ValueError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}.")
-        text, ids = self.tokenize_prompt(prompt)
+        mm_features = None
+        if isinstance(prompt, dict) and ("multi_modal_data" in prompt or "mm_features" in prompt):
+            text, ids, mm_features = self.process_multimodal(prompt)
+        else:
+            text, ids = self.tokenize_prompt(prompt)
+        if self.mm_processor is not None and not mm_features and self.mm_processor.image_token_id in ids:
+            raise ValueError("prompt: it holds image placeholder tokens but no image was given (multi_modal_data).")
         if not ids:
             raise ValueError("prompt must not be empty (it has no tokens).")
         if min(ids) < 0 or max(ids) >= self.vocab_size:
@@ -80,6 +118,8 @@ class Processor:
         max_len = self.model_config.max_model_len
         if params.truncate_prompt_tokens is not None:
             keep = max_len - 1 if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
+            if len(ids) > keep and mm_features:
+                raise ValueError("truncate_prompt_tokens cannot cut a prompt with images.")
             if len(ids) > keep:
                 ids = ids[-keep:] if truncation_side == "left" else ids[:keep]
                 text = None
@@ -110,9 +150,12 @@ class Processor:
             raise ValueError("best_of > n cannot be streamed: the best sequences are known only at the end.")
         if params.structured_outputs is not None:
             params = self._check_structured_outputs(params)
+        if params.thinking_token_budget is not None:
+            self._check_thinking_budget()
         if params.max_tokens is None:  # a copy: the same SamplingParams may serve prompts of other lengths
             params = params.clone(max_tokens=max_len - len(ids))
         req = EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,
                                 eos_token_id=self.eos_token_id, arrival_time=arrival_time or time.monotonic(),
-                                priority=priority, cache_salt=cache_salt, lora_request=lora_request)
+                                priority=priority, cache_salt=cache_salt, lora_request=lora_request,
+                                mm_features=mm_features or None)
         return text, req

@@ -8,7 +8,7 @@ import time
 from torch import nn
 
 from pagemill.attention.backend import AttentionBackend
-from pagemill.config import ModelConfig
+from pagemill.config import CHECKPOINT_QUANTIZATIONS, ModelConfig
 from pagemill.distributed.parallel_state import ParallelContext
 from pagemill.kernels.ops import TorchLayerOps
 from pagemill.layers.context import LayerContext
@@ -28,26 +28,41 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
     from pagemill.loader.gguf_loader import GGUFWeights
     from pagemill.loader.safetensors_loader import iter_hf_weights
 
-    cls = get_model_class(model_config.hf_config)
+    cls = get_model_class(model_config.mm_hf_config or model_config.hf_config)
     start = time.perf_counter()
     gguf = GGUFWeights(model_config.gguf_file, model_config.hf_config) if model_config.gguf_file else None
     p = parallel or ParallelContext()
     layout = f"tp{p.tp_rank}/{p.tp_size},pp{p.pp_rank}/{p.pp_size},{getattr(ops.kernels, 'isa', str)()}"
     records_cache = (RecordsCache.for_weight_file(model_config.gguf_file, layout)
                      if gguf is not None and ops.kernels is not None else None)
+    checkpoint = None
+    if model_config.quantization in CHECKPOINT_QUANTIZATIONS:
+        from pagemill.loader.quantized_checkpoint import QuantizedCheckpoint
+
+        checkpoint = QuantizedCheckpoint(model_config.model, getattr(model_config.hf_config, "quantization_config",
+                                                                     None))
+        if ops.kernels is not None:
+            records_cache = checkpoint.records_cache(layout)
     quant_config = get_quant_config(model_config.linear_dtype, model_config.quantization, model_config.dtype,
-                                    ops.kernels, gguf.tensor_types() if gguf is not None else None, records_cache)
+                                    ops.kernels, gguf.tensor_types() if gguf is not None else None, records_cache,
+                                    checkpoint)
     ctx = LayerContext(model_config.dtype, model_config.max_model_len, ops, quant_config, attn_backend,
                        p.tp_rank, p.tp_size, p.tp_group, p.pp_rank, p.pp_size)
-    model = cls(model_config.hf_config, ctx)
+    model = cls(model_config.mm_hf_config or model_config.hf_config, ctx)
     # GGUF tensors are decoded (or their blocks laid out) straight into the layers: no float temporaries.
-    model.load_weights(gguf.lazy() if gguf is not None else iter_hf_weights(model_config.model))
+    if gguf is not None:
+        weights = gguf.lazy()
+    elif checkpoint is not None:  # each quantized linear's tensors decoded into one weight
+        weights = checkpoint.weights(iter_hf_weights(model_config.model))
+    else:
+        weights = iter_hf_weights(model_config.model)
+    model.load_weights(weights)
     model.eval().requires_grad_(False)
     if gguf is not None:
         gguf.gguf.release_pages()  # the file no longer counts in the resident set
     if records_cache is not None:
         if records_cache.mapped:
-            logger.info("GGUF records mapped from %s (%d layers, no packing)", records_cache.path, records_cache.hits)
+            logger.info("Records mapped from %s (%d layers, no packing)", records_cache.path, records_cache.hits)
         records_cache.save()
     logger.info("Loaded %s (%s, %s) in %.1fs; %s", cls.__name__, model_config.dtype, type(quant_config).__name__,
                 time.perf_counter() - start, weight_memory_line(model))

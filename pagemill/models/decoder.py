@@ -213,15 +213,22 @@ class DecoderModel(nn.Module):
             return self.parallel.is_last_stage
         return True
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int | None = None) -> torch.Tensor:
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings of token ids [T] -> [T, hidden] (scaled where the family scales them)."""
+        h = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        return h
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int | None = None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states [T, hidden] of the final norm, for T flattened tokens (after the first `num_layers`
         layers only, when given: a draft model made of the model's own first layers). A stage before the last sends
-        its (hidden, residual) to the next stage and returns its hidden states."""
+        its (hidden, residual) to the next stage and returns its hidden states. `inputs_embeds`: the input
+        embeddings to use instead of the token ids' (a multimodal model's, with its images merged in)."""
         pp = self.parallel
         if pp.is_first_stage:
-            h = self.embed_tokens(input_ids)
-            if self.embed_scale is not None:
-                h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+            h = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
             residual = None
         else:
             h, residual = pp.recv_prev((2, input_ids.shape[0], self.hidden_size), self.dtype).unbind(0)

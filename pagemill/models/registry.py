@@ -9,6 +9,7 @@ from torch import nn
 from pagemill.models.bert import BertForSequenceClassification, BertModel
 from pagemill.models.gemma3 import Gemma3ForCausalLM
 from pagemill.models.llama import LlamaForCausalLM
+from pagemill.models.llava import LlavaForConditionalGeneration
 from pagemill.models.mistral import MistralForCausalLM
 from pagemill.models.mixtral import MixtralForCausalLM
 from pagemill.models.phi3 import Phi3ForCausalLM
@@ -36,6 +37,8 @@ MODEL_FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("Qwen3", Qwen3ForCausalLM, "Qwen3ForCausalLM", "qwen3"),
     ModelFamily("Gemma 3 (text)", Gemma3ForCausalLM, "Gemma3ForCausalLM", "gemma3_text", ("gemma3",)),
     ModelFamily("Phi-3", Phi3ForCausalLM, "Phi3ForCausalLM", "phi3"),
+    ModelFamily("LLaVA (CLIP + Llama; images in)", LlavaForConditionalGeneration, "LlavaForConditionalGeneration",
+                "llava"),
     ModelFamily("Mixtral (MoE)", MixtralForCausalLM, "MixtralForCausalLM", "mixtral"),
     ModelFamily("Qwen2-MoE", Qwen2MoeForCausalLM, "Qwen2MoeForCausalLM", "qwen2_moe"),
     ModelFamily("Qwen3-MoE", Qwen3MoeForCausalLM, "Qwen3MoeForCausalLM", "qwen3_moe"),

@@ -27,7 +27,7 @@ def load_checkpoint_weights(model: nn.Module, weights: Iterable[tuple[str, Any]]
             module_name, _, param = target.rpartition(".")
             parent, _, leaf = module_name.rpartition(".")
             shard = None
-            if leaf in packed_modules_mapping:
+            if leaf in packed_modules_mapping and module_name not in modules:  # (a vision tower's q_proj: unfused)
                 packed, shard = packed_modules_mapping[leaf]
                 module_name = f"{parent}.{packed}" if parent else packed
             module = modules.get(module_name)
@@ -63,5 +63,5 @@ def _expected(modules: dict[str, nn.Module]) -> set[tuple[str, str, Any]]:
         if hasattr(module, "expected_weights"):
             out |= {(name, p, s) for p, s in module.expected_weights()}
         else:
-            out |= {(name, p, None) for p in module._parameters}
+            out |= {(name, p, None) for p, v in module._parameters.items() if v is not None}
     return out

@@ -36,7 +36,7 @@ class CpuPlatform(Platform):
     # "triton": the CUDA platform's kernels run by Triton's interpreter (slow; it checks them on the CPU)
     attention_backends: ClassVar[dict[str, str]] = {"cpu": CPU_PAGED, "torch": TORCH_PAGED, "triton": TRITON_PAGED}
     auto_attention_backends = ("cpu", "torch")  # the compiled kernel when it builds, else the torch reference
-    supported_quantization = ("none", "gguf", "int8", "int4")
+    supported_quantization = ("none", "gguf", "int8", "int4", "gptq", "awq", "compressed-tensors", "fp8")
     worker_cls = "pagemill.worker.cpu_worker.CpuWorker"
     device_communicator = "pagemill.distributed.shm_communicator.create_shm_communicator"
 

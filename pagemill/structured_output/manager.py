@@ -20,6 +20,8 @@ import torch
 
 from pagemill.config import EngineConfig
 from pagemill.core.sched_output import SchedulerOutput
+from pagemill.reasoning import ReasoningGate, ReasoningTokens
+from pagemill.reasoning.abs_reasoning_parsers import reasoning_parser_class
 from pagemill.request import Request
 from pagemill.structured_output.request import StructuredOutputRequest
 from pagemill.structured_output.spec import GrammarSpec, prepare
@@ -63,17 +65,50 @@ class StructuredOutputManager:
         # one row per constrained request, or one per position it verifies (its drafts and the token after them)
         self._max_rows = config.scheduler_config.max_num_seqs * (1 + (spec.num_speculative_tokens if spec else 0))
         self.num_live = 0  # requests holding a matcher (no per-step work while 0)
+        self._reasoning_tokens: ReasoningTokens | None = None  # the reasoning markers' ids (built on first use)
+        self._done_none: Future = Future()
+        self._done_none.set_result(None)
+
+    # ---- reasoning ----
+    def reasoning_tokens(self) -> ReasoningTokens | None:
+        """The token ids of the reasoning parser's start / end markers (None without a token-level parser)."""
+        c = self.config
+        if c.reasoning_parser is None:
+            return None
+        if self._reasoning_tokens is None:
+            cls = reasoning_parser_class(c.reasoning_parser)
+            start, end = c.reasoning_start_str or cls.start_token, c.reasoning_end_str or cls.end_token
+            if start is None or end is None:
+                return None
+            self._reasoning_tokens = ReasoningTokens.from_strings(self._tokenizer_now(), start, end)
+        return self._reasoning_tokens
+
+    def _gate(self, req: Request) -> ReasoningGate | None:
+        budget = req.sampling_params.thinking_token_budget
+        tokens = self.reasoning_tokens()
+        if tokens is None:
+            if budget is not None:
+                raise ValueError("thinking_token_budget needs a server started with a --reasoning-parser whose "
+                                 "reasoning ends with a marker (e.g. deepseek_r1, qwen3).")
+            return None
+        return ReasoningGate(tokens, budget, req.prompt_token_ids)
 
     # ---- admission ----
     def add_request(self, req: Request) -> None:
         """Validate the request's constraint (ValueError naming the field) and start compiling its matcher."""
         params = req.sampling_params.structured_outputs
+        if params is None and req.sampling_params.thinking_token_budget is None:
+            return
+        gate = self._gate(req)
         if params is None:
+            req.structured_output = StructuredOutputRequest(req.request_id, None, "", self._done_none, self._release,
+                                                            gate)
+            self.num_live += 1
             return
         spec, backend = prepare(params, self.config)
         future = self._compile_pool.submit(self._new_grammar, backend, spec)
         self._pending.add(future)
-        req.structured_output = StructuredOutputRequest(req.request_id, spec, backend, future, self._release)
+        req.structured_output = StructuredOutputRequest(req.request_id, spec, backend, future, self._release, gate)
         self.num_live += 1
 
     def _release(self) -> None:
@@ -135,35 +170,50 @@ class StructuredOutputManager:
         """Start filling the bitmask rows of this step's constrained requests that sample; None if there are none."""
         if not self.num_live:
             return None
-        req_ids, grammars, drafts = [], [], []
+        req_ids, grammars, drafts, forced = [], [], [], []
         for rid in so.num_scheduled_tokens:
             req = requests[rid]
-            if req.structured_output is not None and req.num_computed_tokens >= req.num_tokens:
+            sor = req.structured_output
+            if sor is not None and req.num_computed_tokens >= req.num_tokens:
                 req_ids.append(rid)
-                grammars.append(req.structured_output.grammar)
+                # thinking: no grammar yet, but maybe a forced end-marker token (a spent thinking budget)
+                grammars.append(sor.grammar if sor.constrains else None)
+                forced.append(sor.forced_token())
                 drafts.append(so.scheduled_spec_decode_tokens.get(rid, ()))
         if not req_ids:
             return None
         rows = [(rid, j) for rid, d in zip(req_ids, drafts) for j in range(len(d) + 1)]
         return GrammarStep([r for r, _ in rows], [j for _, j in rows],
-                           self._fill_pool.submit(self._fill, grammars, drafts))
+                           self._fill_pool.submit(self._fill, grammars, drafts, forced))
 
-    def _fill(self, grammars: list[Any], drafts: list[Sequence[int]]) -> tuple[torch.Tensor, float]:
+    def _fill(self, grammars: list[Any], drafts: list[Sequence[int]],
+              forced: list[int | None] | None = None) -> tuple[torch.Tensor, float]:
         """Rows in GrammarStep order: each request's current state, then (with drafts, which the scheduler checked
-        against the grammar) its state after each draft token; the matchers end where they started."""
+        against the grammar) its state after each draft token; the matchers end where they started. A request
+        still thinking (grammar None) allows every token, or only its forced token."""
         start = time.perf_counter()
         if self._bitmask is None:
             self._bitmask = torch.full((self._max_rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
         first_rows = list(itertools.accumulate((len(d) + 1 for d in drafts), initial=0))
         bitmask = self._bitmask[:first_rows[-1]]
         groups: dict[str, tuple[list[Any], list[int]]] = {}
-        for row, g in zip(first_rows, grammars):
+        for i, (row, g, d) in enumerate(zip(first_rows, grammars, drafts)):
+            if g is None:
+                bitmask[row:row + len(d) + 1] = -1
+                token = forced[i] if forced else None
+                if token is not None:
+                    bitmask[row] = 0
+                    bit = token % 32
+                    bitmask[row, token // 32] = (1 << bit) if bit < 31 else -(1 << 31)
+                continue
             gs, rows = groups.setdefault(g.backend, ([], []))
             gs.append(g)
             rows.append(row)
         for name, (gs, rows) in groups.items():  # one batched call for the current states
             self._backends[name].fill_bitmask(gs, bitmask, rows)
         for row, g, d in zip(first_rows, grammars, drafts):  # then the states after drafts, request by request
+            if g is None:
+                continue
             accepted = 0
             for j, token in enumerate(d, 1):
                 if not g.accept_token(token):  # (the scheduler checked the drafts: not expected)

@@ -51,6 +51,9 @@ class GpuModelRunner(ModelRunner):
         mc, cc = config.model_config, config.cache_config
         if config.speculative_config is not None:
             raise ValueError("speculative_config: the GPU runner does not verify draft tokens yet.")
+        if mc.is_multimodal:
+            raise ValueError("multimodal models do not run on the GPU runner yet.")
+        self.encoder_cache = None
         if cc.kv_cache_layout != "paged":
             raise ValueError("kv_cache_layout: the GPU runner runs the paged layout only.")
         self.device = torch.device(config.device)
@@ -135,12 +138,13 @@ class GpuModelRunner(ModelRunner):
         return (bool(len(counts)) and bool((counts == 1).all()) and self.lora_manager is None
                 and self.kv_connector is None and bucket_for(len(counts), self.buckets) is not None)
 
-    def _forward(self, step: StepInputs, metadata: list) -> torch.Tensor:
+    def _forward(self, step: StepInputs, metadata: list, embeds: torch.Tensor | None = None) -> torch.Tensor:
         """A captured decode graph where one fits the step, else the eager forward (over the padded tokens)."""
         n = len(step.counts) if step.counts is not None else 0
-        if self.graphs is not None and self._padded_tokens in self.graphs.graphs and self._graphable(step.counts):
+        if (self.graphs is not None and embeds is None and self._padded_tokens in self.graphs.graphs
+                and self._graphable(step.counts)):
             return self.graphs.replay(self._padded_tokens)[:n]
-        hidden = super()._forward(step, metadata)
+        hidden = super()._forward(step, metadata, embeds)
         return hidden[:int(step.counts.sum())]
 
     def _sampling_metadata(self, rows: np.ndarray, offsets: np.ndarray | None = None) -> SamplingMetadata:

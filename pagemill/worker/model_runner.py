@@ -32,6 +32,7 @@ from pagemill.sample.rejection_sampler import rejection_sample
 from pagemill.sample.sampler import Sampler, gather_logprobs
 from pagemill.spec_decode.select import make_proposer
 from pagemill.utils.memory import lazy_zeros
+from pagemill.worker.encoder_cache import EncoderCache
 from pagemill.worker.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ class ModelRunner:
         if self.kv_dtype not in self.backend.capabilities.kv_cache_dtypes:
             raise ValueError(f"kv_cache_dtype {self.kv_dtype} is not supported by the {self.backend.name} backend.")
         self.profiler = StepTimer(config.profile)  # its timings go back in ModelRunnerOutput.timings
+        # A multimodal model's image embeddings, encoded once per (request, image).
+        self.encoder_cache = EncoderCache() if mc.is_multimodal else None
 
     def load_model(self) -> None:
         """Load the model (this rank's share), wrap it for batch invariance and LoRA, group its KV layers."""
@@ -165,6 +168,8 @@ class ModelRunner:
         ib = self.input_batch
         for rid in so.finished_req_ids:
             ib.remove_request(rid)
+            if self.encoder_cache is not None:
+                self.encoder_cache.free(rid)
             if self.proposer is not None:
                 self.proposer.remove_request(rid, finished=True)
         for rid in so.preempted_req_ids:
@@ -173,6 +178,8 @@ class ModelRunner:
                 self.proposer.remove_request(rid, finished=False)
         for new in so.scheduled_new_reqs:
             ib.add_request(new)
+            if self.encoder_cache is not None:
+                self.encoder_cache.add_request(new.req_id, new.mm_features)
         for c in so.scheduled_cached_reqs:
             row = ib.req_id_to_row[c.req_id]
             if c.num_blocks_kept is not None:
@@ -222,8 +229,13 @@ class ModelRunner:
             step = self._prepare(so)
         metadata = [self.backend.build_metadata(md) for md in step.attn_metadata]
         start = time.perf_counter()
+        if self.encoder_cache:  # the step's image placeholders: their embeddings merged into the inputs
+            with prof.section("encode"):
+                embeds = self._merged_embeddings(step)
+        else:
+            embeds = None
         with prof.section("forward"):
-            hidden = self._forward(step, metadata)
+            hidden = self._forward(step, metadata, embeds)
         if connector is not None:  # (our models never see block tables: every layer is saved at once, after)
             with prof.section("kv_save"):
                 connector.save_kv_layer(ALL_LAYERS, self.kv_cache)
@@ -241,10 +253,24 @@ class ModelRunner:
                 out.draft_cost = (time.perf_counter() - start - target) / (positions * target)
         return out
 
-    def _forward(self, step: StepInputs, metadata: list) -> torch.Tensor:
-        """The model's forward over the step (the GPU runner replays a CUDA graph here where it can)."""
+    def _forward(self, step: StepInputs, metadata: list, embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """The model's forward over the step (the GPU runner replays a CUDA graph here where it can); `embeds`: the
+        input embeddings with a multimodal step's image embeddings merged in (None: from the ids)."""
         with set_forward_context(metadata, self.lora_mapping(step.rows, step.counts)):
-            return self.model(step.input_ids, step.positions)
+            if embeds is None:
+                return self.model(step.input_ids, step.positions)
+            return self.model(step.input_ids, step.positions, inputs_embeds=embeds)
+
+    def _merged_embeddings(self, step: StepInputs) -> torch.Tensor | None:
+        """The step's input embeddings with the image embeddings at their placeholder tokens (None: the step
+        computes no placeholder token)."""
+        mm = self.encoder_cache.gather(self.model, step.req_ids, step.computed, step.counts, step.starts)
+        if mm is None:
+            return None
+        index, rows = mm
+        embeds = self.model.embed_input_ids(step.input_ids)
+        embeds[index] = rows.to(embeds.dtype)
+        return embeds
 
     def apply_sampled(self, sampled: dict[str, list[int]], appended: bool) -> None:
         """The engine's tokens of the previous step, on a worker whose own are not the engine's (tensor / pipeline
@@ -478,7 +504,9 @@ class ModelRunner:
         screened = self._screened_rows(rows, offsets)
         mask = None
         if grammar is not None and screened is not None:
-            constrained = np.fromiter((self.input_batch.params[r].structured_outputs is not None for r in rows),
+            params = self.input_batch.params  # (a thinking budget can force a token: masked like a grammar)
+            constrained = np.fromiter((params[r].structured_outputs is not None
+                                       or params[r].thinking_token_budget is not None for r in rows),
                                       dtype=bool, count=len(rows))
             if (screened & constrained).any():
                 mask = self._grammar_bitmask(grammar, first_row)

@@ -1,7 +1,7 @@
 """The worker interface (vLLM's `WorkerBase`): one rank's device, model runner and KV cache, driven by an executor
 through one lifecycle, whatever the executor (uni, mp, ray) and whatever the device:
 
-    worker = worker_class()(config, rank, distributed_init_method, cores)
+    worker = worker_class(config)(config, rank, distributed_init_method, cores)
     worker.init_device()                       # threads, core binding, this rank's process group
     worker.load_model()                        # the model runner and its model (weights, LoRA slots, head screen)
     n = worker.determine_num_available_blocks()  # KV blocks that fit the device's KV memory (the executor takes

@@ -43,7 +43,7 @@ CASES = [
      "at most"),
     ("image_content", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url",
                                                                          "image_url": {"url": "x"}}]}]},
-     400, "messages.0.content", ""),
+     400, "messages.0.content.0", "takes no images"),
     ("over_long_chat", CHAT, {"messages": [{"role": "user", "content": LONG_PROMPT}]}, 400, "messages",
      "maximum context length"),
     ("over_long_prompt", COMPLETIONS, {"prompt": LONG_PROMPT, "max_tokens": 1}, 400, "prompt",

@@ -177,7 +177,7 @@ def test_unknown_field_is_ignored_with_a_header(http):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"input": "Hi", "tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+    ({"input": "Hi", "tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tool_choice"),  # auto: no parser
     ({"input": "Hi", "tool_choice": "required"}, "tool_choice"),
     ({}, "input"),
     ({"input": []}, "input"),

@@ -11,8 +11,8 @@ from pydantic import ValidationError
 from pagemill.entrypoints.openai.errors import OpenAIError
 from pagemill.entrypoints.openai.protocol_responses import ResponsesRequest, ResponsesResponse
 from pagemill.entrypoints.openai.responses_store import ResponsesStore
-from pagemill.entrypoints.openai.serving_responses import (EventWriter, check_supported, response_id,
-                                                           text_format_constraint)
+from pagemill.entrypoints.openai.serving_responses import (EventWriter, check_supported, conversation_items,
+                                                           response_id, text_format_constraint, tool_plan)
 
 
 def stored(rid: str) -> ResponsesResponse:
@@ -55,14 +55,51 @@ def test_sampling_request_carries_the_shared_fields():
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"tools": [{"type": "function", "name": "f"}]}, "tools"),
-    ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
     ({"include": ["file_search_call.results"]}, "include"),
+    ({"background": True}, "background"),
 ])
 def test_unsupported_fields_name_themselves(body, param):
     with pytest.raises(OpenAIError) as exc:
         check_supported(ResponsesRequest.model_validate({"input": "hi", **body}))
     assert exc.value.param == param and exc.value.status == 400
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"tools": [{"type": "function", "name": "f"}]}, "tool_choice"),  # auto needs --enable-auto-tool-choice
+    ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),  # no tools
+    ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}}, "tool_choice"),
+    ({"tools": [{"type": "function", "name": "f"}, {"type": "function", "name": "f"}], "tool_choice": "required"},
+     "tools"),
+])
+def test_tool_plan_errors_name_the_field(body, param):
+    with pytest.raises(OpenAIError) as exc:
+        tool_plan(ResponsesRequest.model_validate({"input": "hi", **body}), None)
+    assert exc.value.param == param and exc.value.status == 400
+
+
+def test_tool_plan_and_items_render_as_chat_messages():
+    request = ResponsesRequest.model_validate({
+        "input": [{"role": "user", "content": "weather?"},
+                  {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text",
+                                                                                  "text": "hmm"}]},
+                  {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "X"}'},
+                  {"type": "function_call", "call_id": "call_2", "name": "get_time", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+                  {"type": "function_call_output", "call_id": "call_2",
+                   "output": [{"type": "input_text", "text": "noon"}]}],
+        "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}},
+                  {"type": "function", "name": "get_time"}],
+        "tool_choice": {"type": "function", "name": "get_time"}})
+    assert conversation_items(request.input) == [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "X"}}},
+            {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": {}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "noon"}]
+    plan = tool_plan(request, None)
+    assert [t["function"]["name"] for t in plan.tools] == ["get_weather", "get_time"]
+    assert plan.constraint.params.json == {"type": "object", "properties": {}}  # get_time's (no) parameters
 
 
 def test_text_format_constraints():

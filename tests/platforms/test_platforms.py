@@ -24,7 +24,8 @@ def test_current_platform_is_the_cpu_and_states_its_facts():
     assert current_platform.default_dtype == torch.float32
     assert current_platform.dist_backend == "gloo"
     assert current_platform.attention_backend_names() == ("auto", "cpu", "torch", "triton")
-    assert set(current_platform.supported_quantization) == {"none", "gguf", "int8", "int4"}
+    assert set(current_platform.supported_quantization) == {"none", "gguf", "int8", "int4", "gptq", "awq",
+                                                           "compressed-tensors", "fp8"}
     # every class the platform names by path resolves (the platform imports none of them)
     for qualname in (*current_platform.attention_backends.values(), CPU_INVARIANT, VIRTUAL_CONTIGUOUS,
                      current_platform.worker_cls, current_platform.device_communicator):

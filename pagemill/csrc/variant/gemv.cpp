@@ -11,14 +11,12 @@
 //         optional mins [T, Kp / G, NT] float32 (w = q * scale + min: the int8 form of GGUF's formats with mins,
 //         which fused layers mixing record kinds use).
 //   records: GGUF's 4/5/6-bit formats as bit-plane records, see below (q4: Q4_1 with any even group G).
-#include "simd.h"
+#include "gemv_common.h"
 
 namespace pagemill {
 namespace PAGEMILL_ISA {
 namespace {
 
-constexpr int64_t NT = 64;  // output channels per tile
-constexpr int NV = NT / W;  // vectors per row of a tile
 // Rows per register block and vectors per pass: MR x NVB accumulators + the weights and broadcasts in registers.
 constexpr int MR_MAX = W == 16 ? 6 : 3;
 template <int MR>
@@ -99,32 +97,6 @@ inline void block_rows(int mr, const Wt& w, const float* x, int64_t ldx, int64_t
     constexpr int MR = decltype(r)::value, NVB = vectors_per_pass<MR>();
     for (int v0 = 0; v0 < NV; v0 += NVB) block<MR, NVB>(w, x, ldx, k0, k1, acc, scale, mt, first, v0);
   });
-}
-
-// out[:, tile t's channels] = acc (M rows of NT fp32) + bias; padding channels are dropped.
-void store_tile(const GemvArgs& a, const float* acc, int64_t t) {
-  const int64_t n0 = t * NT, nn = imin(NT, a.N - n0);
-  for (int64_t c = 0; c < nn; c += W) {
-    const int64_t live = nn - c;
-    const vf b = a.bias ? vloadn(a.bias + n0 + c, live) : vzero();
-    for (int64_t m = 0; m < a.M; ++m) {
-      const vf y = vadd(vload(acc + m * NT + c), b);
-      const int64_t o = m * a.N + n0 + c;
-      if (a.out_dtype == DType::F16)
-        vstoren(static_cast<f16*>(a.out) + o, y, live);
-      else
-        vstoren(static_cast<float*>(a.out) + o, y, live);
-    }
-  }
-}
-
-// Rows [r0, r0 + n) of a call: x, out and M narrowed to them.
-GemvArgs row_chunk(const GemvArgs& a, int64_t r0, int64_t n) {
-  GemvArgs c = a;
-  c.M = n;
-  c.x = a.x + r0 * a.K;
-  c.out = static_cast<char*>(a.out) + r0 * a.N * (a.out_dtype == DType::F16 ? 2 : 4);
-  return c;
 }
 
 // Runs every tile of y = x W^T + b, kDirectMaxRows rows at a time (one chunk up to that many rows; more only when
@@ -223,52 +195,6 @@ void run_panel(const GemvArgs& a, int64_t step, const void* weights, int64_t til
 // The weights are unpacked as f = 1 + q / 2^B (a float built by bit placement, no int -> float conversion), so
 // sum_k x_k w_k = 2^B d * sum_k x_k f_k + (m - 2^B d) * sum_k x_k, with the per-row group sums of x computed once.
 
-// One group per record; scale section d [NT] fp16, then m [NT] fp16: Q4_1, Q5_1, and Q4_0 / Q5_0 (m = -8 d / -16 d).
-template <int Bits>
-struct DMScales {
-  static constexpr int B = Bits, GR = 1;
-  static constexpr int64_t kBytes = 4 * NT;
-  static inline vf d(const uint8_t* s, int, int v) { return vload(reinterpret_cast<const f16*>(s) + v * W); }
-  static inline vf m(const uint8_t* s, int, int v) { return vload(reinterpret_cast<const f16*>(s) + NT + v * W); }
-};
-
-// Q4_K / Q5_K (8 groups of 32) and Q2_K (16 groups of 16, 2-bit codes in 4-bit records): a super-block per record;
-// scale section D [NT] fp16, Dmin [NT] fp16, sc [GR][NT] uint8, mn [GR][NT] uint8 (6 / 4-bit): d = D sc and
-// m = -(Dmin mn), products exact in fp32 (11 x 6 significant bits).
-template <int Bits, int Groups>
-struct KScales {
-  static constexpr int B = Bits, GR = Groups;
-  static constexpr int64_t kBytes = 4 * NT + 2 * GR * NT;
-  static inline vf d(const uint8_t* s, int j, int v) {
-    return vmul(vload(reinterpret_cast<const f16*>(s) + v * W), vload_u8(s + 4 * NT + j * NT + v * W));
-  }
-  static inline vf m(const uint8_t* s, int j, int v) {
-    const vf dm = vmul(vload(reinterpret_cast<const f16*>(s) + NT + v * W), vload_u8(s + (4 + GR + j) * NT + v * W));
-    return vsub(vzero(), dm);
-  }
-};
-
-// Q6_K and Q3_K (3-bit codes in 4-bit records): a super-block of 16 groups of 16 per record; scale section D [NT]
-// fp16, sc [16][NT] int8: d = D sc (exact), m = -Offset d (codes 0..2^B - 1 stand for q - Offset: 32, 4).
-template <int Bits, int Offset>
-struct SubScales {
-  static constexpr int B = Bits, GR = 16;
-  static constexpr int64_t kBytes = 2 * NT + GR * NT;
-  static inline vf d(const uint8_t* s, int j, int v) {
-    return vmul(vload(reinterpret_cast<const f16*>(s) + v * W),
-                vload_i8(reinterpret_cast<const int8_t*>(s) + 2 * NT + j * NT + v * W));
-  }
-  static inline vf m(const uint8_t* s, int j, int v) { return vmul(d(s, j, v), vset(-float(Offset))); }
-};
-
-template <class S>
-constexpr int64_t group_bytes(int64_t G) {
-  return G / 2 * NT + (S::B - 4) * (G / 8) * NT;
-}
-template <class S>
-constexpr int64_t record_bytes(int64_t G) {
-  return S::GR * group_bytes<S>(G) + S::kBytes;
-}
 constexpr int MRQ_MAX = W == 16 ? 4 : 2;
 
 // Unpackers: row(p, hr, ps, j) reads pair row p (k rows 2i, 2i + 1) and, for B > 4, the plane rows hr + h ps holding
@@ -494,16 +420,6 @@ void dequant_q4(const QUnpack<S::B>& u, const uint8_t* rec, int64_t G, int64_t k
   }
 }
 
-// Per-row sums of x over groups of G (the last group may be short: x has K <= Kp columns).
-void group_sums(const GemvArgs& a, int64_t G, int64_t ng, float* sx) {
-  for (int64_t m = 0; m < a.M; ++m)
-    for (int64_t g = 0; g < ng; ++g) {
-      float s = 0.0f;
-      for (int64_t k = g * G; k < imin(a.K, (g + 1) * G); ++k) s += a.x[m * a.K + k];
-      sx[m * ng + g] = s;
-    }
-}
-
 // y = x W^T + b over bit-plane records with scale source S (K / G groups of G).
 template <class S>
 void gemv_nibbles(const GemvArgs& a, const uint8_t* packed, int64_t G) {
@@ -577,6 +493,7 @@ void gemv_f16(const GemvArgs& a, const uint16_t* packed) {
 }
 
 void gemv_int8(const GemvArgs& a, const int8_t* q, const float* scales, const float* mins, int64_t Kp, int64_t G) {
+  if (a.int8_activations && gemv_int8_i8(a, q, scales, mins, Kp, G)) return;
   const int64_t ng = Kp / G;
   if (a.M > kDirectMaxRows && !a.direct_only) {
     run_panel(a, G, q, Kp * NT, [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
@@ -607,6 +524,7 @@ void gemv_int8(const GemvArgs& a, const int8_t* q, const float* scales, const fl
 void gemv_q4(const GemvArgs& a, const uint8_t* packed, int64_t G) { gemv_nibbles<DMScales<4>>(a, packed, G); }
 
 void gemv_records(const GemvArgs& a, const uint8_t* packed, RecordFormat format) {
+  if (a.int8_activations && gemv_records_i8(a, packed, format)) return;
   switch (format) {
     case RecordFormat::Q4_1: return gemv_nibbles<DMScales<4>>(a, packed, 32);
     case RecordFormat::Q5_1: return gemv_nibbles<DMScales<5>>(a, packed, 32);

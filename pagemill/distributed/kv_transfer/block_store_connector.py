@@ -120,6 +120,8 @@ class BlockStoreConnector(KVConnectorBase_V1):
             extra = (request.lora_request.lora_name if request.lora_request is not None else None, request.cache_salt)
             if extra != (None, None):
                 seed += repr(extra).encode()
+            if request.mm_features:  # (coarser than the prefix cache: every block keyed by all the prompt's images)
+                seed += repr([f.identifier for f in request.mm_features]).encode()
             keys = block_keys(seed, request.all_token_ids, self.block_size, len(keys), num_blocks, keys)
             self._keys[request.request_id] = keys
         return keys

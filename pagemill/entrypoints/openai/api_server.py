@@ -142,7 +142,8 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
     models = OpenAIServingModels(served_model_names, mc.model, mc.max_model_len, lora, mc.runner_type, tasks)
     prompts = PromptPreparer(engine.get_tokenizer(), ChatRenderer(engine.get_tokenizer(), chat_template),
                              mc.max_model_len, limits)
-    chat = OpenAIServingChat(engine, models, prompts, auto_tool_parser)
+    reasoning_parser = engine.config.structured_outputs_config.reasoning_parser
+    chat = OpenAIServingChat(engine, models, prompts, auto_tool_parser, reasoning_parser)
     completion = OpenAIServingCompletion(engine, models, prompts)
     tokenization = OpenAIServingTokenization(engine.get_tokenizer(), models, prompts)
     registry = CollectorRegistry()
@@ -211,7 +212,8 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], api_keys: list[st
         return await chat.create_chat_completion(request)
 
     add_pooling_routes(app, engine, models, prompts)
-    add_responses_routes(app, engine, models, prompts)
+    add_responses_routes(app, engine, models, prompts, auto_tool_parser=auto_tool_parser,
+                         reasoning_parser=reasoning_parser)
     if generates:
         add_messages_routes(app, chat)
 

@@ -59,9 +59,21 @@ class PromptPreparer:
                      chat_template_kwargs: dict[str, Any] | None = None, tools: Tools | None = None) -> list[int]:
         """Token ids of a rendered conversation, rendered in a thread of its own and stopped (a 400) after the
         time limit."""
+        from pagemill.multimodal.chat import first_image_part
+
+        image_part = first_image_part(conversation)
+        if image_part is not None:  # (chat completions take images through render_multimodal)
+            raise OpenAIError(f"{image_part}: images are taken by /v1/chat/completions only.", 400, image_part)
+        text = await self._render_text(conversation, chat_template, add_generation_prompt, continue_final_message,
+                                       chat_template_kwargs, tools)
+        return await self.worker.run(self._encode, text, False, "messages")  # the template has the special tokens
+
+    async def _render_text(self, conversation: Conversation, chat_template: str | None, add_generation_prompt: bool,
+                           continue_final_message: bool, chat_template_kwargs: dict[str, Any] | None,
+                           tools: Tools | None) -> str:
         self.check_request_template(chat_template)
         try:
-            text = await self.worker.run_limited(
+            return await self.worker.run_limited(
                 self.limits.chat_template_timeout_s, self.renderer.render_text, conversation, chat_template,
                 add_generation_prompt, continue_final_message, chat_template_kwargs, tools)
         except TimeLimitExceeded:
@@ -69,4 +81,22 @@ class PromptPreparer:
             raise OpenAIError(f"The chat template did not render the messages within "
                               f"{self.limits.chat_template_timeout_s:g} s (--chat-template-timeout).", 400,
                               param) from None
-        return await self.worker.run(self._encode, text, False, "messages")  # the template has the special tokens
+
+    async def render_multimodal(self, conversation: Conversation, mm_processor: Any, chat_template: str | None = None,
+                                add_generation_prompt: bool = True, continue_final_message: bool = False,
+                                chat_template_kwargs: dict[str, Any] | None = None, tools: Tools | None = None
+                                ) -> tuple[list[int], list[Any]]:
+        """(token ids, image features) of a conversation with image parts: the images decoded, checked and
+        processed by the model's HF processor in a worker thread; a 400 naming the image's field for a bad one."""
+        from pagemill.multimodal.chat import take_images
+        from pagemill.multimodal.image import MultiModalInputError
+
+        try:
+            conversation, sources = take_images(conversation, mm_processor.image_token if mm_processor else None)
+            text = await self._render_text(conversation, chat_template, add_generation_prompt, continue_final_message,
+                                           chat_template_kwargs, tools)
+            return await self.worker.run(mm_processor.process_chat, text, sources)
+        except MultiModalInputError as e:
+            raise OpenAIError(e.message, 400, e.param) from None
+        except ValueError as e:
+            raise OpenAIError(str(e), 400, "messages") from None

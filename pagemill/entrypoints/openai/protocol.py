@@ -10,7 +10,7 @@ import functools
 import json
 import logging
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -240,6 +240,7 @@ class SamplingRequest(OpenAIBaseModel):
     cache_salt: str | None = None
     speculative_decoding: bool = True  # False: no draft tokens for this request when the server speculates
     expected_output_tokens: int | None = Field(default=None, ge=0)  # srtf / two-level: expected output length
+    thinking_token_budget: int | None = Field(default=None, ge=0)  # with --reasoning-parser: most thinking tokens
     # structured output: OpenAI's response_format, vLLM's structured_outputs, and the older guided_* fields
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
@@ -313,6 +314,20 @@ class TextContentPart(OpenAIBaseModel):
     text: str
 
 
+class ImageURL(OpenAIBaseModel):
+    """An image by URL: data:image/...;base64, file:// (under --allowed-local-media-path) or http(s)://."""
+
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; the model's processor decides the resolution
+
+
+class ImageContentPart(OpenAIBaseModel):
+    """An image part of a message's content (a vision-language model's input)."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
 class FunctionCallParam(OpenAIBaseModel):
     """The function of a tool call in an assistant message: its name and its arguments (JSON text)."""
 
@@ -338,7 +353,7 @@ class ChatMessage(OpenAIBaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: str = Field(min_length=1)
-    content: str | list[TextContentPart] | None = None
+    content: str | list[Annotated[TextContentPart | ImageContentPart, Field(discriminator="type")]] | None = None
     name: str | None = None
     tool_calls: list[ToolCallParam] | None = None
     tool_call_id: str | None = None
@@ -349,12 +364,18 @@ class ChatMessage(OpenAIBaseModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(p.text for p in self.content)
+        return "\n".join(p.text for p in self.content if isinstance(p, TextContentPart))
+
+    def has_images(self) -> bool:
+        """Whether the content has an image part."""
+        return isinstance(self.content, list) and any(isinstance(p, ImageContentPart) for p in self.content)
 
     def to_dict(self) -> dict[str, Any]:
         """The message as chat templates take it: role, text content, and tool calls (their arguments as objects,
         as HF templates expect) or the id of the call a tool message answers."""
         out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.has_images():  # the parts as they are: multimodal.chat.take_images turns them into text + images
+            out["content"] = [p.model_dump(exclude_none=True) for p in self.content]
         if self.name is not None:
             out["name"] = self.name
         if self.tool_calls:
@@ -423,6 +444,7 @@ class ChatCompletionRequest(SamplingRequest):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    include_reasoning: bool = True  # with --reasoning-parser: False drops the reasoning from the reply
 
 
 class ChatLogProb(ResponseModel):
@@ -466,6 +488,8 @@ class AssistantMessage(ResponseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
+    reasoning: str | None = None  # with --reasoning-parser (vLLM's current name)
+    reasoning_content: str | None = None  # the same, by its older name (vLLM < 0.11, DeepSeek's API)
 
 
 class ChatCompletionResponseChoice(ResponseModel):
@@ -513,6 +537,8 @@ class DeltaMessage(ResponseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning: str | None = None  # with --reasoning-parser; also as reasoning_content (vLLM's older name)
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 

@@ -1,5 +1,6 @@
-"""Pydantic models of OpenAI's Responses API (POST /v1/responses) for the subset served without tools: text in,
-text out, plus the sampling extras vLLM accepts there."""
+"""Pydantic models of OpenAI's Responses API (POST /v1/responses): text and function tools in (message,
+function_call and function_call_output items), message, reasoning and function_call items out, plus the sampling
+extras vLLM accepts there."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Discriminator, Field, Tag
 
 from pagemill.entrypoints.openai.protocol import (ChatLogProbsContent, OpenAIBaseModel, ResponseModel,
-                                                  SamplingRequest)
+                                                  SamplingRequest, StructuredOutputsRequest)
 
 # The only `include` value this subset can honour.
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
@@ -64,8 +65,77 @@ class InputMessage(OpenAIBaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
 
 
-Input = Annotated[Annotated[str, Tag("Text")] | Annotated[list[InputMessage], Tag("Items")],
+class FunctionCallItem(OpenAIBaseModel):
+    """A function call the model made in an earlier turn (as a previous response's output item gives it back)."""
+
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class FunctionCallOutputItem(OpenAIBaseModel):
+    """The result of a function call, for the model to read: text, or a list of input_text parts."""
+
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[InputTextPart]
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    def text(self) -> str:
+        """The output as one string."""
+        return self.output if isinstance(self.output, str) else "\n".join(p.text for p in self.output)
+
+
+class ReasoningTextPart(OpenAIBaseModel):
+    """Reasoning text of a reasoning item (or its summary)."""
+
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningInputItem(OpenAIBaseModel):
+    """A reasoning item of an earlier response (accepted; thinking is not shown to the model again, as vLLM)."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ReasoningTextPart] = Field(default_factory=list)
+    content: list[ReasoningTextPart] | None = None
+    encrypted_content: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+def _item_type(value: Any) -> str:
+    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "message")
+    return kind if kind in ("function_call", "function_call_output", "reasoning") else "message"
+
+
+InputItem = Annotated[Annotated[InputMessage, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+                      | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+                      | Annotated[ReasoningInputItem, Tag("reasoning")], Discriminator(_item_type)]
+
+Input = Annotated[Annotated[str, Tag("Text")] | Annotated[list[InputItem], Tag("Items")],
                   Discriminator(_text_or_items)]
+
+
+class FunctionTool(OpenAIBaseModel):
+    """A function the model may call (`tools` entry; the only tool type this server runs)."""
+
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolChoiceFunction(OpenAIBaseModel):
+    """`tool_choice={"type": "function", "name": ...}`: call this function."""
+
+    type: Literal["function"]
+    name: str
 
 
 class TextFormat(OpenAIBaseModel):
@@ -104,8 +174,8 @@ class ResponsesRequest(OpenAIBaseModel):
     store: bool = True
     previous_response_id: str | None = None
     text: TextConfig | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
     parallel_tool_calls: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
     background: bool = False
@@ -125,6 +195,9 @@ class ResponsesRequest(OpenAIBaseModel):
     include_stop_str_in_output: bool = False
     priority: int = 0
     cache_salt: str | None = None
+    thinking_token_budget: int | None = Field(default=None, ge=0)  # with --reasoning-parser
+    structured_outputs: StructuredOutputsRequest | None = None  # vLLM's output constraint (else text.format)
+    chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
 
     def wants_logprobs(self) -> bool:
         """Whether the output text carries logprobs (`include` asks for them, or `top_logprobs` is given)."""
@@ -139,7 +212,8 @@ class ResponsesRequest(OpenAIBaseModel):
 # Fields of ResponsesRequest that mean the same in SamplingRequest.
 _SHARED_FIELDS = ("model", "temperature", "top_p", "stream", "user", "top_k", "min_p", "repetition_penalty",
                   "presence_penalty", "frequency_penalty", "seed", "stop", "stop_token_ids", "ignore_eos",
-                  "min_tokens", "skip_special_tokens", "include_stop_str_in_output", "priority", "cache_salt")
+                  "min_tokens", "skip_special_tokens", "include_stop_str_in_output", "priority", "cache_salt",
+                  "thinking_token_budget", "structured_outputs")
 
 
 # ---- response ----
@@ -162,6 +236,39 @@ class ResponseOutputMessage(ResponseModel):
     content: list[ResponseOutputText] = Field(default_factory=list)
 
 
+class ResponseFunctionToolCall(ResponseModel):
+    """A function call the model made (`function_call` output item); answer it with a function_call_output item
+    carrying the same call_id."""
+
+    id: str
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
+class ResponseReasoningText(ResponseModel):
+    """The thinking text of a reasoning item."""
+
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ResponseReasoningItem(ResponseModel):
+    """The model's thinking (with --reasoning-parser)."""
+
+    id: str
+    type: Literal["reasoning"] = "reasoning"
+    summary: list[Any] = Field(default_factory=list)
+    content: list[ResponseReasoningText] = Field(default_factory=list)
+    encrypted_content: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
+OutputItem = ResponseOutputMessage | ResponseFunctionToolCall | ResponseReasoningItem
+
+
 class InputTokensDetails(ResponseModel):
     """Prompt tokens served from the prefix cache."""
 
@@ -169,7 +276,7 @@ class InputTokensDetails(ResponseModel):
 
 
 class OutputTokensDetails(ResponseModel):
-    """Output tokens spent on reasoning (none: this subset has no reasoning parser)."""
+    """Output tokens spent on reasoning (with --reasoning-parser)."""
 
     reasoning_tokens: int = 0
 
@@ -204,13 +311,13 @@ class ResponsesResponse(ResponseModel):
     max_output_tokens: int | None = None
     metadata: dict[str, str] | None = None
     model: str
-    output: list[ResponseOutputMessage] = Field(default_factory=list)
+    output: list[OutputItem] = Field(default_factory=list)
     parallel_tool_calls: bool = True
     previous_response_id: str | None = None
     temperature: float = 1.0
     text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
-    tool_choice: str | dict[str, Any] = "auto"
-    tools: list[Any] = Field(default_factory=list)
+    tool_choice: str | ToolChoiceFunction = "auto"
+    tools: list[FunctionTool] = Field(default_factory=list)
     top_p: float = 1.0
     top_logprobs: int | None = None
     truncation: str = "disabled"
@@ -223,5 +330,6 @@ class ResponsesResponse(ResponseModel):
 
     @property
     def output_text(self) -> str:
-        """The text of the output message."""
-        return "".join(part.text for item in self.output for part in item.content)
+        """The text of the output message(s)."""
+        return "".join(part.text for item in self.output if isinstance(item, ResponseOutputMessage)
+                       for part in item.content)

@@ -16,6 +16,8 @@ from pagemill.engine.core_client import EngineDeadError
 from pagemill.entrypoints.openai.errors import OpenAIError
 from pagemill.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs_json
 from pagemill.entrypoints.openai.prompt_preparer import PromptPreparer
+from pagemill.entrypoints.openai.reply_split import (ReplyStream, load_reasoning_parser, prompt_in_reasoning,
+                                                     split_reply)
 from pagemill.entrypoints.openai.protocol import (AssistantMessage, ChatCompletionRequest, ChatCompletionResponse,
                                                   ChatCompletionResponseChoice, ChatCompletionStreamChoice,
                                                   ChatCompletionStreamResponse, DeltaFunctionCall, DeltaMessage,
@@ -26,8 +28,9 @@ from pagemill.entrypoints.openai.serving_models import OpenAIServingModels
 from pagemill.entrypoints.openai.structured_outputs import OutputConstraint, output_constraint
 from pagemill.entrypoints.openai.tool_choice import plan_tools
 from pagemill.entrypoints.openai.tool_parsers import ToolParser, get_tool_parser
-from pagemill.entrypoints.openai.tool_streaming import ToolCallDelta, ToolCallStreamer, tool_call_id
+from pagemill.entrypoints.openai.tool_streaming import ToolCallDelta, tool_call_id
 from pagemill.outputs import CompletionOutput, RequestOutput
+from pagemill.reasoning import ReasoningParser
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +52,11 @@ class OpenAIServingChat(OpenAIServing):
     """Handles chat completions."""
 
     def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, prompts: PromptPreparer,
-                 auto_tool_parser: str | None = None) -> None:
-        """`auto_tool_parser`: the --tool-call-parser of tool_choice="auto" (None: auto tool choice is off)."""
+                 auto_tool_parser: str | None = None, reasoning_parser: str | None = None) -> None:
+        """`auto_tool_parser`: the --tool-call-parser of tool_choice="auto" (None: auto tool choice is off);
+        `reasoning_parser`: the --reasoning-parser that splits the thinking from the answer (None: none)."""
         super().__init__(engine, models, prompts)
+        self.reasoning_parser = load_reasoning_parser(reasoning_parser, self.tokenizer)
         self.renderer = prompts.renderer
         if auto_tool_parser is not None:
             get_tool_parser(auto_tool_parser)  # fail at start-up, not per request
@@ -89,9 +94,18 @@ class OpenAIServingChat(OpenAIServing):
         constraint = output_constraint(request, plan.constraint)
         if plan.tools:
             self._warn_if_template_ignores_tools(request)
-        prompt_ids = await self.prompts.render(self._conversation(request), request.chat_template,
-                                               request.add_generation_prompt, request.continue_final_message,
-                                               request.chat_template_kwargs, plan.tools)
+        mm_features = None
+        if any(m.has_images() for m in request.messages):
+            if request.use_beam_search:
+                raise OpenAIError("use_beam_search does not take images.", 400, "use_beam_search")
+            prompt_ids, mm_features = await self.prompts.render_multimodal(
+                self._conversation(request), self.engine.processor.mm_processor, request.chat_template,
+                request.add_generation_prompt, request.continue_final_message, request.chat_template_kwargs,
+                plan.tools)
+        else:
+            prompt_ids = await self.prompts.render(self._conversation(request), request.chat_template,
+                                                   request.add_generation_prompt, request.continue_final_message,
+                                                   request.chat_template_kwargs, plan.tools)
         prompt_ids = self.truncate_prompt(prompt_ids, request)
         max_tokens = request.max_completion_tokens or request.max_tokens
         self.check_length(len(prompt_ids), max_tokens, "messages",
@@ -107,37 +121,45 @@ class OpenAIServingChat(OpenAIServing):
             outputs = self.beam_search(request_id, prompt_ids, request, max_tokens, lora_request)
         else:
             collector = self.add_request(request_id, prompt_ids, params, request, "messages", constraint=constraint,
-                                         lora_request=lora_request)
+                                         lora_request=lora_request, mm_features=mm_features)
             outputs = self.engine.iterate(request_id, collector)
         created = int(time.time())
+        in_reasoning = prompt_in_reasoning(self.reasoning_parser, self.tokenizer, prompt_ids)
         if request.stream:
             stream = self.release_when_dropped(
                 self._stream(request, request_id, outputs, model, created, prompt_ids, plan.parser,
-                             constraint), [request_id])
+                             constraint, in_reasoning), [request_id])
             return StreamingResponse(stream, media_type="text/event-stream")
         final = await self.final_output(outputs, request, "messages", constraint)
-        return json_response(self._response(request, final, request_id, model, created, plan.parser))
+        return json_response(self._response(request, final, request_id, model, created, plan.parser, in_reasoning))
 
-    @staticmethod
-    def _message(c: CompletionOutput, parser: ToolParser | None) -> tuple[AssistantMessage, str | None]:
-        """The reply message (tool calls parsed out of the text) and its finish reason."""
-        if parser is None:
+    def _message(self, c: CompletionOutput, parser: ToolParser | None, include_reasoning: bool = True,
+                 in_reasoning: bool | None = None) -> tuple[AssistantMessage, str | None]:
+        """The reply message (the reasoning split off, tool calls parsed out of the answer) and its finish
+        reason."""
+        if parser is None and self.reasoning_parser is None:
             return AssistantMessage(content=c.text), c.finish_reason
-        parsed = parser.parse(c.text, final=True)
-        if not parsed.tool_calls:
-            return AssistantMessage(content=parsed.content), c.finish_reason
+        reply = split_reply(c.text, self.reasoning_parser, in_reasoning, parser)
+        thought = reply.reasoning if include_reasoning else None
+        content: str | None = reply.content
+        if self.reasoning_parser is not None:
+            content = content or None  # (vLLM: no answer after the thinking is null)
+        if not reply.tool_calls:
+            return AssistantMessage(content=content, reasoning=thought or None,
+                                    reasoning_content=thought or None), c.finish_reason
         calls = [ToolCall(id=tool_call_id(), function=FunctionCall(name=t.name, arguments=t.arguments))
-                 for t in parsed.tool_calls]
-        return AssistantMessage(content=parsed.content or None, tool_calls=calls), finish_reason(c.finish_reason, True)
+                 for t in reply.tool_calls]
+        return (AssistantMessage(content=content or None, tool_calls=calls, reasoning=thought or None,
+                                 reasoning_content=thought or None), finish_reason(c.finish_reason, True))
 
     def _response(self, request: ChatCompletionRequest, final: RequestOutput, request_id: str, model: str,
-                  created: int, parser: ToolParser | None) -> ChatCompletionResponse:
+                  created: int, parser: ToolParser | None, in_reasoning: bool | None = None) -> ChatCompletionResponse:
         choices = []
         for c in final.outputs:
             lps = chat_logprobs(c.token_ids, c.logprobs, request.top_logprobs or 0, request.return_tokens_as_token_ids,
                                 frozenset(request.logprob_token_ids or ())) \
                 if request.logprobs and c.logprobs is not None else None
-            message, reason = self._message(c, parser)
+            message, reason = self._message(c, parser, request.include_reasoning, in_reasoning)
             choice = ChatCompletionResponseChoice(index=c.index, message=message, logprobs=lps, finish_reason=reason,
                                                   stop_reason=c.stop_reason)
             if request.return_token_ids:
@@ -155,14 +177,16 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, outputs: AsyncIterator[RequestOutput],
                       model: str, created: int, prompt_ids: list[int], parser: ToolParser | None,
-                      constraint: OutputConstraint | None) -> AsyncIterator[str]:
-        """SSE chunks: a role chunk per choice, content and tool-call deltas, optional usage, then [DONE]."""
+                      constraint: OutputConstraint | None, in_reasoning: bool | None = None) -> AsyncIterator[str]:
+        """SSE chunks: a role chunk per choice, reasoning, content and tool-call deltas, optional usage, then
+        [DONE]."""
         include_usage = request.stream_options is not None and request.stream_options.include_usage
         continuous = include_usage and request.stream_options.continuous_usage_stats  # type: ignore[union-attr]
         num_prompt = len(prompt_ids)
         num_gen = num_cached = 0
-        streamers = [ToolCallStreamer(parser) for _ in range(request.n)] if parser is not None else []
-        texts = [""] * request.n
+        reasoning: ReasoningParser | None = self.reasoning_parser
+        streamers = [ReplyStream(reasoning, in_reasoning, parser) for _ in range(request.n)] \
+            if parser is not None or reasoning is not None else []
 
         def chunk(choices: list[ChatCompletionStreamChoice], usage: UsageInfo | None = None) -> str:
             resp = ChatCompletionStreamResponse(id=request_id, object="chat.completion.chunk", created=created,
@@ -196,17 +220,20 @@ class OpenAIServingChat(OpenAIServing):
                         if request.logprobs and c.logprobs is not None else None
                     delta, reason = DeltaMessage(content=c.text), c.finish_reason
                     if streamers:
-                        texts[c.index] += c.text
                         streamer = streamers[c.index]
-                        content, calls = streamer.update(texts[c.index], final=c.finish_reason is not None)
+                        thought, content, calls = streamer.update(c.text, final=c.finish_reason is not None)
+                        if not request.include_reasoning:
+                            thought = ""
                         delta = DeltaMessage()
+                        if thought:
+                            delta.reasoning = delta.reasoning_content = thought
                         if content:
                             delta.content = content
                         if calls:
                             delta.tool_calls = [delta_tool_call(d) for d in calls]
                         reason = finish_reason(reason, streamer.has_calls)
-                        if not content and not calls and reason is None and lps is None:
-                            continue  # text held back: it may be the start of a tool call
+                        if not thought and not content and not calls and reason is None and lps is None:
+                            continue  # text held back: it may be the start of a marker or a tool call
                     choice = ChatCompletionStreamChoice(index=c.index, delta=delta, logprobs=lps,
                                                         finish_reason=reason)
                     if c.finish_reason is not None:

@@ -95,7 +95,7 @@ def request_sampling_params(request: SamplingRequest, max_tokens: int | None, lo
         structured_outputs=constraint.params if constraint is not None else None,
         speculative_decoding=request.speculative_decoding, expected_output_tokens=request.expected_output_tokens,
         allowed_token_ids=request.allowed_token_ids, logit_bias=request.logit_bias,
-        logprob_token_ids=request.logprob_token_ids,
+        logprob_token_ids=request.logprob_token_ids, thinking_token_budget=request.thinking_token_budget,
         prompt_logprobs=request.prompt_logprobs if prompt_logprobs is None else prompt_logprobs)
 
 
@@ -205,10 +205,13 @@ class OpenAIServing:
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     request: SamplingRequest, prompt_param: str, prompt_text: str | None = None,
                     constraint: OutputConstraint | None = None,
-                    lora_request: LoRARequest | None = None) -> RequestOutputCollector:
+                    lora_request: LoRARequest | None = None,
+                    mm_features: list[Any] | None = None) -> RequestOutputCollector:
         """Start a request in the engine (with the LoRA adapter its `model` selected); a validation ValueError becomes
-        a 400 (about `prompt_param` if unnamed)."""
+        a 400 (about `prompt_param` if unnamed). `mm_features`: the prompt's processed images."""
         prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
+        if mm_features:
+            prompt["mm_features"] = mm_features
         if prompt_text is not None:
             prompt["prompt"] = prompt_text
         try:

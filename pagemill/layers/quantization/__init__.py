@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from pagemill.config import WEIGHT_ONLY_QUANTIZATIONS, check_linear_options
+from pagemill.config import CHECKPOINT_QUANTIZATIONS, WEIGHT_ONLY_QUANTIZATIONS, check_linear_options
 from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig
 from pagemill.layers.quantization.dense import DenseQuantConfig
 
@@ -14,19 +14,35 @@ __all__ = ["LinearMethodBase", "QuantConfig", "get_quant_config"]
 
 
 def get_quant_config(linear_dtype: str, quantization: str, model_dtype: torch.dtype, kernels: Any,
-                     gguf_tensor_types: dict[str, int] | None = None, records_cache: Any = None) -> QuantConfig:
+                     gguf_tensor_types: dict[str, int] | None = None, records_cache: Any = None,
+                     checkpoint: Any = None) -> QuantConfig:
     """The chooser of every linear layer's method, from the engine options and (GGUF) the file's tensor table and
-    its records cache (records_cache.RecordsCache, or None)."""
+    its records cache (records_cache.RecordsCache, or None), or (a GPTQ / AWQ / compressed-tensors / FP8 checkpoint)
+    the loader's QuantizedCheckpoint."""
     check_linear_options(linear_dtype, quantization)
     if quantization in WEIGHT_ONLY_QUANTIZATIONS and gguf_tensor_types is not None:
         raise ValueError(f"quantization={quantization!r} quantizes a float checkpoint; a GGUF file is already "
                          "quantized.")
-    dtype = model_dtype if linear_dtype == "auto" else getattr(torch, linear_dtype)
-    dense = DenseQuantConfig(dtype, model_dtype, kernels, prepack=quantization == "gguf")
+    int8_activations = linear_dtype == "int8"
+    if int8_activations and (kernels is None or quantization not in ("gguf", *WEIGHT_ONLY_QUANTIZATIONS,
+                                                                   *CHECKPOINT_QUANTIZATIONS)):
+        raise ValueError("linear_dtype='int8' multiplies int8 activations with quantized weights in pagemill's "
+                         "compiled kernels: it needs a GGUF model, a GPTQ / AWQ / compressed-tensors checkpoint or "
+                         "quantization='int8' / 'int4', and the kernels "
+                         f"(got quantization={quantization!r}{', no kernels' if kernels is None else ''}).")
+    dtype = model_dtype if linear_dtype in ("auto", "int8") else getattr(torch, linear_dtype)
+    dense = DenseQuantConfig(dtype, model_dtype, kernels, prepack=quantization == "gguf",
+                             int8_activations=int8_activations)
     if quantization == "gguf":
         from pagemill.layers.quantization.gguf import GGUFQuantConfig
 
         return GGUFQuantConfig(gguf_tensor_types or {}, dense, records_cache)
+    if quantization in CHECKPOINT_QUANTIZATIONS:
+        from pagemill.layers.quantization.prequantized import checkpoint_quant_config
+
+        if checkpoint is None:
+            raise ValueError(f"quantization={quantization!r} needs the quantized checkpoint's tensors.")
+        return checkpoint_quant_config(checkpoint.spec, checkpoint.quantized_weights, dense, records_cache)
     if quantization in WEIGHT_ONLY_QUANTIZATIONS:
         from pagemill.layers.quantization.weight_only import WeightOnlyQuantConfig
 

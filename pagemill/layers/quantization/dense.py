@@ -95,8 +95,11 @@ class DenseQuantConfig(QuantConfig):
     whose records path needs the oneDNN copy beyond the GEMV's rows, set it); prepacking needs the kernels engine.
     """
 
-    def __init__(self, linear_dtype: torch.dtype, model_dtype: torch.dtype, kernels: Any, prepack: bool = False):
+    def __init__(self, linear_dtype: torch.dtype, model_dtype: torch.dtype, kernels: Any, prepack: bool = False,
+                 int8_activations: bool = False):
         self.linear_dtype, self.model_dtype, self.kernels = linear_dtype, model_dtype, kernels
+        # linear_dtype="int8": the records methods quantize activations to int8 (the dense layers stay float)
+        self.int8_activations = int8_activations
         self.prepack = kernels is not None and (prepack or linear_dtype != model_dtype)
 
     def get_linear_method(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:

@@ -64,6 +64,9 @@ class RecordsLinearMethod(LinearMethodBase):
     def __init__(self, records: str, weight_format: str, dtype: torch.dtype, kernels: Any) -> None:
         self.records, self.weight_format, self.input_dtype, self.kernels = records, weight_format, dtype, kernels
         self.record_bytes = 0  # of the layer's records, once packed (the weight-format report)
+        # linear_dtype="int8": x quantized per row and block of 32, integer products (4-bit records, int8 tiles;
+        # the other kinds stay on the float kernels)
+        self.int8_activations = False
 
     def set_records(self, layer: nn.Module, records: Any) -> None:
         """Install the layer's records (and its bias in float32, which the kernels add)."""
@@ -85,10 +88,10 @@ class RecordsLinearMethod(LinearMethodBase):
         rec = layer.gemv_records
         if self.records == "int8":
             self.kernels.gemv_int8(out, x, rec[0], rec[1], layer.gemv_bias, rec[2] if len(rec) > 2 else None,
-                                   direct_only=direct_only)
+                                   direct_only=direct_only, int8_activations=self.int8_activations)
         else:
             self.kernels.gemv_records(out, x, rec, PLANE_LAYOUTS[self.records][3], layer.gemv_bias,
-                                      direct_only=direct_only)
+                                      direct_only=direct_only, int8_activations=self.int8_activations)
         return out.view(*lead, layer.out_features)
 
     def release_resident_records(self, layer: nn.Module) -> None:
@@ -173,7 +176,9 @@ class GGUFQuantConfig(QuantConfig):
         formats = {GGUF_FORMATS.get(self.tensor_types.get(n, -1)) for n in checkpoint_names}
         if (kernels is not None and dtype in (torch.float32, torch.float16) and None not in formats
                 and all(in_features % BLOCK_LENGTHS[f] == 0 for f in formats)):
-            return GGUFLinearMethod(formats, dtype, kernels, self.records_cache, "+".join(checkpoint_names))
+            method = GGUFLinearMethod(formats, dtype, kernels, self.records_cache, "+".join(checkpoint_names))
+            method.int8_activations = self.dense.int8_activations
+            return method
         return self.dense.get_linear_method(checkpoint_names, in_features)
 
 

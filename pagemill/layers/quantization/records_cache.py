@@ -25,7 +25,8 @@ from safetensors.torch import save_file
 logger = logging.getLogger(__name__)
 
 Records = torch.Tensor | list[torch.Tensor]
-_LAYOUT_SOURCES = ("gguf_records.py", "gguf.py", "int8_grid.py", "records_cache.py")  # what decides the bytes
+_LAYOUT_SOURCES = ("gguf_records.py", "gguf.py", "int8_grid.py", "records_cache.py", "checkpoint_formats.py",
+                   "prequantized.py")  # what decides the bytes
 _META_KEY = "pagemill.records"
 
 

@@ -91,4 +91,6 @@ class WeightOnlyQuantConfig(QuantConfig):
         head = any(n.endswith(FLOAT_LAYER_SUFFIXES) for n in checkpoint_names)
         if head or in_features % FORMAT_GROUPS[self.weight_format]:
             return self.dense.get_linear_method(checkpoint_names, in_features)
-        return WeightOnlyLinearMethod(self.weight_format, self.dense.linear_dtype, self.dense.kernels)
+        method = WeightOnlyLinearMethod(self.weight_format, self.dense.linear_dtype, self.dense.kernels)
+        method.int8_activations = self.dense.int8_activations
+        return method

@@ -1,0 +1,104 @@
+// What the GEMV kernels over packed tiles share (variant/gemv.cpp: float activations; variant/gemv_i8.cpp: int8
+// activations): the tile width, the record formats' scale sources, and storing a tile's accumulators.
+#pragma once
+#include "simd.h"
+
+namespace pagemill {
+namespace PAGEMILL_ISA {
+namespace {
+
+constexpr int64_t NT = 64;  // output channels per tile
+constexpr int NV = NT / W;  // vectors per row of a tile
+
+// out[:, tile t's channels] = acc (M rows of NT fp32) + bias; padding channels are dropped.
+inline void store_tile(const GemvArgs& a, const float* acc, int64_t t) {
+  const int64_t n0 = t * NT, nn = imin(NT, a.N - n0);
+  for (int64_t c = 0; c < nn; c += W) {
+    const int64_t live = nn - c;
+    const vf b = a.bias ? vloadn(a.bias + n0 + c, live) : vzero();
+    for (int64_t m = 0; m < a.M; ++m) {
+      const vf y = vadd(vload(acc + m * NT + c), b);
+      const int64_t o = m * a.N + n0 + c;
+      if (a.out_dtype == DType::F16)
+        vstoren(static_cast<f16*>(a.out) + o, y, live);
+      else
+        vstoren(static_cast<float*>(a.out) + o, y, live);
+    }
+  }
+}
+
+// Rows [r0, r0 + n) of a call: x, out and M narrowed to them.
+inline GemvArgs row_chunk(const GemvArgs& a, int64_t r0, int64_t n) {
+  GemvArgs c = a;
+  c.M = n;
+  c.x = a.x + r0 * a.K;
+  c.out = static_cast<char*>(a.out) + r0 * a.N * (a.out_dtype == DType::F16 ? 2 : 4);
+  return c;
+}
+
+// One group per record; scale section d [NT] fp16, then m [NT] fp16: Q4_1, Q5_1, and Q4_0 / Q5_0 (m = -8 d / -16 d).
+template <int Bits>
+struct DMScales {
+  static constexpr int B = Bits, GR = 1;
+  static constexpr int64_t kBytes = 4 * NT;
+  static inline vf d(const uint8_t* s, int, int v) { return vload(reinterpret_cast<const f16*>(s) + v * W); }
+  static inline vf m(const uint8_t* s, int, int v) { return vload(reinterpret_cast<const f16*>(s) + NT + v * W); }
+};
+
+// Q4_K / Q5_K (8 groups of 32) and Q2_K (16 groups of 16, 2-bit codes in 4-bit records): a super-block per record;
+// scale section D [NT] fp16, Dmin [NT] fp16, sc [GR][NT] uint8, mn [GR][NT] uint8 (6 / 4-bit): d = D sc and
+// m = -(Dmin mn), products exact in fp32 (11 x 6 significant bits).
+template <int Bits, int Groups>
+struct KScales {
+  static constexpr int B = Bits, GR = Groups;
+  static constexpr int64_t kBytes = 4 * NT + 2 * GR * NT;
+  static inline vf d(const uint8_t* s, int j, int v) {
+    return vmul(vload(reinterpret_cast<const f16*>(s) + v * W), vload_u8(s + 4 * NT + j * NT + v * W));
+  }
+  static inline vf m(const uint8_t* s, int j, int v) {
+    const vf dm = vmul(vload(reinterpret_cast<const f16*>(s) + NT + v * W), vload_u8(s + (4 + GR + j) * NT + v * W));
+    return vsub(vzero(), dm);
+  }
+};
+
+// Q6_K and Q3_K (3-bit codes in 4-bit records): a super-block of 16 groups of 16 per record; scale section D [NT]
+// fp16, sc [16][NT] int8: d = D sc (exact), m = -Offset d (codes 0..2^B - 1 stand for q - Offset: 32, 4).
+template <int Bits, int Offset>
+struct SubScales {
+  static constexpr int B = Bits, GR = 16;
+  static constexpr int64_t kBytes = 2 * NT + GR * NT;
+  static inline vf d(const uint8_t* s, int j, int v) {
+    return vmul(vload(reinterpret_cast<const f16*>(s) + v * W),
+                vload_i8(reinterpret_cast<const int8_t*>(s) + 2 * NT + j * NT + v * W));
+  }
+  static inline vf m(const uint8_t* s, int j, int v) { return vmul(d(s, j, v), vset(-float(Offset))); }
+};
+
+template <class S>
+constexpr int64_t group_bytes(int64_t G) {
+  return G / 2 * NT + (S::B - 4) * (G / 8) * NT;
+}
+template <class S>
+constexpr int64_t record_bytes(int64_t G) {
+  return S::GR * group_bytes<S>(G) + S::kBytes;
+}
+
+// Per-row sums of x over groups of G (the last group may be short: x has K <= Kp columns).
+inline void group_sums(const GemvArgs& a, int64_t G, int64_t ng, float* sx) {
+  for (int64_t m = 0; m < a.M; ++m)
+    for (int64_t g = 0; g < ng; ++g) {
+      float s = 0.0f;
+      for (int64_t k = g * G; k < imin(a.K, (g + 1) * G); ++k) s += a.x[m * a.K + k];
+      sx[m * ng + g] = s;
+    }
+}
+
+}  // namespace
+
+// y = x W^T + b with x quantized to int8 per row and block of 32 (linear_dtype="int8"), over 4-bit records
+// (records) or int8 tiles (int8); false when the format has no int8-activation kernel (the caller runs the float one).
+bool gemv_records_i8(const GemvArgs& a, const uint8_t* packed, RecordFormat format);
+bool gemv_int8_i8(const GemvArgs& a, const int8_t* q, const float* scales, const float* mins, int64_t Kp, int64_t G);
+
+}  // namespace PAGEMILL_ISA
+}  // namespace pagemill

@@ -1,0 +1,292 @@
+// Linear layers with int8 activations (linear_dtype="int8", llama.cpp's scheme). x is quantized per row and block of
+// XB = 32 along K (symmetric: scale dx = max|x| / 127, codes round-to-nearest-even in [-127, 127]); each k block of a
+// tile's weights is laid out once into a panel of integer codes, four consecutive k of a channel in one dword (the
+// operand of vpdpbusd, or of maddubs + madd without VNNI), which every row block then multiplies in integers. The
+// integer sums of a span (min(G, XB) k) become float once per row and channel:
+//   y += isum * (d * dx) + m * (sum of x over the group)
+// with the min term taken from the float x (exact). 4-bit records: codes 0..15 are the unsigned operand (a span of
+// <= 8 quads fits 16-bit sums: 8 * 2 * 15 * 127 < 2^15); int8 tiles: signed codes, by the sign trick (|w| unsigned,
+// x carrying w's sign).
+//
+// Panel: [KBI / 4 quads][2 halves of 32 channels][4 vectors][32 bytes]. Vector n of half h holds, in its lane L and
+// dword i, channel 32 h + 16 L + 4 n + i (the order the byte / word unpacks give), bytes k .. k + 3.
+#include "gemv_common.h"
+
+namespace pagemill {
+namespace PAGEMILL_ISA {
+namespace {
+
+constexpr int64_t XB = 32;    // activation quantization block along K
+constexpr int64_t KBI = 256;  // k per panel (16 KiB: stays in L1 while every row block reads it)
+constexpr int64_t PV = 32;    // bytes per panel vector: 8 channels x 4 k
+constexpr int RMAX = 3;       // rows per register block
+
+// x [M, K] fp32 -> codes q [M, Kq] (zero beyond K), scales dx [M, Kq / XB].
+void quantize_x(const GemvArgs& a, int64_t Kq, int8_t* q, float* dx) {
+  const int64_t K = a.K, nb = Kq / XB;
+  parallel_for(a.M, 4, a.num_threads, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* xr = a.x + m * K;
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t k0 = b * XB, n = imax(0, imin(XB, K - k0));
+        float amax = 0.0f;
+        for (int64_t i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(xr[k0 + i]));
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        dx[m * nb + b] = amax / 127.0f;
+        int8_t* qr = q + m * Kq + k0;
+        for (int64_t i = 0; i < XB; ++i) {
+          int v = i < n ? int(lrintf(xr[k0 + i] * inv)) : 0;
+          qr[i] = int8_t(v > 127 ? 127 : (v < -127 ? -127 : v));
+        }
+      }
+    }
+  });
+}
+
+#if defined(__AVX2__)
+// Two pairs of k rows of 32 channels as 16-bit (k, k + 1) pairs -> the quad's 4 panel vectors.
+inline void store_quads(__m256i a_lo, __m256i a_hi, __m256i b_lo, __m256i b_hi, uint8_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_unpacklo_epi16(a_lo, b_lo));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + PV), _mm256_unpackhi_epi16(a_lo, b_lo));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * PV), _mm256_unpacklo_epi16(a_hi, b_hi));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 3 * PV), _mm256_unpackhi_epi16(a_hi, b_hi));
+}
+
+// Quad s of the panel from two pair rows (k, k + 1 in the low / high nibbles of each channel's byte).
+inline void quad_from_pairs(const uint8_t* pa, const uint8_t* pb, uint8_t* out) {
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i ra = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pa + 32 * h));
+    const __m256i rb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 32 * h));
+    const __m256i la = _mm256_and_si256(ra, nib), ha = _mm256_and_si256(_mm256_srli_epi16(ra, 4), nib);
+    const __m256i lb = _mm256_and_si256(rb, nib), hb = _mm256_and_si256(_mm256_srli_epi16(rb, 4), nib);
+    store_quads(_mm256_unpacklo_epi8(la, ha), _mm256_unpackhi_epi8(la, ha), _mm256_unpacklo_epi8(lb, hb),
+                _mm256_unpackhi_epi8(lb, hb), out + h * 4 * PV);
+  }
+}
+
+// Quad s of the panel from four int8 tile rows (k .. k + 3, NT bytes each).
+inline void quad_from_rows(const int8_t* r, uint8_t* out) {
+  for (int h = 0; h < 2; ++h) {
+    __m256i v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + i * NT + 32 * h));
+    store_quads(_mm256_unpacklo_epi8(v[0], v[1]), _mm256_unpackhi_epi8(v[0], v[1]), _mm256_unpacklo_epi8(v[2], v[3]),
+                _mm256_unpackhi_epi8(v[2], v[3]), out + h * 4 * PV);
+  }
+}
+
+// acc += the dword dot products of weights w and activations x: unsigned w (4-bit codes; AVX2: 16-bit partial sums,
+// widened by finish) or signed w (int8 tiles: 32-bit sums).
+template <bool Signed>
+struct Dot {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  static inline __m256i add(__m256i acc, __m256i w, __m256i x) {
+    if constexpr (Signed) return _mm256_dpbusd_epi32(acc, _mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+    return _mm256_dpbusd_epi32(acc, w, x);
+  }
+  static inline __m256i finish(__m256i acc) { return acc; }
+#else
+  static inline __m256i add(__m256i acc, __m256i w, __m256i x) {
+    if constexpr (Signed)
+      return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)),
+                                                     _mm256_set1_epi16(1)));
+    return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x));
+  }
+  static inline __m256i finish(__m256i acc) {
+    if constexpr (Signed) return acc;
+    return _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
+  }
+#endif
+};
+
+// fsum[r][channels of half h] = the integer dot products of panel quads [s0, s1) with R rows of codes (xr[r] at the
+// span's first k), as float.
+template <int R, bool Signed>
+inline void span_dot(const uint8_t* panel, int64_t s0, int64_t s1, int h, const int8_t* const* xr, float* fsum) {
+  __m256i acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < 4; ++n) acc[r][n] = _mm256_setzero_si256();
+  for (int64_t s = s0; s < s1; ++s) {
+    const uint8_t* pv = panel + (s * 2 + h) * 4 * PV;
+    __m256i xb[R];
+    for (int r = 0; r < R; ++r) {
+      int32_t quad;
+      memcpy(&quad, xr[r] + 4 * (s - s0), 4);
+      xb[r] = _mm256_set1_epi32(quad);
+    }
+    for (int n = 0; n < 4; ++n) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pv + n * PV));
+      for (int r = 0; r < R; ++r) acc[r][n] = Dot<Signed>::add(acc[r][n], w, xb[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < 4; ++n) {
+      const __m256 f = _mm256_cvtepi32_ps(Dot<Signed>::finish(acc[r][n]));
+      float* o = fsum + r * NT + 32 * h + 4 * n;
+      _mm_storeu_ps(o, _mm256_castps256_ps128(f));
+      _mm_storeu_ps(o + 16, _mm256_extractf128_ps(f, 1));
+    }
+}
+#else
+// Portable forms of the same panel and products.
+inline int64_t panel_channel(int n, int byte) { return 16 * (byte / 16) + 4 * n + (byte / 4) % 4; }
+
+inline void quad_from_pairs(const uint8_t* pa, const uint8_t* pb, uint8_t* out) {
+  for (int h = 0; h < 2; ++h)
+    for (int n = 0; n < 4; ++n)
+      for (int b = 0; b < 32; b += 4) {
+        const int64_t c = 32 * h + panel_channel(n, b);
+        uint8_t* o = out + (h * 4 + n) * PV + b;
+        o[0] = pa[c] & 15, o[1] = pa[c] >> 4, o[2] = pb[c] & 15, o[3] = pb[c] >> 4;
+      }
+}
+
+inline void quad_from_rows(const int8_t* r, uint8_t* out) {
+  for (int h = 0; h < 2; ++h)
+    for (int n = 0; n < 4; ++n)
+      for (int b = 0; b < 32; b += 4) {
+        const int64_t c = 32 * h + panel_channel(n, b);
+        uint8_t* o = out + (h * 4 + n) * PV + b;
+        for (int i = 0; i < 4; ++i) o[i] = uint8_t(r[i * NT + c]);
+      }
+}
+
+template <int R, bool Signed>
+inline void span_dot(const uint8_t* panel, int64_t s0, int64_t s1, int h, const int8_t* const* xr, float* fsum) {
+  int32_t acc[R][32] = {};
+  for (int64_t s = s0; s < s1; ++s) {
+    const uint8_t* pv = panel + (s * 2 + h) * 4 * PV;
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x4 = xr[r] + 4 * (s - s0);
+      for (int n = 0; n < 4; ++n)
+        for (int b = 0; b < 32; b += 4) {
+          int32_t d = 0;
+          for (int i = 0; i < 4; ++i) {
+            const int32_t w = Signed ? int32_t(int8_t(pv[n * PV + b + i])) : int32_t(pv[n * PV + b + i]);
+            d += w * int32_t(x4[i]);
+          }
+          acc[r][panel_channel(n, b)] += d;
+        }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 32; ++c) fsum[r * NT + 32 * h + c] = float(acc[r][c]);
+}
+#endif
+
+// The scales of weight group g of tile t: y += fsum * d * dx + m * sx (m == nullptr source: no min term).
+struct TileScales {
+  const float* scales;
+  const float* mins;
+  int64_t ng;
+  inline vf d(int64_t t, int64_t g, int v) const { return vload(scales + (t * ng + g) * NT + v * W); }
+  inline bool has_min() const { return mins != nullptr; }
+  inline vf m(int64_t t, int64_t g, int v) const { return vload(mins + (t * ng + g) * NT + v * W); }
+};
+
+template <class S>
+struct RecordScales {
+  const uint8_t* packed;
+  int64_t G, tile_bytes;
+  inline const uint8_t* section(int64_t t, int64_t g) const {
+    return packed + t * tile_bytes + g / S::GR * record_bytes<S>(G) + S::GR * group_bytes<S>(G);
+  }
+  inline vf d(int64_t t, int64_t g, int v) const { return S::d(section(t, g), int(g % S::GR), v); }
+  inline bool has_min() const { return true; }
+  inline vf m(int64_t t, int64_t g, int v) const { return S::m(section(t, g), int(g % S::GR), v); }
+};
+
+// y = x W^T + b for every row: `build(t, k0, k1, panel)` lays out tile t's rows [k0, k1) (whole groups of G),
+// `sc` gives the group scales. Kw: the weights' K (>= a.K; x is zero beyond a.K).
+template <bool Signed, class Build, class Scales>
+void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, Build build, const Scales& sc) {
+  const int64_t M = a.M, Kq = round_up(Kw, XB), nb = Kq / XB, ng = Kw / G, SP = imin(G, XB);
+  Scratch q_buf, dx_buf, sx_buf;
+  int8_t* xq = reinterpret_cast<int8_t*>(q_buf.get((M * Kq + 3) / 4));
+  float* dx = dx_buf.get(M * nb);
+  quantize_x(a, Kq, xq, dx);
+  float* sx = nullptr;
+  if (sc.has_min()) {
+    sx = sx_buf.get(M * ng);
+    group_sums(a, G, ng, sx);
+  }
+  const int64_t nblk = (M + RMAX - 1) / RMAX, base = M / nblk, extra = M % nblk;
+  parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
+    Scratch acc_buf, panel_buf, fsum_buf;
+    float* acc = acc_buf.get(M * NT);
+    uint8_t* panel = reinterpret_cast<uint8_t*>(panel_buf.get(KBI / 4 * 8 * PV / 4));
+    float* fsum = fsum_buf.get(RMAX * NT);
+    for (int64_t t = t0; t < t1; ++t) {
+      memset(acc, 0, sizeof(float) * M * NT);
+      for (int64_t k0 = 0; k0 < Kw; k0 += KBI) {
+        const int64_t k1 = imin(k0 + KBI, Kw);
+        build(t, k0, k1, panel);
+        for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
+          const int R = int(base + (i < extra));
+          for (int64_t ks = k0; ks < k1; ks += SP) {
+            const int8_t* xr[RMAX];
+            for (int r = 0; r < R; ++r) xr[r] = xq + (m0 + r) * Kq + ks;
+            with_static_count<RMAX>(R, [&](auto rc) {
+              constexpr int RC = decltype(rc)::value;
+              for (int h = 0; h < 2; ++h) span_dot<RC, Signed>(panel, (ks - k0) / 4, (ks - k0 + SP) / 4, h, xr, fsum);
+            });
+            const int64_t g = ks / G;
+            const bool min_term = sc.has_min() && ks % G == 0;
+            for (int v = 0; v < NV; ++v) {
+              const vf d = sc.d(t, g, v);
+              const vf mn = min_term ? sc.m(t, g, v) : vzero();
+              for (int r = 0; r < R; ++r) {
+                const int64_t m = m0 + r;
+                float* y = acc + m * NT + v * W;
+                vf out = vfma(vload(fsum + r * NT + v * W), vmul(d, vset(dx[m * nb + ks / XB])), vload(y));
+                if (min_term) out = vfma(mn, vset(sx[m * ng + g]), out);
+                vstore(y, out);
+              }
+            }
+          }
+          m0 += R;
+        }
+      }
+      store_tile(a, acc, t);
+    }
+  });
+}
+
+template <class S>
+void records_i8(const GemvArgs& a, const uint8_t* packed, int64_t G) {
+  const int64_t ng = a.K / G, tile_bytes = ng / S::GR * record_bytes<S>(G);
+  const RecordScales<S> sc{packed, G, tile_bytes};
+  run_i8<false>(a, a.K, G, [&](int64_t t, int64_t k0, int64_t k1, uint8_t* panel) {
+    const uint8_t* rec = packed + t * tile_bytes;
+    for (int64_t g = k0 / G; g < k1 / G; ++g) {
+      const uint8_t* p = rec + g / S::GR * record_bytes<S>(G) + (g % S::GR) * group_bytes<S>(G);
+      for (int64_t q = 0; q < G / 4; ++q)
+        quad_from_pairs(p + 2 * q * NT, p + (2 * q + 1) * NT, panel + ((g * G - k0) / 4 + q) * 8 * PV);
+    }
+  }, sc);
+}
+
+}  // namespace
+
+bool gemv_records_i8(const GemvArgs& a, const uint8_t* packed, RecordFormat format) {
+  switch (format) {  // the 4-bit records; 5- and 6-bit codes stay on the float kernels
+    case RecordFormat::Q4_1: records_i8<DMScales<4>>(a, packed, 32); return true;
+    case RecordFormat::Q4_K: records_i8<KScales<4, 8>>(a, packed, 32); return true;
+    case RecordFormat::Q2_K: records_i8<KScales<4, 16>>(a, packed, 16); return true;
+    case RecordFormat::Q3_K: records_i8<SubScales<4, 4>>(a, packed, 16); return true;
+    default: return false;
+  }
+}
+
+bool gemv_int8_i8(const GemvArgs& a, const int8_t* q, const float* scales, const float* mins, int64_t Kp, int64_t G) {
+  if (G % 4 != 0 || KBI % G != 0) return false;
+  const TileScales sc{scales, mins, Kp / G};
+  run_i8<true>(a, Kp, G, [&](int64_t t, int64_t k0, int64_t k1, uint8_t* panel) {
+    const int8_t* tile = q + t * Kp * NT;
+    for (int64_t k = k0; k < k1; k += 4) quad_from_rows(tile + k * NT, panel + (k - k0) / 4 * 8 * PV);
+  }, sc);
+  return true;
+}
+
+}  // namespace PAGEMILL_ISA
+}  // namespace pagemill

@@ -1,0 +1,76 @@
+"""A tiny random LLaVA (CLIP vision tower + projector + Llama) with a locally assembled processor: SmolLM2's
+tokenizer with an `<image>` token added, a CLIP image processor at 32x32 (16 placeholder tokens per image)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pagemill.loader.default_model import default_model_path
+
+TOKENS_PER_IMAGE = 16
+
+
+def make_image(seed: int, size: tuple[int, int] = (48, 40)):
+    """A random RGB image (PIL)."""
+    from PIL import Image
+
+    rng = np.random.RandomState(seed)
+    return Image.fromarray(rng.randint(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
+
+@pytest.fixture(scope="session")
+def tiny_llava(tmp_path_factory) -> str:
+    from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                              LlavaForConditionalGeneration, LlavaProcessor)
+
+    from pagemill.benchmarks.model_path import load_hf_tokenizer
+
+    tok = load_hf_tokenizer(default_model_path())
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    torch.manual_seed(0)
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                              image_size=32, patch_size=8, projection_dim=32, initializer_range=0.2)
+    # initializer_range 0.2: logits far apart, so greedy tokens do not hang on rounding
+    text = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                       initializer_range=0.2, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                       pad_token_id=2)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=tok.convert_tokens_to_ids("<image>"),
+                         projector_hidden_act="gelu", image_seq_length=TOKENS_PER_IMAGE)
+    model = LlavaForConditionalGeneration(config)
+    with torch.no_grad():  # random images must move the logits: projector outputs on the scale of the embeddings
+        for p in model.model.multi_modal_projector.parameters():
+            p.normal_(0, 0.5)
+    path = tmp_path_factory.mktemp("tiny_llava")
+    model.save_pretrained(path)
+    image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    LlavaProcessor(image_processor=image_processor, tokenizer=tok, patch_size=8,
+                   vision_feature_select_strategy="default", image_token="<image>",
+                   num_additional_image_tokens=1).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def llava_hf(tiny_llava):
+    """(HF model float32, HF processor) of the tiny LLaVA."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    model = LlavaForConditionalGeneration.from_pretrained(tiny_llava, dtype=torch.float32).eval()
+    return model, AutoProcessor.from_pretrained(tiny_llava)
+
+
+def hf_llava_greedy(llava_hf, prompt: str, images: list, max_new_tokens: int,
+                    add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
+    """(prompt ids, HF greedy continuation) of a prompt with its images (none: text only)."""
+    model, processor = llava_hf
+    if images:
+        inputs = processor(text=[prompt], images=images, return_tensors="pt", add_special_tokens=add_special_tokens)
+    else:
+        inputs = processor.tokenizer([prompt], return_tensors="pt", add_special_tokens=add_special_tokens)
+    ids = inputs["input_ids"]
+    with torch.inference_mode():
+        out = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                             eos_token_id=None, pad_token_id=2)
+    return ids[0].tolist(), out[0, ids.shape[1]:].tolist()
