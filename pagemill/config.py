@@ -175,6 +175,9 @@ class CacheConfig:
     swap_space: int = 4 * 2**30  # bytes of host memory for swapped-out blocks (preemption_mode="swap")
     kv_cache_dtype: str = "auto"  # auto = the model dtype; float16/bfloat16 halve attention's memory traffic
     kv_cache_layout: str = "paged"  # paged blocks, or virtual: each request's KV contiguous (worker/virtual_kv.py)
+    # share of the GPU's memory the engine may use (CUDA, kv_cache_memory 0: the KV cache gets what a profiled forward
+    # leaves of it); None on the CPU
+    gpu_memory_utilization: float | None = None
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
@@ -458,3 +461,6 @@ class EngineConfig:
     data_parallel_config: DataParallelConfig = field(default_factory=DataParallelConfig)
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     kv_transfer_config: KVTransferConfig | None = None  # a KV connector (disaggregated prefill, KV offload)
+    device: str = "cpu"  # the torch device type of the model, KV cache and step buffers (the platform's)
+    worker_cls: str = "auto"  # import path of the worker class (auto: the platform's Platform.worker_cls)
+    enforce_eager: bool = False  # CUDA: no CUDA graphs for decode batches

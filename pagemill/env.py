@@ -116,6 +116,30 @@ def _cpu_model(info: dict[str, str]) -> str | None:
     return platform.processor() or None
 
 
+def _gpu_info() -> dict[str, Any]:
+    """The GPU as the CUDA platform sees it (GPU, driver / CUDA versions, attention backend), or why there is none.
+    Only asks torch.cuda where torch is a CUDA build."""
+    try:
+        import torch
+    except ImportError:
+        return {"available": False, "reason": "torch is not installed"}
+    if torch.version.cuda is None:
+        return {"available": False, "reason": "torch is a CPU build"}
+    if not torch.cuda.is_available():
+        return {"available": False, "reason": f"no CUDA device visible (torch CUDA {torch.version.cuda})"}
+    from pagemill.platforms.cuda import CudaPlatform
+
+    info: dict[str, Any] = {"available": True, **CudaPlatform.describe()}
+    try:
+        import subprocess
+
+        info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                        capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        info["driver"] = None
+    return info
+
+
 def collect_env() -> dict[str, Any]:
     """Everything `pagemill env` reports, as a JSON-safe dict."""
     info = _cpuinfo()
@@ -140,6 +164,7 @@ def collect_env() -> dict[str, Any]:
         "kv_cache_dtypes": kv_cache_dtype_support(kernels),
         "versions": {name: _version(name) for name in PACKAGES},
         **_torch_info(),
+        "gpu": _gpu_info(),
         "env": {name: os.environ.get(name) for name in ENV_VARS},
     }
 
@@ -166,6 +191,9 @@ def format_env(env: dict[str, Any]) -> str:
     lines += [f"{name}: {version}" for name, version in env["versions"].items()]
     lines.append(f"torch threads: {env['torch_threads']}")
     lines.append(f"torch cpu capability: {env['torch_cpu_capability']}")
+    gpu = env.get("gpu") or {}
+    lines.append("GPU: " + (", ".join(f"{k} {v}" for k, v in gpu.items() if k != "available") if gpu.get("available")
+                            else f"none ({gpu.get('reason')})"))
     lines += [f"{name}={value if value is not None else '(unset)'}" for name, value in env["env"].items()]
     return "\n".join(lines)
 

@@ -28,3 +28,6 @@ class CommonAttentionMetadata:
     block_size: int
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
     rows: np.ndarray | None = None  # [B] input-batch row of each request (kv_cache_layout="virtual": its KV range)
+    # (block table int32 [B, max_blocks], token's request int32 [T], token's position int32 [T]) already on the
+    # model's device, in the GPU runner's persistent buffers (backends that need them read these, else make them)
+    device_tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None

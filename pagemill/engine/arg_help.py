@@ -61,6 +61,12 @@ ENGINE_ARG_HELP: dict[str, str] = {
                         "parallelism.",
     "structured_outputs_backend": "Structured output (guided decoding) library: auto (xgrammar, or llguidance for "
                                   "what xgrammar lacks), xgrammar, guidance.",
+    "device": "auto (the process's platform: CUDA when a GPU is visible, else the CPU), cpu or cuda; it must agree "
+              "with $PAGEMILL_DEVICE where that is set.",
+    "worker_cls": "The worker class by import path (auto: the platform's). "
+                  "pagemill.worker.gpu_worker.GpuWorker with attention_backend=triton runs the GPU worker's step on "
+                  "the CPU (Triton's interpreter: slow, for tests).",
+    "enforce_eager": "CUDA: run decode batches eagerly instead of replaying CUDA graphs.",
     "reasoning_parser": "Split a reasoning model's thinking from its answer (chat `reasoning` / `reasoning_content`, "
                         "Responses reasoning items); structured output and tool calls apply to the answer only, and "
                         "requests may set thinking_token_budget.",

@@ -94,6 +94,11 @@ class EngineArgs:
     async_scheduling: bool = False
     # Accepted for vLLM scripts; it has no meaning on a CPU (the KV cache is sized by kv_cache_memory).
     gpu_memory_utilization: float | None = None
+    device: str = "auto"  # auto | cpu | cuda: must agree with the process's platform ($PAGEMILL_DEVICE)
+    # the worker class by import path (vLLM's --worker-cls); auto: the platform's. The GPU worker on the CPU:
+    # worker_cls="pagemill.worker.gpu_worker.GpuWorker", attention_backend="triton" (Triton's interpreter)
+    worker_cls: str = "auto"
+    enforce_eager: bool = False  # CUDA: run decode batches eagerly (no CUDA graphs)
     runner: str = "auto"  # generate | pooling (auto: pooling for embedding / cross-encoder architectures such as BERT)
     task: str | None = None  # vLLM's older spelling of runner: embed / classify / score -> pooling, generate
     pooler_config: dict[str, Any] | str | None = None  # pooling: {"pooling_type": CLS|MEAN|LAST, "normalize": bool}
@@ -142,6 +147,7 @@ class EngineArgs:
                 f"max_model_len ({max_model_len}) is larger than the model's context length ({model_max})."
             )
         check_linear_options(self.linear_dtype, self.quantization)
+        device = resolve_device(self.device)
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         if self.max_logprobs < -1:
@@ -209,6 +215,7 @@ class EngineArgs:
             swap_space=int(self.swap_space * 2**30),
             kv_cache_dtype=self.kv_cache_dtype,
             kv_cache_layout=self.kv_cache_layout,
+            gpu_memory_utilization=(self.gpu_memory_utilization or 0.9) if device == "cuda" else None,
         )
         scheduler_config = SchedulerConfig(
             max_num_encoder_input_tokens=self.max_num_encoder_input_tokens,
@@ -234,13 +241,29 @@ class EngineArgs:
                               structured_outputs_config=so_config,
                               speculative_config=spec_config, lora_config=lora_config,
                               batch_invariant=self.batch_invariant, data_parallel_config=dp_config,
-                              parallel_config=parallel_config, kv_transfer_config=kv_transfer_config)
+                              parallel_config=parallel_config, kv_transfer_config=kv_transfer_config,
+                              device=device, worker_cls=self.worker_cls, enforce_eager=self.enforce_eager)
         current_platform.check_and_update_config(config)
         return config
 
     def create_data_parallel_config(self) -> DataParallelConfig:
         """The data-parallel part of the arguments (validated)."""
         return DataParallelConfig(self.data_parallel_size, self.dp_routing, self.dp_imbalance_threshold)
+
+
+def resolve_device(device: str) -> str:
+    """The torch device type for a `device` argument: auto is the process's platform; an explicit one must be it
+    (the platform is chosen once per process, by $PAGEMILL_DEVICE)."""
+    device = (device or "auto").strip().lower()
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be one of auto, cpu, cuda; got {device!r}.")
+    if device != "auto" and device != current_platform.device_type:
+        if device == "cuda":
+            raise ValueError("device='cuda': this process runs on the CPU platform (no CUDA device is visible, or "
+                             "PAGEMILL_DEVICE=cpu); set PAGEMILL_DEVICE=cuda on a machine with a GPU.")
+        raise ValueError(f"device={device!r}: this process runs on the {current_platform.device_name} platform; set "
+                         f"PAGEMILL_DEVICE={device} before pagemill is imported.")
+    return current_platform.device_type
 
 
 def check_batch_invariant(args: EngineArgs) -> None:

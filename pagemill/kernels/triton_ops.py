@@ -1,6 +1,7 @@
 """The fused layer ops as Triton kernels (the CUDA platform's; Triton's interpreter runs them on the CPU for tests):
 RMSNorm, RMSNorm with the residual add, SiLU-and-mul and GELU(tanh)-and-mul, each one program per row, in float32
-and cast to `out_dtype` on the way out. TorchLayerOps is their reference; the LoRA delta stays torch's (matmuls).
+and cast to `out_dtype` on the way out, and RoPE (rotate-half, partial rotary dims) one program per (token, head).
+TorchLayerOps is their reference; the LoRA delta stays torch's (matmuls).
 """
 
 from __future__ import annotations
@@ -67,6 +68,38 @@ if triton is not None:
             tl.store(out_ptr + row * stride_o + cols, cast_rne(prod, out_ptr.dtype.element_ty), mask=mask)
 
 
+    @triton.jit
+    def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, pos_ptr, stride_xt, stride_xh, stride_ot, stride_oh,
+                     stride_c, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, H_PAD: tl.constexpr,
+                     D_PAD: tl.constexpr):
+        """Head h of token t rotated by its position's cos/sin (the first 2 * HALF features; the rest copied), each
+        product and the sum rounded to the tensor's dtype as torch computes x * cos + rotate_half(x) * sin."""
+        t = tl.program_id(0)
+        h = tl.program_id(1)
+        pos = tl.load(pos_ptr + t).to(tl.int64)
+        i = tl.arange(0, H_PAD)
+        m = i < HALF
+        src = x_ptr + t * stride_xt + h * stride_xh
+        dst = out_ptr + t * stride_ot + h * stride_oh
+        ty = x_ptr.dtype.element_ty
+        x1 = tl.load(src + i, mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF + i, mask=m, other=0.0).to(tl.float32)
+        c1 = tl.load(cos_ptr + pos * stride_c + i, mask=m, other=0.0).to(tl.float32)
+        c2 = tl.load(cos_ptr + pos * stride_c + HALF + i, mask=m, other=0.0).to(tl.float32)
+        s1 = tl.load(sin_ptr + pos * stride_c + i, mask=m, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_ptr + pos * stride_c + HALF + i, mask=m, other=0.0).to(tl.float32)
+        a1 = cast_rne(x1 * c1, ty).to(tl.float32)
+        b1 = cast_rne(-x2 * s1, ty).to(tl.float32)
+        a2 = cast_rne(x2 * c2, ty).to(tl.float32)
+        b2 = cast_rne(x1 * s2, ty).to(tl.float32)
+        tl.store(dst + i, cast_rne(a1 + b1, out_ptr.dtype.element_ty), mask=m)
+        tl.store(dst + HALF + i, cast_rne(a2 + b2, out_ptr.dtype.element_ty), mask=m)
+        if HEAD_DIM > 2 * HALF:  # partial rotary: the other features pass through
+            d = 2 * HALF + tl.arange(0, D_PAD)
+            dm = d < HEAD_DIM
+            tl.store(dst + d, tl.load(src + d, mask=dm, other=0.0), mask=dm)
+
+
 _ACT_BLOCK = 1024
 
 
@@ -118,3 +151,24 @@ class TritonLayerOps(TorchLayerOps):
     def gelu_tanh_and_mul(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """gelu_tanh(gate) * up for x = [gate | up] (Gemma's gated MLP), in `out_dtype`."""
         return self._gated(x, out_dtype, gelu=True)
+
+    def rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE (rotate-half) of q [T, Hq, D] and k [T, Hk, D] at `positions` from the cos / sin tables
+        [max_pos, rotary_dim]; features past rotary_dim pass through. New tensors, as the reference's."""
+        return self._rope(q, positions, cos, sin, rotary_dim), self._rope(k, positions, cos, sin, rotary_dim)
+
+    @staticmethod
+    def _rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              rotary_dim: int) -> torch.Tensor:
+        t, h, d = x.shape
+        out = torch.empty_like(x)
+        if t == 0:
+            return out
+        if x.stride(2) != 1:
+            x = x.contiguous()
+        half = rotary_dim // 2
+        _rope_kernel[(t, h)](x, out, cos, sin, positions, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
+                             cos.stride(0), HEAD_DIM=d, HALF=half, H_PAD=triton.next_power_of_2(half),
+                             D_PAD=triton.next_power_of_2(max(1, d - 2 * half)))
+        return out

@@ -42,6 +42,8 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = emb.shape[-1]
         self.register_buffer("cos", (emb.cos() * scaling).to(dtype), persistent=False)
         self.register_buffer("sin", (emb.sin() * scaling).to(dtype), persistent=False)
+        # layer ops with a fused `rotary` (the GPU runner's Triton ops set it after loading); None: the torch math
+        self.kernel_ops = None
 
     @staticmethod
     def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -51,6 +53,8 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq, D], k: [T, Hk, D]; positions: [T]. With a partial rotary factor only the first rotary_dim
         features of each head rotate (Phi-3.5 / Phi-4-mini); the rest pass through."""
+        if self.kernel_ops is not None and q.dim() == 3:
+            return self.kernel_ops.rotary(positions, q, k, self.cos, self.sin, self.rotary_dim)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         d = self.rotary_dim

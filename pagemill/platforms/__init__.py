@@ -1,7 +1,7 @@
 """Which device this process runs on: `current_platform`, chosen once, on first use (vLLM's `current_platform`).
 
-$PAGEMILL_DEVICE picks it: auto (default), cpu or cuda. auto is the CPU: CUDA joins it once the CUDA platform is
-implemented (cuda.py); until then PAGEMILL_DEVICE=cuda raises an error saying so.
+$PAGEMILL_DEVICE picks it: auto (default: CUDA when torch sees a GPU, else the CPU), cpu or cuda (an error saying so
+where no GPU is visible). The engine argument `device` must agree with it (EngineArgs checks).
 """
 
 from __future__ import annotations
@@ -28,13 +28,20 @@ def resolve_current_platform(requested: str | None = None) -> Platform:
     requested = requested or "auto"
     if requested not in DEVICES:
         raise ValueError(f"{DEVICE_ENV} must be one of {', '.join(DEVICES)}, got {requested!r}.")
-    if requested == "cuda":
+    if requested == "cuda" or (requested == "auto" and _cuda_visible()):
         from pagemill.platforms.cuda import CudaPlatform
 
         return CudaPlatform()
     from pagemill.platforms.cpu import CpuPlatform
 
     return CpuPlatform()
+
+
+def _cuda_visible() -> bool:
+    """Whether auto means CUDA: a CUDA build of torch that sees a device (CPU builds answer without touching CUDA)."""
+    import torch
+
+    return torch.version.cuda is not None and torch.cuda.is_available()
 
 
 def __getattr__(name: str) -> Any:

@@ -1,34 +1,99 @@
-"""The CUDA platform: declared, not available yet (the CUDA issue fills it in).
+"""The CUDA platform: the model and KV cache on one NVIDIA GPU (torch device "cuda").
 
-What it will provide: the model and KV cache on one NVIDIA GPU (torch device "cuda"), bfloat16 by default, NCCL
-between ranks (with a custom all-reduce for a node's GPUs), attention backends for paged KV on the GPU (Triton
-kernels tested against the torch reference), the KV cache sized as `gpu_memory_utilization` of the device memory left
-after loading the model (`kv_cache_memory` still wins when given), and its own worker (`worker_cls`, meeting
-tests/worker/test_worker_contract.py) and model runner (CUDA graphs). Until then, selecting it raises an error
-saying so.
+bfloat16 by default, NCCL between ranks, pagemill's own Triton kernels for paged attention and the fused layer ops
+(the torch reference stays the oracle), the KV cache sized as vLLM sizes it: `gpu_memory_utilization` (default
+0.9) of the device's memory, less what a profiled forward at `max_num_batched_tokens` used (worker/gpu_worker.py;
+`kv_cache_memory` still wins when given). Its worker (`GpuWorker`) is written device-generically: the same code runs
+on the CPU (`worker_cls=...GpuWorker, attention_backend="triton"`, Triton's interpreter), which is how CI tests it.
+
+Nothing here imports torch.cuda state at import time: `is_available()` asks torch only when called.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+from pagemill.config import parse_size
 from pagemill.platforms.interface import Platform, PlatformEnum
 
-NOT_AVAILABLE = ("PAGEMILL_DEVICE=cuda: the CUDA platform is not available yet (pagemill runs on the CPU for now); "
-                 "unset PAGEMILL_DEVICE or set it to cpu.")
+_BACKENDS = "pagemill.attention.backends"
+TRITON_PAGED = f"{_BACKENDS}.triton_paged.TritonPagedAttention"
+TORCH_PAGED = f"{_BACKENDS}.torch_paged.TorchPagedAttention"
+GPU_WORKER = "pagemill.worker.gpu_worker.GpuWorker"
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
+NOT_AVAILABLE = ("PAGEMILL_DEVICE=cuda / device='cuda': no CUDA device is visible to torch here (torch.cuda."
+                 "is_available() is False); use device='cpu' (or auto).")
+
+
+def no_device_communicator(group, rank: int, world_size: int, timeout_s: float) -> None:
+    """NCCL's own all-reduce (torch.distributed) serves a GPU group: no custom communicator yet."""
+    return None
 
 
 class CudaPlatform(Platform):
-    """NVIDIA GPUs (not available yet: constructing it raises RuntimeError)."""
+    """One NVIDIA GPU per rank: bfloat16, NCCL, Triton attention, KV cache from gpu_memory_utilization."""
 
     _enum = PlatformEnum.CUDA
     device_name = "cuda"
     device_type = "cuda"
     dist_backend = "nccl"
     default_dtype_name = "bfloat16"
-    attention_backends: ClassVar[dict[str, str]] = {}
-    auto_attention_backends = ()
-    supported_quantization = ()
+    attention_backends: ClassVar[dict[str, str]] = {"triton": TRITON_PAGED, "torch": TORCH_PAGED}
+    auto_attention_backends = ("triton",)
+    # GGUF files and weight-only int8/int4 use the CPU kernels' layouts: not on the GPU yet
+    supported_quantization = ("none",)
+    worker_cls = GPU_WORKER
+    device_communicator = "pagemill.platforms.cuda.no_device_communicator"
 
     def __init__(self) -> None:
-        raise RuntimeError(NOT_AVAILABLE)
+        if not self.is_available():
+            raise RuntimeError(NOT_AVAILABLE)
+
+    @staticmethod
+    def is_available() -> bool:
+        """Whether torch sees a CUDA device (False, without error, on a CPU-only torch)."""
+        try:
+            import torch
+        except ImportError:
+            return False
+        return bool(torch.cuda.is_available())
+
+    def get_attn_backend_cls(self, selected: str, batch_invariant: bool, kv_cache_layout: str) -> list[str]:
+        """Triton paged attention (auto) or the torch reference; the CPU-only options are refused by name."""
+        names = self.attention_backend_names()
+        if selected not in names:
+            raise ValueError(f"attention_backend must be one of {', '.join(names)}, got {selected!r}.")
+        if kv_cache_layout != "paged":
+            raise ValueError(f"kv_cache_layout={kv_cache_layout!r} is not available on the CUDA platform yet "
+                             "(use 'paged').")
+        if batch_invariant:
+            raise ValueError("batch_invariant=True needs the compiled CPU kernels: not available on the CUDA platform.")
+        if selected == "auto":
+            return [self.attention_backends[name] for name in self.auto_attention_backends]
+        return [self.attention_backends[selected]]
+
+    def kv_cache_memory_bytes(self, kv_cache_memory: int | str | None, gpu_memory_utilization: float | None) -> int:
+        """`kv_cache_memory` when given; else 0: the worker sizes the cache from gpu_memory_utilization after
+        profiling a forward (GpuWorker.determine_num_available_blocks)."""
+        if kv_cache_memory is not None:
+            return parse_size(kv_cache_memory)
+        return 0
+
+    def init_threads(self, num_threads: int | None) -> int:
+        """Host threads: the GPU does the math; torch's default is kept unless asked."""
+        import torch
+
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        return torch.get_num_threads()
+
+    @staticmethod
+    def describe() -> dict[str, str]:
+        """GPU, driver / CUDA versions and the attention backend, for `pagemill env`."""
+        import torch
+
+        props = torch.cuda.get_device_properties(0)
+        return {"gpu": f"{props.name} ({props.total_memory / 2**30:.1f} GiB, sm_{props.major}{props.minor})",
+                "gpu_count": str(torch.cuda.device_count()), "cuda": str(torch.version.cuda),
+                "attention_backend": "triton"}

@@ -12,7 +12,8 @@ _SHIFTS = torch.arange(32, dtype=torch.int32)
 def apply_token_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
     """logits[rows[i], t] = -inf where bit t of bitmask[i] is 0 (tokens past the mask's width too). In place."""
     vocab = logits.shape[1]
-    allowed = ((bitmask.unsqueeze(-1) >> _SHIFTS) & 1).reshape(bitmask.shape[0], -1).bool()
+    bitmask, rows = bitmask.to(logits.device), rows.to(logits.device)
+    allowed = ((bitmask.unsqueeze(-1) >> _SHIFTS.to(logits.device)) & 1).reshape(bitmask.shape[0], -1).bool()
     if allowed.shape[1] < vocab:
         allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
     logits[rows] = logits[rows].masked_fill(~allowed[:, :vocab], float("-inf"))

@@ -47,7 +47,7 @@ def inverse_cdf_sample(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.T
     """Per row of non-negative `weights` [R, V] (unnormalised), the first token whose cumulative weight reaches
     u * total: a draw from the row's distribution that never picks a zero-weight token (u > 0). Int64 [R]."""
     cum = weights.cumsum(dim=-1)
-    target = (uniforms.to(cum.dtype) * cum[:, -1]).unsqueeze(1)
+    target = (uniforms.to(cum.device, cum.dtype) * cum[:, -1]).unsqueeze(1)
     # (u <= 1 and rounding is monotonic, so u * total <= cum[-1]: the search ends inside the row; the clamp only
     # keeps a NaN row, from a broken model, from indexing past the vocabulary)
     return torch.searchsorted(cum, target).squeeze(1).clamp_(max=weights.shape[-1] - 1)

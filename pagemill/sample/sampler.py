@@ -16,11 +16,11 @@ from pagemill.sample.metadata import SamplingMetadata
 def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     """Repetition (prompt + output tokens), frequency and presence (output tokens) penalties, as vLLM."""
     s, vocab = logits.shape
-    out_counts = torch.zeros(s, vocab + 1, dtype=logits.dtype)
+    out_counts = torch.zeros(s, vocab + 1, dtype=logits.dtype, device=logits.device)
     out_counts.scatter_add_(1, md.output_token_ids, torch.ones_like(md.output_token_ids, dtype=logits.dtype))
     out_counts = out_counts[:, :vocab]
     if md.repetition_penalty is not None:
-        seen = torch.zeros(s, vocab + 1, dtype=torch.bool)
+        seen = torch.zeros(s, vocab + 1, dtype=torch.bool, device=logits.device)
         seen.scatter_(1, md.prompt_token_ids, True)
         seen = seen[:, :vocab] | (out_counts > 0)
         rp = md.repetition_penalty[:, None].expand_as(logits)
@@ -92,7 +92,7 @@ class Sampler:
                 logits[row, ids] = keep
         if md.logit_bias:
             for row, ids, bias in md.logit_bias:
-                logits[row, ids] += torch.tensor(bias, dtype=logits.dtype)
+                logits[row, ids] += torch.tensor(bias, dtype=logits.dtype).to(logits.device)
         if md.output_token_ids is not None:
             logits = apply_penalties(logits, md)
         if md.min_tokens_blocks:
@@ -120,6 +120,7 @@ class Sampler:
 
 def gather_logprobs(raw_logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For each row: ids [S, k+1] and logprobs [S, k+1] (chosen token first, then top-k), rank of the chosen token."""
+    token_ids = token_ids.to(raw_logprobs.device)
     chosen_lp = raw_logprobs.gather(1, token_ids.long().unsqueeze(1))
     ranks = (raw_logprobs > chosen_lp).sum(dim=-1) + 1
     if k > 0:

@@ -108,7 +108,7 @@ class UniProcExecutor(Executor):
     """A single worker in the engine core's own process."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.driver_worker: WorkerBase = worker_class()(config)  # the platform's worker
+        self.driver_worker: WorkerBase = worker_class(config)(config)  # the platform's worker
         self.kv_cache_config = self._init_workers()
 
     @property

@@ -195,10 +195,12 @@ class ModelRunner:
             ib.token_ids[row, n:n + len(drafts)] = drafts
         if so.blocks_to_swap_out:  # before anything can overwrite the freed blocks
             kv_ids, swap_ids = (torch.tensor(x) for x in zip(*so.blocks_to_swap_out))
-            self.swap_cache[:, :, swap_ids] = self.kv_cache[:, :, kv_ids]
+            self.swap_cache[:, :, swap_ids] = self.kv_cache[:, :, kv_ids.to(self.kv_cache.device)].to(
+                self.swap_cache.device)
         if so.blocks_to_swap_in:
             swap_ids, kv_ids = (torch.tensor(x) for x in zip(*so.blocks_to_swap_in))
-            self.kv_cache[:, :, kv_ids] = self.swap_cache[:, :, swap_ids]
+            self.kv_cache[:, :, kv_ids.to(self.kv_cache.device)] = self.swap_cache[:, :, swap_ids].to(
+                self.kv_cache.device, non_blocking=True)
         if so.blocks_to_copy:
             src, dst = (torch.tensor(x) for x in zip(*so.blocks_to_copy))
             for cache in (self.kv_cache, *self.extra_kv_caches):
@@ -232,9 +234,8 @@ class ModelRunner:
                 embeds = self._merged_embeddings(step)
         else:
             embeds = None
-        with prof.section("forward"), set_forward_context(metadata, self.lora_mapping(step.rows, step.counts)):
-            hidden = (self.model(step.input_ids, step.positions) if embeds is None
-                      else self.model(step.input_ids, step.positions, inputs_embeds=embeds))
+        with prof.section("forward"):
+            hidden = self._forward(step, metadata, embeds)
         if connector is not None:  # (our models never see block tables: every layer is saved at once, after)
             with prof.section("kv_save"):
                 connector.save_kv_layer(ALL_LAYERS, self.kv_cache)
@@ -251,6 +252,14 @@ class ModelRunner:
             if positions:
                 out.draft_cost = (time.perf_counter() - start - target) / (positions * target)
         return out
+
+    def _forward(self, step: StepInputs, metadata: list, embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """The model's forward over the step (the GPU runner replays a CUDA graph here where it can); `embeds`: the
+        input embeddings with a multimodal step's image embeddings merged in (None: from the ids)."""
+        with set_forward_context(metadata, self.lora_mapping(step.rows, step.counts)):
+            if embeds is None:
+                return self.model(step.input_ids, step.positions)
+            return self.model(step.input_ids, step.positions, inputs_embeds=embeds)
 
     def _merged_embeddings(self, step: StepInputs) -> torch.Tensor | None:
         """The step's input embeddings with the image embeddings at their placeholder tokens (None: the step

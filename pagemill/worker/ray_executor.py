@@ -66,7 +66,7 @@ class RayWorkerWrapper:
         from pagemill.worker.worker_base import worker_class
 
         bind_gloo_to(ray.util.get_node_ip_address())
-        self.worker = worker_class()(self.config, self.rank, init_method, None)
+        self.worker = worker_class(self.config)(self.config, self.rank, init_method, None)
 
     def execute_method(self, method: str, *args: Any) -> Any:
         """worker.method(*args) (the executor's collective_rpc)."""

@@ -1,7 +1,7 @@
 """The worker interface (vLLM's `WorkerBase`): one rank's device, model runner and KV cache, driven by an executor
 through one lifecycle, whatever the executor (uni, mp, ray) and whatever the device:
 
-    worker = worker_class()(config, rank, distributed_init_method, cores)
+    worker = worker_class(config)(config, rank, distributed_init_method, cores)
     worker.init_device()                       # threads, core binding, this rank's process group
     worker.load_model()                        # the model runner and its model (weights, LoRA slots, head screen)
     n = worker.determine_num_available_blocks()  # KV blocks that fit the device's KV memory (the executor takes
@@ -100,6 +100,8 @@ class WorkerBase(ABC):
         """Release what the worker holds beyond its memory (sockets, threads)."""
 
 
-def worker_class() -> type[WorkerBase]:
-    """The worker class the current platform names (`Platform.worker_cls`)."""
-    return resolve_obj_by_qualname(current_platform.worker_cls)
+def worker_class(config: EngineConfig | None = None) -> type[WorkerBase]:
+    """The worker class the engine's `worker_cls` names, else the one the current platform names
+    (`Platform.worker_cls`)."""
+    name = getattr(config, "worker_cls", "auto") if config is not None else "auto"
+    return resolve_obj_by_qualname(current_platform.worker_cls if name in ("auto", None, "") else name)

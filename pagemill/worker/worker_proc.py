@@ -32,7 +32,7 @@ def run_worker(config: EngineConfig, rank: int, init_method: str, conn: Connecti
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the engine decides
     parent = os.getppid()
     try:
-        worker = worker_class()(config, rank, init_method, cores)
+        worker = worker_class(config)(config, rank, init_method, cores)
         _serve(worker, conn, parent)
     except SystemExit:
         raise

@@ -25,9 +25,10 @@ from pagemill.attention.metadata import CommonAttentionMetadata  # noqa: E402
 DEVICE = "cuda" if os.environ["TRITON_INTERPRET"] == "0" and torch.cuda.is_available() else "cpu"
 
 
-def _run_triton(layer, q, k, v, cache, md, metadata=None):
-    """The Triton backend's output and cache, computed on DEVICE and brought back to the CPU."""
-    backend = TritonPagedAttention()
+def _run_triton(layer, q, k, v, cache, md, metadata=None, splits=None):
+    """The Triton backend's output and cache, computed on DEVICE and brought back to the CPU (`splits`: split-KV
+    partitions per token, None: the backend's choice)."""
+    backend = TritonPagedAttention(splits)
     dq, dk, dv, dcache = (t.to(DEVICE) for t in (q, k, v, cache))
     out = backend.forward(layer, dq, dk, dv, dcache, metadata or backend.build_metadata(md))
     return out.cpu(), dcache.cpu()
@@ -44,8 +45,11 @@ def _every_kernel_variant():
 STEP = [(9, 1), (40, 1), (0, 1), (5, 7), (0, 13), (17, 3)]
 
 
-def _step(block_size: int, num_blocks: int, gen: torch.Generator) -> CommonAttentionMetadata:
-    """A step over STEP with each request's blocks drawn at random from the pool (no two requests share one)."""
+def _step(block_size: int, num_blocks: int, gen: torch.Generator, step: list | None = None
+          ) -> CommonAttentionMetadata:
+    """A step over `step` (default STEP) with each request's blocks drawn at random from the pool (no two requests
+    share one)."""
+    STEP = step or globals()["STEP"]  # noqa: N806
     seq_lens = np.array([c + q for c, q in STEP])
     per_req = -(-seq_lens // block_size)
     ids = torch.randperm(num_blocks - 1, generator=gen).numpy() + 1
@@ -112,7 +116,7 @@ def test_a_wrong_kernel_is_caught():
     meta = TritonPagedAttention().build_metadata(md)
     device = torch.device(DEVICE)
     table, req, pos = meta.tensors(device)
-    meta._tensors[device] = (table, req, torch.full_like(pos, 0))  # every token sees only key 0
+    meta._tensors[device.type] = (table, req, torch.full_like(pos, 0))  # every token sees only key 0
     got, _ = _run_triton(layer, q, k, v, cache, md, meta)
     assert not torch.allclose(got, want, atol=1e-3)
 
@@ -135,3 +139,38 @@ def test_engine_greedy_equals_hf(tiny_models):
     hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
     for prompt, out in zip(prompts, outs):
         assert list(out.outputs[0].token_ids) == hf_greedy(hf, list(out.prompt_token_ids), 6)
+
+
+# long decode contexts (split-KV's case) next to a prefill chunk
+LONG_STEP = [(200, 1), (67, 1), (5, 1), (90, 4)]
+
+
+@pytest.mark.parametrize("splits", [2, 4, 8])
+@pytest.mark.parametrize("block_size,gqa,head_dim,window", [(16, 4, 64, None), (32, 1, 128, None),
+                                                             (16, 8, 256, 50), (32, 2, 80, 7)])
+def test_split_kv_matches_the_torch_reference(splits, block_size, gqa, head_dim, window):
+    """Split-KV (flash-decoding): each token's keys over `splits` programs, then the reduction; long and short
+    contexts (empty splits), sliding windows, odd head dims: equal to the reference."""
+    gen = torch.Generator().manual_seed(splits * 100 + head_dim)
+    md = _step(block_size, num_blocks=40, gen=gen, step=LONG_STEP)
+    t, hkv = md.num_actual_tokens, 2
+    q = torch.randn(t, hkv * gqa, head_dim, generator=gen)
+    k = torch.randn(t, hkv, head_dim, generator=gen)
+    v = torch.randn(t, hkv, head_dim, generator=gen)
+    cache = torch.randn(TorchPagedAttention.kv_cache_shape(40, block_size, hkv, head_dim), generator=gen)
+    layer = SimpleNamespace(num_kv_heads=hkv, head_dim=head_dim, scale=head_dim ** -0.5, sliding_window=window)
+    ref_cache = cache.clone()
+    want = TorchPagedAttention().forward(layer, q, k, v, ref_cache, TorchPagedAttention().build_metadata(md))
+    got, tri_cache = _run_triton(layer, q, k, v, cache, md, splits=splits)
+    torch.testing.assert_close(tri_cache, ref_cache, rtol=0, atol=0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_split_choice_depends_on_the_step_shape_only():
+    backend = TritonPagedAttention()
+    gpu = torch.device("cuda")  # (only its type is read)
+    assert backend.kv_splits(1, 8, gpu) == 16 and backend.kv_splits(4, 8, gpu) == 8
+    assert backend.kv_splits(256, 8, gpu) == 1 and backend.kv_splits(2, 1, torch.device("cpu")) == 1
+    assert TritonPagedAttention(4).kv_splits(1000, 8, gpu) == 4
+    with pytest.raises(ValueError, match="power of two"):
+        TritonPagedAttention(3)

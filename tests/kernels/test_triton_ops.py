@@ -71,3 +71,31 @@ def test_the_check_can_fail(tri):
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
     with pytest.raises(AssertionError):
         _close(tri.gelu_tanh_and_mul(x.to(DEVICE), torch.float32), REF.silu_and_mul(x, torch.float32))
+
+
+@pytest.mark.parametrize("head_dim,rotary_dim", [(64, 64), (128, 128), (256, 256), (32, 16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary(tri, head_dim, rotary_dim, dtype):
+    """RoPE (rotate-half, partial rotary dims passed through) at scattered positions of q and k views taken from one
+    fused qkv row, as the attention layer hands them: equal to RotaryEmbedding's torch math."""
+    from types import SimpleNamespace
+
+    from pagemill.layers.rotary import RotaryEmbedding
+
+    cfg = SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                           "partial_rotary_factor": rotary_dim / head_dim},
+                          head_dim=head_dim, hidden_size=head_dim * 4, num_attention_heads=4)
+    rope = RotaryEmbedding(cfg, 300, dtype).to("cpu")  # (its tables start on the platform's device)
+    gen = torch.Generator().manual_seed(head_dim + rotary_dim)
+    t, hq, hk = 5, 4, 2
+    qkv = torch.randn(t, (hq + 2 * hk) * head_dim, generator=gen).to(dtype)
+    q = qkv[:, :hq * head_dim].view(t, hq, head_dim)
+    k = qkv[:, hq * head_dim:(hq + hk) * head_dim].view(t, hk, head_dim)
+    positions = torch.tensor([0, 7, 299, 1, 128])
+    want_q, want_k = rope(positions, q, k)
+    dq, dk, dpos, cos, sin = _on(q, k, positions, rope.cos, rope.sin)
+    got_q, got_k = tri.rotary(dpos, dq, dk, cos, sin, rope.rotary_dim)
+    _close(got_q, want_q)
+    _close(got_k, want_k)
+    if dtype == torch.bfloat16:  # each rounding as torch's: the same bits
+        assert torch.equal(got_q.cpu(), want_q) and torch.equal(got_k.cpu(), want_k)

@@ -39,17 +39,32 @@ def test_device_selection(monkeypatch):
     assert isinstance(resolve_current_platform(""), CpuPlatform)
     with pytest.raises(ValueError, match=f"{DEVICE_ENV} must be one of auto, cpu, cuda, got 'tpu'"):
         resolve_current_platform("tpu")
+    if CudaPlatform.is_available():
+        return
     monkeypatch.setenv(DEVICE_ENV, "cuda")
-    with pytest.raises(RuntimeError, match="CUDA platform is not available yet"):
+    with pytest.raises(RuntimeError, match="no CUDA device is visible"):
         resolve_current_platform()
 
 
-def test_cuda_platform_states_what_it_will_provide_but_cannot_be_selected():
+def test_cuda_platform_facts_and_refusal_without_a_gpu():
     assert CudaPlatform._enum == PlatformEnum.CUDA
     assert (CudaPlatform.device_type, CudaPlatform.dist_backend, CudaPlatform.default_dtype_name) == \
         ("cuda", "nccl", "bfloat16")
-    with pytest.raises(RuntimeError, match="PAGEMILL_DEVICE=cuda"):
-        CudaPlatform()
+    assert CudaPlatform.worker_cls == "pagemill.worker.gpu_worker.GpuWorker"
+    assert CudaPlatform.auto_attention_backends == ("triton",)
+    for qualname in (CudaPlatform.worker_cls, CudaPlatform.device_communicator):
+        assert callable(resolve_obj_by_qualname(qualname)), qualname
+    cuda = object.__new__(CudaPlatform)  # (its facts, without a GPU)
+    assert cuda.get_attn_backend_cls("auto", False, "paged") == [CudaPlatform.attention_backends["triton"]]
+    with pytest.raises(ValueError, match="kv_cache_layout='virtual' is not available on the CUDA platform"):
+        cuda.get_attn_backend_cls("auto", False, "virtual")
+    with pytest.raises(ValueError, match="attention_backend must be one of auto, triton, torch, got 'cpu'"):
+        cuda.get_attn_backend_cls("cpu", False, "paged")
+    assert cuda.kv_cache_memory_bytes(None, 0.8) == 0  # the worker profiles, then sizes
+    assert cuda.kv_cache_memory_bytes("1GiB", None) == 2**30
+    if not CudaPlatform.is_available():
+        with pytest.raises(RuntimeError, match="PAGEMILL_DEVICE=cuda"):
+            CudaPlatform()
 
 
 def test_attention_backend_choice():

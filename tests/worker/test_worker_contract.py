@@ -34,7 +34,12 @@ KINDS = {
     "paged": ({}, "ModelRunner"),
     "virtual": ({"kv_cache_layout": "virtual"}, "VirtualKVModelRunner"),
     "pooling": ({"runner": "pooling"}, "DecoderPoolingRunner"),
+    # the CUDA platform's worker and runner, run on the CPU (Triton's interpreter): its reference is the torch path
+    "gpu": ({"attention_backend": "triton", "worker_cls": "pagemill.worker.gpu_worker.GpuWorker"}, "GpuModelRunner"),
 }
+REFERENCE_ARGS = {"gpu": {"attention_backend": "torch"}}
+# the interpreter is slow: the GPU worker's contract runs on the tiny random Llama (SmolLM2's tokenizer) instead
+TINY_MODEL_KINDS = {"gpu"}
 PROMPTS = {"a": "The capital of France is", "b": "Once upon a time, in a small village, there lived",
            "c": "def fibonacci(n):"}
 MAX_TOKENS = 6
@@ -43,7 +48,7 @@ MAX_TOKENS = 6
 def start_worker(args: dict) -> tuple[WorkerBase, KVCacheConfig, int]:
     """The platform's worker for `args`, started through the lifecycle: (worker, its KV cache, blocks it sized)."""
     config = EngineArgs(**args).create_engine_config()
-    worker = worker_class()(config)
+    worker = worker_class(config)(config)
     worker.init_device()
     worker.load_model()
     num_blocks = worker.determine_num_available_blocks()
@@ -120,14 +125,18 @@ def prompt_ids(tokenizer) -> dict[str, list[int]]:
 def _skip_unsupported(kind: str) -> None:
     if kind == "virtual" and not sys.platform.startswith("linux"):
         pytest.skip("the virtual KV layout needs Linux")
+    if kind == "gpu":
+        pytest.importorskip("triton")
 
 
 @pytest.mark.parametrize("kind", [k for k in KINDS if KINDS[k][1] != "DecoderPoolingRunner"])
-def test_generate_worker_contract(kind, smol_path, prompt_ids):
+def test_generate_worker_contract(kind, smol_path, prompt_ids, request):
     """New requests (b in two prefill chunks), decode steps, a finished request whose row c reuses, an empty step:
     a token for exactly the requests that reached the end of their tokens, greedy tokens equal to LLM.generate's."""
     _skip_unsupported(kind)
     kind_args, runner_name = KINDS[kind]
+    if kind in TINY_MODEL_KINDS:
+        smol_path = request.getfixturevalue("tiny_llama")
     args = dict(model=smol_path, **ENGINE, **kind_args)
     worker, kv, num_blocks = start_worker(args)
     try:
@@ -169,7 +178,8 @@ def test_generate_worker_contract(kind, smol_path, prompt_ids):
         run(plan.step({}, finished={"c"}), set())
         assert not worker.model_runner.input_batch.req_id_to_row  # every row given back
 
-        refs = LLM(**args).generate([{"prompt_token_ids": prompt_ids[r]} for r in PROMPTS], greedy, use_tqdm=False)
+        ref_args = dict(model=smol_path, **ENGINE, **REFERENCE_ARGS.get(kind, kind_args))
+        refs = LLM(**ref_args).generate([{"prompt_token_ids": prompt_ids[r]} for r in PROMPTS], greedy, use_tqdm=False)
         assert tokens == {r: list(o.outputs[0].token_ids) for r, o in zip(PROMPTS, refs)}
     finally:
         worker.shutdown()

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# The one script a GPU session runs (<= 8 minutes on an H100 / H200), from the repository root of the carried tree:
+#
+#   bash benchmarks/gpu/run.sh              # on the GPU machine (carry benchmarks/gpu/wheels)
+#   bash benchmarks/gpu/run.sh --dry-run    # rehearsal on a CPU: the same steps, tiny, through Triton's interpreter
+#   bash benchmarks/gpu/run.sh --fetch-wheels   # on a CPU machine with network: the cp312 wheels the GPU lacks
+#
+# Steps: install pagemill --no-deps (+ the carried wheels: msgspec, pyzmq, gguf), environment, the CUDA tests
+# (Triton kernels compiled on the GPU against the torch reference; tests/cuda), parity vs HF transformers on CUDA
+# (fp32 greedy in every scheduler path, bf16 top-1), the throughput benchmark (Llama-3.2-1B shape, nano-vllm's
+# workload, HF generate on a subset), and one table last. Without CUDA (and without --dry-run) it skips at once.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+PY=${PYTHON:-python3}
+OUT=${OUT:-/tmp/pagemill-gpu}
+WHEELS=benchmarks/gpu/wheels
+DRY=0
+ONLY=tests,parity,throughput   # --only=parity,throughput: a subset (e.g. two calls of < 10 minutes each)
+for arg in "$@"; do
+  case $arg in
+    --dry-run) DRY=1 ;;
+    --only=*) ONLY=${arg#--only=} ;;
+    --fetch-wheels)
+      mkdir -p $WHEELS
+      $PY -m pip download -q --no-deps --only-binary :all: --python-version 3.12 --implementation cp --abi cp312 \
+        --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+        msgspec==0.22.0 pyzmq==27.3.0 -d $WHEELS && $PY -m pip download -q --no-deps gguf==0.19.0 -d $WHEELS
+      ls -la $WHEELS; exit $? ;;
+    *) echo "unknown argument $arg"; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT"
+TM=1; [ $DRY = 1 ] && TM=8   # the interpreter on a shared CPU is slow: longer stage limits in a rehearsal
+START=$(date +%s)
+stage() { echo; echo "=== $1 ($(( $(date +%s) - START ))s)"; }
+declare -A STATUS
+
+if [ $DRY = 0 ] && ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "SKIP: no CUDA device visible to torch (use --dry-run to rehearse on the CPU)"; exit 0
+fi
+
+stage "install"
+if [ $DRY = 0 ]; then
+  # into a target directory: works where the system Python is externally managed (PEP 668) and leaves it untouched
+  SITE="$OUT/site"; rm -rf "$SITE"; mkdir -p "$SITE"
+  if ls $WHEELS/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-deps --no-index --target "$SITE" $WHEELS/*.whl || echo "WARN: carried wheels did not install"
+  else
+    echo "WARN: no carried wheels in $WHEELS (msgspec, pyzmq, gguf): run --fetch-wheels on a CPU machine and carry it"
+  fi
+  if $PY -m pip install -q --no-deps --no-build-isolation --no-index --target "$SITE" . 2>"$OUT/pip.log"; then
+    echo "pagemill installed (pip --no-deps --target $SITE)"; export PYTHONPATH="$SITE"
+  else
+    echo "pip install of pagemill failed (see $OUT/pip.log): using the tree"; export PYTHONPATH="$ROOT:$SITE"
+  fi
+else
+  export PYTHONPATH=$ROOT TRITON_INTERPRET=1
+fi
+cd "$OUT"  # (an installed pagemill, not the tree's, unless PYTHONPATH says so)
+$PY -c "import pagemill, sys; print('pagemill from', pagemill.__file__)" || { echo "FAIL: import pagemill"; exit 1; }
+
+stage "environment"
+$PY - <<'PYEOF'
+import torch, triton, transformers
+print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__version__}, transformers {transformers.__version__}")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"GPU {p.name}, {p.total_memory / 2**30:.1f} GiB, sm_{p.major}{p.minor}, {torch.cuda.device_count()} device(s)")
+from pagemill.platforms import current_platform
+print("platform", current_platform, "worker", current_platform.worker_cls)
+PYEOF
+[ $DRY = 0 ] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+
+want() { [[ ",$ONLY," == *",$1,"* ]]; }
+STATUS[tests]=skipped; STATUS[parity]=skipped; STATUS[throughput]=skipped
+if want tests; then
+stage "CUDA tests (Triton kernels compiled on the GPU vs the torch reference; tests/cuda)"
+if [ $DRY = 0 ]; then KERNEL_ENV="TRITON_INTERPRET=0"; TESTS="$ROOT/tests/cuda $ROOT/tests/attention/test_triton_paged.py $ROOT/tests/kernels/test_triton_ops.py"
+else KERNEL_ENV="TRITON_INTERPRET=1"; TESTS="$ROOT/tests/cuda $ROOT/tests/kernels/test_triton_ops.py -k rotary"; fi
+(cd "$ROOT" && env $KERNEL_ENV timeout $((130 * TM)) $PY -m pytest $TESTS -q -x -p no:cacheprovider 2>&1 | tail -15; exit ${PIPESTATUS[0]})
+STATUS[tests]=$?
+fi
+
+if want parity; then
+stage "parity vs HF transformers"
+rm -f "$OUT/parity.log"
+timeout $((130 * TM)) $PY "$ROOT/benchmarks/gpu/parity.py" $([ $DRY = 1 ] && echo --dry-run) --root "$OUT/models" 2>&1 \
+  | grep -v -i "warn" | tee "$OUT/parity.log" | tail -40
+STATUS[parity]=${PIPESTATUS[0]}
+fi
+
+if want throughput; then
+stage "throughput (nano-vllm workload)"
+rm -f "$OUT/throughput.json"
+timeout $((210 * TM)) $PY "$ROOT/benchmarks/gpu/throughput.py" $([ $DRY = 1 ] && echo --dry-run) --root "$OUT/models" \
+  --json "$OUT/throughput.json" 2>&1 | grep -v -i "warn" | tee "$OUT/throughput.log" | tail -20
+STATUS[throughput]=${PIPESTATUS[0]}
+fi
+
+stage "summary"
+$PY - "$OUT" "${STATUS[tests]}" "${STATUS[parity]}" "${STATUS[throughput]}" <<'PYEOF'
+import json, os, sys
+out, tests, parity, thr = sys.argv[1:]
+row = json.load(open(os.path.join(out, "throughput.json"))) if os.path.exists(os.path.join(out, "throughput.json")) else {}
+par = next((l.strip() for l in open(os.path.join(out, "parity.log")) if l.startswith("PARITY")), "PARITY (no result)") \
+    if os.path.exists(os.path.join(out, "parity.log")) else "PARITY (no result)"
+def f(k, fmt="{:,.0f}"):
+    return fmt.format(row[k]) if k in row else "-"
+print("| check | result |")
+print("|---|---|")
+print(f"| card | {row.get('card', '-')} |")
+def status(rc):
+    return {"0": "pass", "skipped": "skipped", "124": "TIMEOUT"}.get(rc, f"FAIL rc={rc}")
+print(f"| CUDA tests | {status(tests)} |")
+print(f"| parity | {status(parity)}: {par.removeprefix('PARITY ')} |")
+print(f"| throughput run | {status(thr)} |")
+print(f"| throughput, CUDA graphs (output tok/s) | {f('graphs_tok_s')} |")
+print(f"| throughput, eager (output tok/s) | {f('eager_tok_s')} |")
+print(f"| roofline (tok/s) / pagemill's share | {f('roofline_tok_s')} / {f('pct_of_roofline', '{:.1%}')} |")
+print(f"| HBM GB/s / bf16 GEMM TFLOP/s | {f('hbm_gb_s')} / {f('gemm_tflops')} |")
+print(f"| HF generate subset (output tok/s) | {f('hf_tok_s')} |")
+print(f"| workload | {row.get('num_seqs', '-')} seqs, {row.get('output_tokens', '-')} output tokens |")
+PYEOF
+echo "total $(( $(date +%s) - START ))s"

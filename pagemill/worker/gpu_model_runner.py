@@ -1,0 +1,215 @@
+"""The GPU model runner (vLLM's `GPUModelRunner`), written device-generically: the model, KV cache and step inputs
+live on `config.device`; step inputs go through persistent buffers (pinned staging + non_blocking copies on CUDA:
+step_buffers.py); layer ops and attention are pagemill's Triton kernels; sampling runs on the device with one
+device-to-host copy of the sampled ids per step (seeded rows draw the same SplitMix64 uniforms as the CPU path:
+sample/draws.py); decode batches replay CUDA graphs on CUDA (cuda_graphs.py; `enforce_eager` turns them off).
+
+On `device="cpu"` with attention_backend="triton" the same step runs on the CPU through Triton's interpreter: that is
+how CI tests this runner (tests/worker/test_gpu_runner.py). Nothing CUDA-specific runs unless the device is CUDA.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from pagemill.attention.metadata import CommonAttentionMetadata
+from pagemill.attention.selector import get_attn_backend
+from pagemill.config import EngineConfig
+from pagemill.core.kv_cache_utils import KVCacheConfig
+from pagemill.core.sched_output import NewRequestData, SchedulerOutput
+from pagemill.distributed.parallel_state import ParallelContext
+from pagemill.kernels.ops import TorchLayerOps
+from pagemill.sample.metadata import SamplingMetadata
+from pagemill.sample.sampler import Sampler
+from pagemill.sampling_params import SamplingParams
+from pagemill.worker.model_runner import ModelRunner, StepInputs
+from pagemill.worker.step_buffers import StepBuffers, bucket_for, decode_buckets
+from pagemill.worker.step_timer import StepTimer
+
+logger = logging.getLogger(__name__)
+
+
+def _layer_ops(backend_name: str) -> TorchLayerOps:
+    """Triton layer ops with the Triton attention backend, the torch reference with the torch one (never the CPU's
+    compiled kernels: building them is a C++ compile)."""
+    if backend_name == "triton":
+        from pagemill.kernels.triton_ops import TritonLayerOps
+
+        return TritonLayerOps()
+    return TorchLayerOps()
+
+
+class GpuModelRunner(ModelRunner):
+    """ModelRunner on `config.device` with persistent step buffers, a device sampler and CUDA graphs (CUDA)."""
+
+    def __init__(self, config: EngineConfig, parallel: ParallelContext | None = None) -> None:
+        self.config = config
+        self.parallel = parallel or ParallelContext()
+        mc, cc = config.model_config, config.cache_config
+        if config.speculative_config is not None:
+            raise ValueError("speculative_config: the GPU runner does not verify draft tokens yet.")
+        if mc.is_multimodal:
+            raise ValueError("multimodal models do not run on the GPU runner yet.")
+        self.encoder_cache = None
+        if cc.kv_cache_layout != "paged":
+            raise ValueError("kv_cache_layout: the GPU runner runs the paged layout only.")
+        self.device = torch.device(config.device)
+        if self.device.type == "cuda" and torch.cuda.is_available():
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.backend = get_attn_backend(config.attention_backend, config.batch_invariant, cc.kv_cache_layout)
+        self.ops = _layer_ops(self.backend.name)
+        self.vocab_size = mc.hf_config.vocab_size
+        self.block_size = cc.block_size
+        self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)
+        if self.kv_dtype not in self.backend.capabilities.kv_cache_dtypes:
+            raise ValueError(f"kv_cache_dtype {self.kv_dtype} is not supported by the {self.backend.name} backend.")
+        self.profiler = StepTimer(config.profile)
+        self.graphs = None  # cuda_graphs.DecodeGraphs once captured (CUDA, not enforce_eager)
+
+    @property
+    def is_cuda(self) -> bool:
+        """Whether the runner's device is a CUDA GPU."""
+        return self.device.type == "cuda"
+
+    def load_model(self) -> None:
+        """Load (on the host), move to the device, route RoPE through the Triton kernel, no CPU-only extras."""
+        super().load_model()
+        self.model.to(self.device)
+        self.head_screen = None  # (an int8 CPU kernel)
+        self.sampler = Sampler(None)
+        if hasattr(self.ops, "rotary"):
+            from pagemill.layers.rotary import RotaryEmbedding
+
+            for module in self.model.modules():
+                if isinstance(module, RotaryEmbedding):
+                    module.kernel_ops = self.ops
+
+    def _allocate_kv_cache(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """The KV tensor on the device (CUDA: allocated and zeroed at once; CPU: committed as written)."""
+        if self.is_cuda:
+            return torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+        return super()._allocate_kv_cache(shape)
+
+    def initialize_kv_cache(self, num_blocks: int) -> KVCacheConfig:
+        """The base's KV cache and input batch, the swap space in pinned host memory (CUDA), the persistent step
+        buffers, then (CUDA, not enforce_eager) the decode CUDA graphs."""
+        kv = super().initialize_kv_cache(num_blocks)
+        if self.is_cuda and self.swap_cache is not None:
+            self.swap_cache = self.swap_cache.pin_memory()
+        sc = self.config.scheduler_config
+        self.buffers = StepBuffers(self.device, max(sc.max_num_batched_tokens, sc.max_num_seqs), sc.max_num_seqs,
+                                   self.input_batch.max_blocks, len(self.kv_groups))
+        self.buckets = decode_buckets(sc.max_num_seqs)
+        if self.is_cuda and not self.config.enforce_eager and not getattr(self, "_profiling", False):
+            from pagemill.worker.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs.capture(self)
+        return kv
+
+    # ---- per step ----
+    def attn_inputs(self, rows: np.ndarray, computed: np.ndarray, counts: np.ndarray, pad_to: int | None = None
+                    ) -> tuple[list[CommonAttentionMetadata], torch.Tensor, torch.Tensor, np.ndarray]:
+        """The base's arrays, staged into the persistent device buffers (padded to `pad_to` tokens for a decode
+        graph); the metadata's slot mapping and Triton token tables are views of those buffers."""
+        md, input_ids, positions, cu = super().attn_inputs(rows, computed, counts)
+        if pad_to is None and self.graphs is not None and self._graphable(counts):
+            pad_to = bucket_for(len(rows), self.buckets)
+        token_req = np.repeat(np.arange(len(rows)), counts)
+        tables = np.stack([m.block_table for m in md])
+        slots = np.stack([m.slot_mapping.numpy() for m in md])
+        buf = self.buffers
+        tokens, _ = buf.stage(input_ids.numpy(), positions.numpy(), slots, token_req, tables, pad_to)
+        for g, m in enumerate(md):
+            slot_mapping, table, req, pos = buf.attn_tensors(g, tokens)
+            m.slot_mapping = slot_mapping
+            m.device_tensors = (table, req, pos)
+            if tokens != m.num_actual_tokens:  # a graph bucket: the kernels run over the padded batch
+                m.num_actual_tokens = tokens
+        ids, pos = buf.views(tokens)
+        self._padded_tokens = tokens
+        return md, ids, pos, cu
+
+    def _graphable(self, counts: np.ndarray) -> bool:
+        """Whether a step's forward can replay a decode graph: one token per request, no LoRA rows, no KV connector,
+        and a bucket for its size."""
+        return (bool(len(counts)) and bool((counts == 1).all()) and self.lora_manager is None
+                and self.kv_connector is None and bucket_for(len(counts), self.buckets) is not None)
+
+    def _forward(self, step: StepInputs, metadata: list, embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """A captured decode graph where one fits the step, else the eager forward (over the padded tokens)."""
+        n = len(step.counts) if step.counts is not None else 0
+        if (self.graphs is not None and embeds is None and self._padded_tokens in self.graphs.graphs
+                and self._graphable(step.counts)):
+            return self.graphs.replay(self._padded_tokens)[:n]
+        hidden = super()._forward(step, metadata, embeds)
+        return hidden[:int(step.counts.sum())]
+
+    def _sampling_metadata(self, rows: np.ndarray, offsets: np.ndarray | None = None) -> SamplingMetadata:
+        """The base's sampling tensors, on the device (seeded rows' uniforms stay host-made: the same draws)."""
+        md = super()._sampling_metadata(rows, offsets)
+        if self.device.type != "cpu":
+            for name in ("temperature", "greedy_mask", "top_p", "top_k", "min_p", "presence_penalty",
+                         "frequency_penalty", "repetition_penalty", "prompt_token_ids", "output_token_ids"):
+                value = getattr(md, name)
+                if value is not None:
+                    setattr(md, name, value.to(self.device, non_blocking=True))
+        return md
+
+    # ---- KV sizing (GpuWorker.determine_num_available_blocks) ----
+    def profile_run(self) -> int:
+        """A forward of max_num_batched_tokens prompt tokens (as many requests as that takes, max_num_seqs at most)
+        plus their sampling, on a temporary KV cache; returns that cache's bytes. Its state is dropped after."""
+        sc, mc = self.config.scheduler_config, self.config.model_config
+        total = sc.max_num_batched_tokens
+        per_req = max(1, min(total, mc.max_model_len - 1))
+        lengths = []
+        while total > 0 and len(lengths) < sc.max_num_seqs:
+            lengths.append(min(per_req, total))
+            total -= lengths[-1]
+        bs = self.block_size
+        groups = len(self.kv_groups)
+        need = sum(-(-(n + 1) // bs) for n in lengths)
+        self._profiling = True
+        try:
+            self.initialize_kv_cache(need * groups + 1)
+            params = SamplingParams(temperature=0.0, max_tokens=1)
+            new, next_block = [], 1
+            for i, n in enumerate(lengths):
+                nb = -(-(n + 1) // bs)
+                ids = [list(range(next_block + g * nb, next_block + (g + 1) * nb)) for g in range(groups)]
+                next_block += nb * groups
+                new.append(NewRequestData(f"profile-{i}", [1] * n, n, params, ids, 0))
+            counts = {r.req_id: len(r.token_ids) for r in new}
+            self.execute_model(SchedulerOutput(new, [], counts, sum(counts.values())))
+            self.execute_model(SchedulerOutput([], [], {}, 0, finished_req_ids=set(counts)))
+            kv_bytes = self.kv_cache.numel() * self.kv_cache.element_size()
+        finally:
+            self._profiling = False
+        for layer in self.model.attention_layers():
+            layer.kv_cache = None
+        del self.kv_cache, self.kv_caches, self.buffers
+        return kv_bytes
+
+
+def kv_cache_bytes_from_profile(total: int, utilization: float, torch_peak: int, non_torch: int) -> int:
+    """vLLM's sizing: the share `utilization` of the device's `total` memory, less the profiled forward's peak of
+    torch allocations (weights, activations; not its temporary KV cache) and what is held outside torch (CUDA
+    context, cuBLAS / NCCL workspaces). A ValueError names gpu_memory_utilization when nothing is left."""
+    budget = int(total * utilization) - torch_peak - non_torch
+    if budget <= 0:
+        raise ValueError(f"gpu_memory_utilization={utilization}: the model and its activations need "
+                         f"{(torch_peak + non_torch) / 2**30:.2f} GiB of the {total * utilization / 2**30:.2f} GiB "
+                         "allowed; nothing is left for the KV cache (raise it, or lower max_num_batched_tokens).")
+    return budget
+
+
+def log_kv_sizing(total: int, utilization: float, torch_peak: int, non_torch: int, kv_bytes: int,
+                  seconds: float) -> None:
+    """One line: what the profile found and what the KV cache gets."""
+    logger.info("GPU memory: %.2f GiB x %.2f; profiled forward peak %.2f GiB, non-torch %.2f GiB -> KV cache "
+                "%.2f GiB (profile %.1fs)", total / 2**30, utilization, torch_peak / 2**30, non_torch / 2**30,
+                kv_bytes / 2**30, seconds)
+
