@@ -245,8 +245,17 @@ class StructuredOutputsConfig:
     reasoning_parser: str | None = None
     reasoning_start_str: str | None = None
     reasoning_end_str: str | None = None
+    # vLLM's structured_outputs_config fields; each is also the default of the request field of the same name
+    disable_fallback: bool = False  # auto: no second backend tried when the first one refuses a constraint
+    disable_any_whitespace: bool = False  # JSON: compact, no whitespace between tokens
+    disable_additional_properties: bool = False  # JSON schema objects without additionalProperties get false
+    enable_in_reasoning: bool = False  # the grammar applies from the first token, thinking included
 
     def __post_init__(self) -> None:
+        for name in ("disable_fallback", "disable_any_whitespace", "disable_additional_properties",
+                     "enable_in_reasoning"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"structured_outputs_config.{name} must be a boolean, got {getattr(self, name)!r}.")
         if self.backend not in STRUCTURED_OUTPUT_BACKENDS:
             raise ValueError(f"structured_outputs_backend must be one of {', '.join(STRUCTURED_OUTPUT_BACKENDS)}, "
                              f"got {self.backend!r}.")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from pagemill.engine.arg_utils import EngineArgs
+from pagemill.engine.arg_utils import EngineArgs, structured_outputs_fields
 from pagemill.engine.llm_engine import LLMEngine
 from pagemill.engine.processor import PromptType
 from pagemill.lora.request import LoRARequest
@@ -31,15 +31,9 @@ class LLM(PoolingLLMMixin):
                  max_num_batched_tokens: int | None = None, block_size: int = 16,
                  kv_cache_memory: int | str | None = None, enable_prefix_caching: bool = True,
                  **kwargs: Any) -> None:
-        so_config = kwargs.pop("structured_outputs_config", None)  # vLLM's spelling: {"backend": ...}
-        if so_config is not None:
-            so_config = dict(so_config) if isinstance(so_config, dict) else {"backend": so_config.backend}
-            backend = so_config.pop("backend", None)
-            if so_config:
-                raise ValueError(f"structured_outputs_config: unsupported key(s) {', '.join(so_config)} "
-                                 "(supported: backend).")
-            if backend is not None:
-                kwargs["structured_outputs_backend"] = backend
+        so_config = kwargs.get("structured_outputs_config")  # vLLM's: a dict or a StructuredOutputsConfig
+        if so_config is not None and not isinstance(so_config, (dict, str)):
+            kwargs["structured_outputs_config"] = structured_outputs_fields(so_config)
         known = set(EngineArgs.field_names())
         unknown = [k for k in kwargs if k not in known]
         if unknown:

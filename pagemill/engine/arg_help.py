@@ -61,6 +61,10 @@ ENGINE_ARG_HELP: dict[str, str] = {
                         "parallelism.",
     "structured_outputs_backend": "Structured output (guided decoding) library: auto (xgrammar, or llguidance for "
                                   "what xgrammar lacks), xgrammar, guidance.",
+    "structured_outputs_config": "vLLM's structured_outputs_config as JSON: backend, disable_fallback (auto tries "
+                                 "no second backend), disable_any_whitespace (compact JSON), "
+                                 "disable_additional_properties (schema objects get additionalProperties: false), "
+                                 "reasoning_parser, enable_in_reasoning (the grammar applies to the thinking too).",
     "device": "auto (the process's platform: CUDA when a GPU is visible, else the CPU), cpu or cuda; it must agree "
               "with $PAGEMILL_DEVICE where that is set.",
     "worker_cls": "The worker class by import path (auto: the platform's). "

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pagemill.config import (CHECKPOINT_QUANTIZATIONS, DP_ROUTING_POLICIES, KV_CACHE_LAYOUTS, CacheConfig,
                              DataParallelConfig, EngineConfig, KVTransferConfig, LoRAConfig, ModelConfig, ParallelConfig,
                              SchedulerConfig, SpeculativeConfig, StructuredOutputsConfig, check_linear_options,
-                             resolve_quantization)
+                             STRUCTURED_OUTPUT_BACKENDS, resolve_quantization)
 from pagemill.engine.arg_help import ENGINE_ARG_HELP
 from pagemill.loader.model_files import resolve_model
 from pagemill.platforms import current_platform
@@ -82,6 +82,9 @@ class EngineArgs:
     structured_outputs_backend: str = "auto"  # auto | xgrammar | guidance (structured output / guided decoding)
     reasoning_parser: str | None = None  # deepseek_r1 | qwen3 | granite | ...: split thinking from the answer
     reasoning_config: dict[str, Any] | str | None = None  # {"reasoning_start_str", "reasoning_end_str"} (JSON text)
+    # vLLM's structured_outputs_config: backend, disable_fallback, disable_any_whitespace,
+    # disable_additional_properties, reasoning_parser, enable_in_reasoning (a dict or its JSON text)
+    structured_outputs_config: dict[str, Any] | str | None = None
     speculative_config: dict[str, Any] | str | None = None  # SpeculativeConfig's fields, as a dict or JSON text
     enable_lora: bool = False  # serve LoRA adapters (LoRARequest per request)
     max_loras: int = 1  # adapters one batch can mix
@@ -154,9 +157,7 @@ class EngineArgs:
             raise ValueError(f"max_logprobs must be -1 (no limit) or >= 0, got {self.max_logprobs}.")
         if self.max_n is not None and self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}.")
-        so_config = StructuredOutputsConfig(backend=self.structured_outputs_backend,
-                                            reasoning_parser=self.reasoning_parser,
-                                            **_reasoning_strings(self.reasoning_config, self.reasoning_parser))
+        so_config = self.create_structured_outputs_config()
         spec_config = SpeculativeConfig.from_user(self.speculative_config)
         lora_config = (LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras) if self.enable_lora
                        else None)
@@ -249,6 +250,63 @@ class EngineArgs:
     def create_data_parallel_config(self) -> DataParallelConfig:
         """The data-parallel part of the arguments (validated)."""
         return DataParallelConfig(self.data_parallel_size, self.dp_routing, self.dp_imbalance_threshold)
+
+
+    def create_structured_outputs_config(self) -> StructuredOutputsConfig:
+        """StructuredOutputsConfig from --structured-outputs-config merged with --structured-outputs-backend and
+        --reasoning-parser (a field set both ways must agree; ValueError naming it)."""
+        fields_ = structured_outputs_fields(self.structured_outputs_config)
+        for name, flag_value, default in (("backend", self.structured_outputs_backend, "auto"),
+                                          ("reasoning_parser", self.reasoning_parser, None)):
+            if name in fields_ and flag_value != default and fields_[name] != flag_value:
+                raise ValueError(f"structured_outputs_config.{name} ({fields_[name]!r}) disagrees with "
+                                 f"{'structured_outputs_backend' if name == 'backend' else name} ({flag_value!r}).")
+            fields_.setdefault(name, flag_value)
+        parser = fields_["reasoning_parser"]
+        return StructuredOutputsConfig(**fields_, **_reasoning_strings(self.reasoning_config, parser))
+
+
+STRUCTURED_OUTPUTS_CONFIG_KEYS = ("backend", "disable_fallback", "disable_any_whitespace",
+                                  "disable_additional_properties", "reasoning_parser", "reasoning_parser_plugin",
+                                  "enable_in_reasoning")
+
+
+def structured_outputs_fields(value: Any) -> dict[str, Any]:
+    """vLLM's structured_outputs_config (a dict, its JSON text, or a config object with those attributes) as
+    StructuredOutputsConfig's fields; a ValueError names an unknown key or a bad value."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"structured_outputs_config is not valid JSON: {e}") from None
+    if not isinstance(value, dict):  # vLLM's / our StructuredOutputsConfig object: its known attributes
+        value = {k: getattr(value, k) for k in STRUCTURED_OUTPUTS_CONFIG_KEYS if hasattr(value, k)}
+    unknown = [k for k in value if k not in STRUCTURED_OUTPUTS_CONFIG_KEYS]
+    if unknown:
+        raise ValueError(f"structured_outputs_config: unknown key(s) {', '.join(map(str, unknown))} "
+                         f"(known: {', '.join(STRUCTURED_OUTPUTS_CONFIG_KEYS)}).")
+    out = dict(value)
+    if out.pop("reasoning_parser_plugin", "") not in ("", None):
+        raise ValueError("structured_outputs_config.reasoning_parser_plugin: reasoning parser plugins are not "
+                         "supported; pick a built-in reasoning_parser.")
+    if "reasoning_parser" in out:
+        out["reasoning_parser"] = out["reasoning_parser"] or None  # vLLM's default is ""
+        if out["reasoning_parser"] is not None and out["reasoning_parser"] not in reasoning_parser_names():
+            raise ValueError(f"structured_outputs_config.reasoning_parser must be one of "
+                             f"{', '.join(reasoning_parser_names())}, got {out['reasoning_parser']!r}.")
+    if "backend" in out and out["backend"] not in STRUCTURED_OUTPUT_BACKENDS:
+        raise ValueError(f"structured_outputs_config.backend must be one of {', '.join(STRUCTURED_OUTPUT_BACKENDS)}"
+                         f", got {out['backend']!r}.")
+    for k, v in out.items():
+        if k.startswith(("disable_", "enable_")) and not isinstance(v, bool):
+            raise ValueError(f"structured_outputs_config.{k} must be a boolean, got {v!r}.")
+    return out
+
+
+def _check_structured_outputs_config(value: dict[str, Any]) -> None:
+    structured_outputs_fields(value)
 
 
 def resolve_device(device: str) -> str:
@@ -376,6 +434,7 @@ def _resolve_pooling(args: EngineArgs, model_path: str, hf_config: Any) -> Any:
 JSON_FIELD_VALIDATORS: dict[str, Callable[[dict[str, Any]], object]] = {
     "speculative_config": SpeculativeConfig.from_user,
     "kv_transfer_config": KVTransferConfig.from_user,
+    "structured_outputs_config": _check_structured_outputs_config,
 }
 
 

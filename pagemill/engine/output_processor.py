@@ -22,6 +22,11 @@ def first_scheduled_time(events: list[EngineCoreEvent]) -> float | None:
 class RequestState:
     """Everything the front end tracks for one sequence while it is generated."""
 
+    def is_stop_token(self, token: int) -> bool:
+        """Whether `token` ends the sequence by itself (EOS unless ignore_eos, or a stop_token_ids entry)."""
+        p = self.params
+        return (token == self.eos_token_id and not p.ignore_eos) or token in p.all_stop_token_ids
+
     def __init__(self, request_id: str, parent: ParentRequest | None, index: int, prompt: str | None,
                  prompt_token_ids: list[int], params: SamplingParams, tokenizer: Any, queue: Any,
                  arrival_time: float) -> None:
@@ -42,6 +47,7 @@ class RequestState:
             [None] if params.prompt_logprobs is not None else None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
+        self.eos_token_id: int | None = None
         self.sent_tokens = 0
         self.sent_text = 0
         self.sent_logprobs = 0
@@ -109,6 +115,7 @@ class OutputProcessor:
         for index, child in enumerate(children):
             self.states[child.request_id] = RequestState(child.request_id, parent, index, prompt, req.prompt_token_ids,
                                                          child.sampling_params, self.tokenizer, queue, req.arrival_time)
+            self.states[child.request_id].eos_token_id = req.eos_token_id
         return children
 
     def has_unfinished_requests(self) -> bool:
@@ -186,9 +193,10 @@ class OutputProcessor:
                 state.metrics.last_token_time = now
             new_len = 0
             # A request stopped by a stop token (EOS or stop_token_ids) leaves that token out of its text, as
-            # vLLM does (it shows when special tokens are kept, e.g. for tool parsers).
-            stop_tok = len(eco.new_token_ids) - 1 if eco.finish_reason == "stop" and \
-                not state.params.include_stop_str_in_output else -1
+            # vLLM does (it shows when special tokens are kept, e.g. for tool parsers). A grammar that completes on
+            # an ordinary token (llguidance ends `}}` without EOS) keeps it.
+            stop_tok = len(eco.new_token_ids) - 1 if eco.finish_reason == "stop" and eco.new_token_ids and \
+                not state.params.include_stop_str_in_output and state.is_stop_token(eco.new_token_ids[-1]) else -1
             for i, tok in enumerate(eco.new_token_ids):
                 state.token_ids.append(tok)
                 if state.detok is not None and i != stop_tok:

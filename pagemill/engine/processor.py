@@ -175,6 +175,9 @@ class Processor:
             params = self._check_structured_outputs(params)
         if params.thinking_token_budget is not None:
             self._check_thinking_budget()
+            if params.structured_outputs is not None and self.structured_outputs_config.enable_in_reasoning:
+                raise ValueError("thinking_token_budget cannot be combined with structured output on a server "
+                                 "started with structured_outputs_config.enable_in_reasoning.")
         if params.max_tokens is None:  # a copy: the same SamplingParams may serve prompts of other lengths
             params = params.clone(max_tokens=max_len - len(ids))
         req = EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,

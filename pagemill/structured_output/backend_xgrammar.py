@@ -20,7 +20,7 @@ def _choice_ebnf(choices: list[str]) -> str:
 def _json_kwargs(spec: GrammarSpec) -> dict[str, Any]:
     # any_whitespace with a cap: JSON cannot be padded with whitespace until max_tokens.
     if not spec.any_whitespace or spec.max_whitespace == 0:
-        return dict(any_whitespace=False)
+        return dict(any_whitespace=False, separators=(",", ":"))  # compact (xgrammar's default keeps ", " / ": ")
     return dict(any_whitespace=True, max_whitespace_cnt=spec.max_whitespace)
 
 

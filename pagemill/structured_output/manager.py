@@ -85,6 +85,11 @@ class StructuredOutputManager:
 
     def _gate(self, req: Request) -> ReasoningGate | None:
         budget = req.sampling_params.thinking_token_budget
+        if self.config.enable_in_reasoning and req.sampling_params.structured_outputs is not None:
+            if budget is not None:  # the grammar owns every token: no end marker can be forced into it
+                raise ValueError("thinking_token_budget cannot be combined with structured output on a server "
+                                 "started with structured_outputs_config.enable_in_reasoning.")
+            return None  # enable_in_reasoning: the grammar applies from the first token, thinking included
         tokens = self.reasoning_tokens()
         if tokens is None:
             if budget is not None:

@@ -39,9 +39,12 @@ def grammar_spec(params: StructuredOutputsParams, config: StructuredOutputsConfi
         text = getattr(params, kind)
         if not isinstance(text, str) or not text:
             raise ValueError(f"structured_outputs.{kind} must be a non-empty string.")
-    return GrammarSpec(kind, text, any_whitespace=not params.disable_any_whitespace,
+    # the engine's structured_outputs_config sets the defaults a request can only tighten
+    return GrammarSpec(kind, text,
+                       any_whitespace=not (params.disable_any_whitespace or config.disable_any_whitespace),
                        max_whitespace=config.max_json_whitespace, whitespace_pattern=params.whitespace_pattern,
-                       disable_additional_properties=params.disable_additional_properties)
+                       disable_additional_properties=(params.disable_additional_properties
+                                                      or config.disable_additional_properties))
 
 
 def is_lark(grammar: str) -> bool:
@@ -77,15 +80,20 @@ def validate_for(backend: str, spec: GrammarSpec) -> None:
 
 
 @lru_cache(maxsize=1024)
-def resolve_backend(configured: str, spec: GrammarSpec) -> str:
+def resolve_backend(configured: str, spec: GrammarSpec, disable_fallback: bool = False) -> str:
     """The backend that compiles this spec (validated): the configured one, or for `auto` xgrammar unless the spec
-    needs llguidance. Raises ValueError naming the field when no backend accepts it."""
+    needs llguidance. Raises ValueError naming the field when no backend accepts it. With `disable_fallback`,
+    `auto` validates its first choice only and raises its error (vLLM's no-fallback)."""
     if configured not in STRUCTURED_OUTPUT_BACKENDS:
         raise ValueError(f"structured_outputs backend must be one of {', '.join(STRUCTURED_OUTPUT_BACKENDS)}, "
                          f"got {configured!r}.")
     if configured != "auto":
         validate_for(configured, spec)
         return configured
+    if disable_fallback:
+        first = "guidance" if xgrammar_ignores(spec) else "xgrammar"
+        validate_for(first, spec)
+        return first
     if not xgrammar_ignores(spec):
         try:
             validate_for("xgrammar", spec)
@@ -112,5 +120,6 @@ def resolve_backend(configured: str, spec: GrammarSpec) -> str:
 def prepare(params: StructuredOutputsParams, config: StructuredOutputsConfig) -> tuple[GrammarSpec, str]:
     """(spec, backend) of a request's constraint; a backend the request names itself (`_backend`) wins."""
     spec = grammar_spec(params, config)
-    backend = resolve_backend(params._backend or config.backend, spec)
+    backend = resolve_backend(params._backend or config.backend, spec,
+                              params.disable_fallback or config.disable_fallback)
     return spec, backend

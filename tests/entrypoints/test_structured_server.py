@@ -79,7 +79,7 @@ def matches(pattern: str) -> object:
     ({"guided_grammar": 'root ::= ("yes" | "no")'}, matches("yes|no")),
     ({"guided_regex": r"\d{3}", "guided_decoding_backend": "xgrammar"}, matches(r"\d{3}")),
     ({"structured_outputs": {"json": PERSON_SCHEMA, "disable_any_whitespace": True}},
-     # no free whitespace: only the grammar's fixed separators (", " and ": ", as vLLM's xgrammar backend gives)
+     # no whitespace between JSON tokens (compact "," and ":" separators)
      lambda t: follows(PERSON_SCHEMA)(t) and "\n" not in t and "  " not in t),
     ({"structured_outputs": {"choice": ["Paris", "London"]}}, matches("Paris|London")),
     ({"structured_outputs": {"regex": "(yes|no)!"}}, matches("(yes|no)!")),

@@ -281,7 +281,7 @@ def test_invalid_constraints_rejected_before_queueing(so_llm, backend):
 def test_unknown_backend_option(smol_path):
     from pagemill import LLM
 
-    with pytest.raises(ValueError, match="structured_outputs_backend"):
+    with pytest.raises(ValueError, match="structured_outputs_config.backend"):
         LLM(smol_path, structured_outputs_config={"backend": "outlines"})
     with pytest.raises(ValueError, match="structured_outputs_config"):
         LLM(smol_path, structured_outputs_config={"backend": "auto", "reasoning_parser": "x"})
