@@ -127,3 +127,26 @@ def test_errors_have_anthropic_shape(claude, server):
     with pytest.raises(anthropic.BadRequestError) as e:
         claude.messages.create(model=MODEL, max_tokens=4, messages=too_long)
     assert e.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_thinking_without_a_reasoning_parser(claude, client):
+    # no --reasoning-parser: the budget has nothing to count, the reply is plain text as without `thinking`
+    msg = claude.messages.create(model=MODEL, max_tokens=16, system=SYSTEM, messages=ASK, extra_body=GREEDY,
+                                 thinking={"type": "enabled", "budget_tokens": 8})
+    assert [b.type for b in msg.content] == ["text"]
+    assert msg.content[0].text == _chat_text(client, 16, extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+
+
+def test_thinking_maps_to_chat_fields():
+    from pagemill.entrypoints.anthropic.protocol import MessagesRequest
+    from pagemill.entrypoints.anthropic.serving_messages import chat_request
+
+    def fields(thinking, reasoning=True):
+        r = chat_request(MessagesRequest.model_validate({"model": MODEL, "max_tokens": 64, "messages": ASK,
+                                                         "thinking": thinking}), reasoning)
+        return r.chat_template_kwargs, r.thinking_token_budget
+
+    assert fields({"type": "enabled", "budget_tokens": 32}) == ({"enable_thinking": True}, 32)
+    assert fields({"type": "enabled", "budget_tokens": 32}, reasoning=False) == ({"enable_thinking": True}, None)
+    assert fields({"type": "disabled"}) == ({"enable_thinking": False}, None)
+    assert fields(None) == (None, None)

@@ -187,3 +187,77 @@ def test_bad_input_names_the_field(http, body, param):
     r = http.post("/v1/chat/completions", json={"model": MODEL, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+# ---- Anthropic Messages: thinking blocks (the same server, through the anthropic SDK) ----
+THINK = {"type": "enabled", "budget_tokens": BUDGET}
+
+
+@pytest.fixture(scope="module")
+def claude(reasoning_server):
+    anthropic = pytest.importorskip("anthropic")
+    with anthropic.Anthropic(base_url=reasoning_server.url, api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
+
+
+def test_anthropic_thinking_block_then_text(claude, client):
+    msg = claude.messages.create(model=MODEL, max_tokens=40, messages=ASK, thinking=THINK,
+                                 extra_body={"temperature": 0})
+    # budget_tokens is the thinking budget: the same reply as chat's thinking_token_budget
+    want = chat(client, extra_body={"thinking_token_budget": BUDGET}).choices[0].message
+    assert [b.type for b in msg.content] == ["thinking", "text"]
+    assert msg.content[0].thinking == want.model_extra["reasoning"] and msg.content[0].signature == ""
+    assert msg.content[1].text == want.content and "think>" not in msg.content[1].text
+
+
+def test_anthropic_thinking_stream(claude):
+    want = claude.messages.create(model=MODEL, max_tokens=40, messages=ASK, thinking=THINK,
+                                  extra_body={"temperature": 0})
+    events = list(claude.messages.create(model=MODEL, max_tokens=40, messages=ASK, thinking=THINK, stream=True,
+                                         extra_body={"temperature": 0}))
+    kinds = [e.type if e.type != "content_block_delta" else e.delta.type for e in events]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    # one thinking block (its deltas, then its signature), then one text block
+    assert [e.content_block.type for e in events if e.type == "content_block_start"] == ["thinking", "text"]
+    body = kinds[1:-2]
+    first_text = body.index("text_delta")
+    assert body[:2] == ["content_block_start", "thinking_delta"]
+    assert body[first_text - 4:first_text] == ["thinking_delta", "signature_delta", "content_block_stop",
+                                               "content_block_start"]
+    assert set(body[first_text:-1]) == {"text_delta"} and body[-1] == "content_block_stop"
+    assert "".join(e.delta.thinking for e in events if kinds[events.index(e)] == "thinking_delta") == \
+        want.content[0].thinking
+    with claude.messages.stream(model=MODEL, max_tokens=40, messages=ASK, thinking=THINK,
+                                extra_body={"temperature": 0}) as stream:
+        final = stream.get_final_message()
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in want.content]
+
+
+def test_anthropic_thinking_disabled_and_earlier_thinking(claude, client):
+    # disabled -> enable_thinking=False for the template (this server's chatml_tools template has no thinking
+    # switch, so the reply equals chat's with that kwarg: deepseek_r1 reads it all as thinking)
+    msg = claude.messages.create(model=MODEL, max_tokens=12, messages=ASK, thinking={"type": "disabled"},
+                                 extra_body={"temperature": 0})
+    want = chat(client, max_tokens=12, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert [b.type for b in msg.content] == ["thinking"]
+    assert msg.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[want.choices[0].finish_reason]
+    assert msg.content[0].thinking == want.choices[0].message.model_extra["reasoning"]
+    # an assistant turn's earlier thinking (Claude Code sends it back) is accepted and left out of the prompt
+    turns = [*ASK, {"role": "assistant", "content": [{"type": "thinking", "thinking": "Hmm.", "signature": "s"},
+                                                     {"type": "redacted_thinking", "data": "x"},
+                                                     {"type": "text", "text": "Paris."}]},
+             {"role": "user", "content": "And of Italy?"}]
+    plain = [*ASK, {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And of Italy?"}]
+    assert claude.messages.count_tokens(model=MODEL, messages=turns).input_tokens == \
+        claude.messages.count_tokens(model=MODEL, messages=plain).input_tokens
+    assert claude.messages.create(model=MODEL, max_tokens=4, messages=turns, thinking=THINK).content
+
+
+def test_anthropic_thinking_budget_must_be_below_max_tokens(claude):
+    import anthropic
+
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model=MODEL, max_tokens=8, messages=ASK, thinking={"type": "enabled",
+                                                                                   "budget_tokens": 8})
+    assert e.value.body["error"]["type"] == "invalid_request_error"
+    assert "budget_tokens" in e.value.body["error"]["message"]

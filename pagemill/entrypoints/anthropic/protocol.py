@@ -1,6 +1,6 @@
 """Anthropic Messages API request and response bodies (the fields the `anthropic` SDK sends and reads). Requests
-follow the OpenAI models' rules: strict JSON types, unknown fields (cache_control, metadata, thinking, ...) ignored
-with a warning."""
+follow the OpenAI models' rules: strict JSON types, unknown fields (cache_control, metadata, ...) ignored with a
+warning."""
 
 from __future__ import annotations
 
@@ -27,6 +27,30 @@ class ToolUseBlock(OpenAIBaseModel):
     input: dict[str, Any] = Field(default_factory=dict)
 
 
+class ThinkingBlock(OpenAIBaseModel):
+    """An assistant's earlier thinking, sent back in a conversation (dropped from the prompt, as chat templates drop
+    earlier reasoning)."""
+
+    type: Literal["thinking"]
+    thinking: str = ""
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(OpenAIBaseModel):
+    """Encrypted thinking sent back in a conversation (dropped from the prompt)."""
+
+    type: Literal["redacted_thinking"]
+    data: str = ""
+
+
+class ThinkingConfig(OpenAIBaseModel):
+    """`thinking`: enabled (budget_tokens: most thinking tokens, with --reasoning-parser) or disabled (the template
+    is rendered with enable_thinking=False)."""
+
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = Field(default=None, ge=1)
+
+
 class ToolResultBlock(OpenAIBaseModel):
     """A user turn's result of a tool call."""
 
@@ -40,7 +64,8 @@ class InputMessage(OpenAIBaseModel):
     """One conversation turn: a string, or content blocks."""
 
     role: Literal["user", "assistant"]
-    content: str | Annotated[list[TextBlock | ToolUseBlock | ToolResultBlock], Field(min_length=1)]
+    content: str | Annotated[list[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock],
+                             Field(min_length=1)]
 
 
 class Tool(OpenAIBaseModel):
@@ -72,6 +97,7 @@ class MessagesRequest(OpenAIBaseModel):
     top_k: int | None = Field(default=None, ge=0)
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
 
 
 class CountTokensRequest(OpenAIBaseModel):

@@ -82,10 +82,28 @@ def _tool_fields(request: MessagesRequest | CountTokensRequest) -> dict[str, Any
     return fields
 
 
-def chat_request(request: MessagesRequest) -> ChatCompletionRequest:
-    """The chat completion request a Messages request stands for."""
+def _thinking_fields(request: MessagesRequest, reasoning: bool) -> dict[str, Any]:
+    """`thinking` as chat fields: enabled -> enable_thinking for the template and, on a server with a reasoning
+    parser, budget_tokens as thinking_token_budget; disabled -> enable_thinking False."""
+    thinking = request.thinking
+    if thinking is None:
+        return {}
+    if thinking.type == "disabled":
+        return {"chat_template_kwargs": {"enable_thinking": False}}
+    fields: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": True}}
+    if thinking.budget_tokens is not None and reasoning:
+        if thinking.budget_tokens >= request.max_tokens:
+            raise OpenAIError("thinking.budget_tokens must be less than max_tokens.", 400, "thinking.budget_tokens")
+        fields["thinking_token_budget"] = thinking.budget_tokens
+    return fields
+
+
+def chat_request(request: MessagesRequest, reasoning: bool = False) -> ChatCompletionRequest:
+    """The chat completion request a Messages request stands for (`reasoning`: the server runs a reasoning parser,
+    so a thinking budget applies)."""
     fields: dict[str, Any] = {"model": request.model, "messages": _chat_messages(request.system, request.messages),
-                              "max_tokens": request.max_tokens, "stream": request.stream, **_tool_fields(request)}
+                              "max_tokens": request.max_tokens, "stream": request.stream, **_tool_fields(request),
+                              **_thinking_fields(request, reasoning)}
     if request.stop_sequences:
         fields["stop"] = request.stop_sequences
     for name in ("temperature", "top_p", "top_k"):
@@ -123,6 +141,9 @@ def message_body(request: MessagesRequest, chat: dict[str, Any]) -> dict[str, An
     """A Message from a chat completion response."""
     choice = chat["choices"][0]
     content: list[dict[str, Any]] = []
+    thought = choice["message"].get("reasoning_content") or choice["message"].get("reasoning")
+    if thought:  # --reasoning-parser: the thinking comes first, as Claude's does
+        content.append({"type": "thinking", "thinking": thought, "signature": ""})
     if choice["message"].get("content"):
         content.append({"type": "text", "text": choice["message"]["content"]})
     for call in choice["message"].get("tool_calls") or []:
@@ -145,9 +166,18 @@ async def message_events(request: MessagesRequest, chunks: AsyncIterator[Any]) -
     reason, sequence = "end_turn", None
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
 
+    def close_block() -> list[str]:
+        if block_kind is None:
+            return []
+        # a thinking block ends with its signature (none here: the thinking is the model's own, unsigned)
+        signature = [_event("content_block_delta", {"index": block, "delta": {"type": "signature_delta",
+                                                                              "signature": ""}})] \
+            if block_kind == "thinking" else []
+        return signature + [_event("content_block_stop", {"index": block})]
+
     def open_block(kind: str, start: dict[str, Any]) -> list[str]:
         nonlocal block, block_kind
-        events = [_event("content_block_stop", {"index": block})] if block_kind is not None else []
+        events = close_block()
         block, block_kind = block + 1, kind
         return events + [_event("content_block_start", {"index": block, "content_block": start})]
 
@@ -171,6 +201,13 @@ async def message_events(request: MessagesRequest, chunks: AsyncIterator[Any]) -
                 output_tokens = chunk["usage"].get("completion_tokens", output_tokens)
             for choice in chunk.get("choices") or []:
                 delta = choice.get("delta") or {}
+                thought = delta.get("reasoning_content") or delta.get("reasoning")
+                if thought:
+                    if block_kind != "thinking":
+                        for e in open_block("thinking", {"type": "thinking", "thinking": "", "signature": ""}):
+                            yield e
+                    yield _event("content_block_delta", {"index": block, "delta": {"type": "thinking_delta",
+                                                                                   "thinking": thought}})
                 if delta.get("content"):
                     if block_kind != "text":
                         for e in open_block("text", {"type": "text", "text": ""}):
@@ -188,8 +225,8 @@ async def message_events(request: MessagesRequest, chunks: AsyncIterator[Any]) -
                             "type": "input_json_delta", "partial_json": fn["arguments"]}})
                 if choice.get("finish_reason"):
                     reason, sequence = _stop(choice, request.stop_sequences)
-    if block_kind is not None:
-        yield _event("content_block_stop", {"index": block})
+    for e in close_block():
+        yield e
     yield _event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
                                    "usage": {"output_tokens": output_tokens}})
     yield _event("message_stop", {})
@@ -203,7 +240,8 @@ class AnthropicServingMessages:
 
     async def create_message(self, request: MessagesRequest) -> Response:
         """A Message, or its event stream."""
-        response = await self.chat.create_chat_completion(chat_request(request))
+        response = await self.chat.create_chat_completion(
+            chat_request(request, reasoning=self.chat.reasoning_parser is not None))
         if isinstance(response, StreamingResponse):
             return StreamingResponse(message_events(request, response.body_iterator), media_type="text/event-stream")
         body = json.loads(response.body)
