@@ -250,7 +250,7 @@ def test_anthropic_thinking_disabled_and_earlier_thinking(claude, client):
     plain = [*ASK, {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And of Italy?"}]
     assert claude.messages.count_tokens(model=MODEL, messages=turns).input_tokens == \
         claude.messages.count_tokens(model=MODEL, messages=plain).input_tokens
-    assert claude.messages.create(model=MODEL, max_tokens=4, messages=turns, thinking=THINK).content
+    assert claude.messages.create(model=MODEL, max_tokens=8, messages=turns, thinking=THINK).content
 
 
 def test_anthropic_thinking_budget_must_be_below_max_tokens(claude):
