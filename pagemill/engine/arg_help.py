@@ -31,8 +31,8 @@ ENGINE_ARG_HELP: dict[str, str] = {
     "served_model_name": "The model's name in the API (`model` field, /v1/models); None: SmolLM2-135M-Instruct for "
                          "the default model, else the model path's basename.",
     "linear_dtype": "Matmul dtype of the linear layers: auto (exact float32), float32, float16 or bfloat16 (3-4x "
-                    "faster large-batch matmuls on AVX512-FP16/BF16 CPUs; top-1 agreement with float32 >= 99% for "
-                    "float16, ~98% for bfloat16), or int8: activations quantized per row and block of 32 and "
+                    "faster large-batch matmuls on AVX512-FP16/BF16 CPUs; top-1 agreement with float32 >= 0.99 for "
+                    "float16, ~0.98 for bfloat16), or int8: activations quantized per row and block of 32 and "
                     "multiplied in integers against quantized weights (GGUF, or quantization=int8/int4; a speed "
                     "preset: teacher-forced top-1 agreement 0.97 on Gemma 3, 0.93 on SmolLM2).",
     "kv_cache_dtype": "KV-cache dtype: auto (the model dtype), float16 or bfloat16 (half the bytes attention reads, "
