@@ -43,6 +43,15 @@ void quantize_x(const GemvArgs& a, int64_t Kq, int8_t* q, float* dx) {
   });
 }
 
+// The span's scales for R rows: weight group scales d / mins m (natural channel order, m == nullptr: no min term
+// in this span) and each row's activation scale dx and group sum sx.
+template <int R>
+struct SpanScales {
+  const float* d;
+  const float* m;
+  float dx[R], sx[R];
+};
+
 #if defined(__AVX2__)
 // Two pairs of k rows of 32 channels as 16-bit (k, k + 1) pairs -> the quad's 4 panel vectors.
 inline void store_quads(__m256i a_lo, __m256i a_hi, __m256i b_lo, __m256i b_hi, uint8_t* out) {
@@ -99,14 +108,6 @@ struct Dot {
 #endif
 };
 
-// The span's scales for R rows: weight group scales d / mins m (natural channel order, m == nullptr: no min term
-// in this span) and each row's activation scale dx and group sum sx.
-template <int R>
-struct SpanScales {
-  const float* d;
-  const float* m;
-  float dx[R], sx[R];
-};
 
 // acc (R rows of NT floats, panel order: position (h * 4 + n) * 8 + 4 L + i is channel 32 h + 16 L + 4 n + i) +=
 // the integer dot products of panel quads [s0, s1) with R rows of codes (xr[r] at the span's first k), scaled.
@@ -175,13 +176,6 @@ inline void quad_from_rows(const int8_t* r, uint8_t* out) {
         for (int i = 0; i < 4; ++i) o[i] = uint8_t(r[i * NT + c]);
       }
 }
-
-template <int R>
-struct SpanScales {
-  const float* d;
-  const float* m;
-  float dx[R], sx[R];
-};
 
 template <int R, bool Signed>
 inline void span_dot(const uint8_t* panel, int64_t s0, int64_t s1, int h, const int8_t* const* xr,
