@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections import deque
@@ -65,6 +66,11 @@ class EngineCore:
         # Grammars for structured output (tokenizer: the front end's when in-process, else loaded on first use).
         self.structured_output_manager = StructuredOutputManager(config, tokenizer)
         self._retiring_loras: set[int] = set()  # unloaded adapters that unfinished requests still use
+        # As vLLM after start-up: the loaded engine's long-lived objects (model, tokenizer, grammars' tables) move to
+        # the permanent generation, so the collections that per-step allocations trigger no longer traverse them
+        # (1.7% of a 1B decode step was gc_collect_main).
+        gc.collect()
+        gc.freeze()
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request for scheduling; a bad structured-output constraint raises ValueError before queuing."""

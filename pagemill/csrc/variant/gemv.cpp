@@ -524,6 +524,7 @@ void gemv_int8(const GemvArgs& a, const int8_t* q, const float* scales, const fl
 void gemv_q4(const GemvArgs& a, const uint8_t* packed, int64_t G) { gemv_nibbles<DMScales<4>>(a, packed, G); }
 
 void gemv_records(const GemvArgs& a, const uint8_t* packed, RecordFormat format) {
+  if (gemv_records_decode(a, packed, format)) return;
   if (a.int8_activations && gemv_records_i8(a, packed, format)) return;
   switch (format) {
     case RecordFormat::Q4_1: return gemv_nibbles<DMScales<4>>(a, packed, 32);

@@ -98,6 +98,9 @@ inline void group_sums(const GemvArgs& a, int64_t G, int64_t ng, float* sx) {
 // y = x W^T + b with x quantized to int8 per row and block of 32 (linear_dtype="int8"), over 4-bit records
 // (records) or int8 tiles (int8); false when the format has no int8-activation kernel (the caller runs the float one).
 bool gemv_records_i8(const GemvArgs& a, const uint8_t* packed, RecordFormat format);
+// Decode-sized calls (<= 3 rows, not direct_only) over 4-bit records in integers: the int8 preset's rows, or on AVX2
+// the exact path's x split into three int8 levels; false: the caller runs its other kernels.
+bool gemv_records_decode(const GemvArgs& a, const uint8_t* packed, RecordFormat format);
 bool gemv_int8_i8(const GemvArgs& a, const int8_t* q, const float* scales, const float* mins, int64_t Kp, int64_t G);
 
 }  // namespace PAGEMILL_ISA
