@@ -102,3 +102,11 @@ def test_serve_variants_on_real_servers(tiny_model, tmp_path, capsys):
     assert list(row["summaries"]) == ["seqs4", "seqs1"] and len(row["lines"]) == 2
     printed = capsys.readouterr().out
     assert "rate inf: seqs1 vs seqs4:" in printed and "output tok/s" in printed
+
+
+def test_variant_with_structured_output_is_a_clear_error(tiny_model):
+    args = build_parser().parse_args([
+        "bench", "throughput", "--model", tiny_model, "--structured-output", "json", "--num-prompts", "1",
+        "--variant", "a=", "--variant", "b=--max-num-seqs 2"])
+    with pytest.raises(ValueError, match="--variant does not combine with --structured-output"):
+        args.func(args)
