@@ -81,6 +81,7 @@ def test_serve_variant_parsing_and_abba_order():
     assert lines == ["b vs a: 2.000x output tok/s (20 vs 10)", "b vs a: 0.500x normalized latency (8 vs 4)"]
 
 
+@pytest.mark.slow
 def test_serve_variants_on_real_servers(tiny_model, tmp_path, capsys):
     """Two `pagemill serve` variants on loopback, two ABBA rounds of the same few requests, ratios printed."""
     out = tmp_path / "s.json"
