@@ -376,12 +376,15 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # uni | mp | ray (None: uni for one rank, else mp)
+    pipeline_micro_batching: bool = True  # PP > 1: one batch in flight per stage (False: one at a time)
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if not isinstance(self.pipeline_micro_batching, bool):
+            raise ValueError(f"pipeline_micro_batching must be true or false, got {self.pipeline_micro_batching!r}.")
         backend = self.distributed_executor_backend
         if backend is None:
             self.distributed_executor_backend = backend = "uni" if self.world_size == 1 else "mp"

@@ -114,8 +114,13 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     load_at_start = check_machine_idle()
     tokenizer = load_hf_tokenizer(tokenizer_source(args))
     rates = _rates(args)
-    sample_sets = [get_samples(argparse.Namespace(**{**vars(args), "seed": args.seed + k}),
-                               tokenizer) for k in range(len(rates))]
+
+    def sample_sets_for(round_index: int) -> list[list[SampleRequest]]:
+        first = args.seed + round_index * len(rates)
+        return [get_samples(argparse.Namespace(**{**vars(args), "seed": first + k}), tokenizer)
+                for k in range(len(rates))]
+
+    sample_sets = sample_sets_for(0)
     targets = [("pagemill" if args.label is None else args.label, args.base_url)]
     series: dict[str, list[dict[str, Any]]] = {}
     if args.compare == "llama.cpp":
@@ -123,6 +128,12 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
 
         series = run_compare(args, rates, sample_sets, lambda url, label, name: asyncio.run(
             _bench_target(args, url, label, rates, sample_sets, name)))
+        targets = [(label, "") for label in series]
+    elif args.variant:
+        from pagemill.benchmarks.serve_variants import run_serve_variants
+
+        series, variant_ratios = run_serve_variants(args, rates, sample_sets_for, lambda url, label, rs, sets: (
+            asyncio.run(_bench_target(args, url, label, rs, sets))))
         targets = [(label, "") for label in series]
     elif args.compare_policies:
         from pagemill.benchmarks.serve_policies import policy_rows, policy_table, run_policies
@@ -141,7 +152,9 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     if args.compare_policies:
         payload["policies"] = policy_rows(series)
         print(policy_table(payload["policies"]))
-    if len(targets) == 2:
+    if args.variant:
+        payload["variant_ratios"] = variant_ratios
+    elif len(targets) == 2:
         payload["ratios"] = _ratios(series[targets[0][0]], series[targets[1][0]])
         for row in payload["ratios"]:
             print(f"rate {row['request_rate']:g}: output throughput ratio "
@@ -221,8 +234,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disable-tqdm", action="store_true")
     from pagemill.benchmarks.serve_peer import add_compare_args
     from pagemill.benchmarks.serve_policies import add_policy_args
+    from pagemill.benchmarks.serve_variants import add_serve_variant_args
     from pagemill.benchmarks.structured_output import add_structured_output_args
 
     add_structured_output_args(parser, serve=True)
     add_compare_args(parser)
     add_policy_args(parser)
+    add_serve_variant_args(parser)

@@ -119,6 +119,10 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "structured_output", None):
         from pagemill.benchmarks.structured_output import run_structured_throughput
 
+        if getattr(args, "variant", None):
+            raise ValueError("--variant does not combine with --structured-output yet: run the command once per "
+                             "engine configuration (each prints constrained vs unconstrained tok/s)")
+
         payload = run_structured_throughput(args, model)
         payload["environment"] = {**environment_info(), "load_avg_1m_at_start": load_at_start}
         if args.save_result:

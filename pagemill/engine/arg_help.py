@@ -103,6 +103,9 @@ ENGINE_ARG_HELP: dict[str, str] = {
                               "the prefix may exceed the least-loaded one before the request goes to the latter.",
     "tensor_parallel_size": "Ranks (worker processes) each layer's weights, heads and KV cache are split over.",
     "pipeline_parallel_size": "Pipeline stages (worker processes) the layers are split over.",
+    "pipeline_micro_batching": "With pipeline_parallel_size > 1: keep one batch in flight per stage (micro-batches, "
+                               "the default); off: one batch at a time, each stage idle while the others run "
+                               "(the A/B baseline of pipeline micro-batching).",
     "distributed_executor_backend": "What runs the workers: uni (one, in the engine process), mp (one process "
                                     "per rank; the default when tensor x pipeline parallel size > 1) or ray (one "
                                     "Ray actor per rank, on the nodes of a Ray cluster).",

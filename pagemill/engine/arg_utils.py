@@ -110,6 +110,7 @@ class EngineArgs:
     dp_imbalance_threshold: int = 16  # prefix-affinity: load-score lead over the least-loaded engine it tolerates
     tensor_parallel_size: int = 1  # ranks each layer's weights and heads are split over
     pipeline_parallel_size: int = 1  # stages the layers are split over
+    pipeline_micro_batching: bool = True  # PP > 1: one batch in flight per stage (False: one batch at a time)
     distributed_executor_backend: str | None = None  # uni | mp | ray (None: uni for one rank, else mp processes)
     kv_transfer_config: dict[str, Any] | str | None = None  # KVTransferConfig's fields, as a dict or JSON text
     max_num_encoder_input_tokens: int | None = None  # image tokens one step may encode (None: the token budget)
@@ -167,7 +168,7 @@ class EngineArgs:
             check_batch_invariant(self)
         dp_config = self.create_data_parallel_config()
         parallel_config = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size,
-                                         self.distributed_executor_backend)
+                                         self.distributed_executor_backend, self.pipeline_micro_batching)
         if mm_hf_config is not None and self.pipeline_parallel_size > 1:
             raise ValueError("pipeline_parallel_size: a vision-language model runs on one pipeline stage (images "
                              "are merged into the first stage's embeddings; not supported across stages yet).")

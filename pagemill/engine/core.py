@@ -56,7 +56,9 @@ class EngineCore:
         # Async scheduling keeps two steps in flight (the next one is planned on output placeholders); pipeline
         # micro-batches keep one per stage (a batch's requests wait until its output is back).
         self.async_scheduling = config.scheduler_config.async_scheduling
-        self.batch_queue_size = MAX_STEPS_IN_FLIGHT if self.async_scheduling else self.executor.max_concurrent_batches
+        micro_batches = config.parallel_config.pipeline_micro_batching
+        self.batch_queue_size = (MAX_STEPS_IN_FLIGHT if self.async_scheduling
+                                 else self.executor.max_concurrent_batches if micro_batches else 1)
         self.batch_queue: deque[tuple[Future[ModelRunnerOutput] | StepFuture, SchedulerOutput]] | None = None
         if self.batch_queue_size > 1:
             self.batch_queue = deque()

@@ -35,7 +35,7 @@ class SpeculativeBackoff:
     def acceptance_threshold(self) -> float:
         """The draft acceptance rate below which speculation costs more than it gives: the measured costs of
         proposing a draft token and of verifying it at the current batch (in target steps), at least the configured
-        minimum; a negative minimum turns the back-off off (benchmarks/verify_cost.py times every verify step)."""
+        minimum; a negative minimum turns the back-off off (every step then verifies its drafts)."""
         if self.config.min_acceptance_rate < 0:
             return self.config.min_acceptance_rate
         return max(self.config.min_acceptance_rate, self.draft_cost + self.verify_cost)

@@ -60,3 +60,23 @@ def test_abort_and_apply_model_with_two_batches_in_flight(engines):
     assert aborted not in done and set(done) == set(want) - {aborted}
     for rid, out in done.items():
         assert out.outputs[0].token_ids == want[rid], rid
+
+
+def test_pipeline_micro_batching_off_runs_one_batch_at_a_time(tiny_llama, engines):
+    """`pipeline_micro_batching=False` (the A/B baseline of `bench --variant`): one batch in flight, same tokens."""
+    from pagemill.engine.arg_utils import EngineArgs
+
+    ref, _ = engines
+    want = ref.generate(PROMPTS, GREEDY, use_tqdm=False)
+    llm = LLM(tiny_llama, pipeline_parallel_size=2, distributed_executor_backend="mp", pipeline_micro_batching=False,
+              **ENGINE)
+    try:
+        core = llm.llm_engine.engine_core
+        assert core.batch_queue_size == 1 and core.batch_queue is None and core.scheduler.max_concurrent_batches == 1
+        got = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        assert core.executor.steps.max_in_flight == 1
+        assert [g.outputs[0].token_ids for g in got] == [w.outputs[0].token_ids for w in want]
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    with pytest.raises(ValueError, match="pipeline_micro_batching"):
+        EngineArgs(model=tiny_llama, pipeline_micro_batching="yes").create_engine_config()
