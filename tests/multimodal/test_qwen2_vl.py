@@ -1,4 +1,4 @@
-"""Qwen2-VL end to end against HF transformers (float32 greedy): prompts with 0, 1 and 3 images (grids of unequal
+"""Qwen2-VL and Qwen2.5-VL end to end against HF transformers (float32 greedy): prompts with 0, 1 and 3 images (grids of unequal
 height and width, so M-RoPE's three sections differ), alone and batched with text-only prompts, chunked prefill
 splitting the placeholder runs, preemption; the encoder runs once per image per request; the M-RoPE positions and
 deltas equal transformers' get_rope_index."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pagemill import LLM, SamplingParams
-from tests.multimodal.conftest import QWEN_IMAGE, hf_llava_greedy, make_image
+from tests.multimodal.conftest import QWEN_IMAGE, build_tiny_qwen_vl, hf_llava_greedy, load_qwen_vl_hf, make_image
 
 MAX_TOKENS = 10
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -23,6 +23,17 @@ CASES = [
     (f"{QWEN_IMAGE} Describe it in one word:", 1),
 ]
 SIZES = [(56, 36), (40, 40), (36, 60)]  # grids 6x10 / 10x10 / 12x8 patches (after resizing to 32..48 px)
+
+
+@pytest.fixture(scope="module", params=["qwen2_vl", pytest.param("qwen2_5_vl", marks=pytest.mark.slow)])
+def tiny_qwen2_vl(request, tmp_path_factory) -> str:
+    """The tiny model of each family (Qwen2.5-VL's run is marked slow: the file stays under two minutes)."""
+    return build_tiny_qwen_vl(tmp_path_factory.mktemp(request.param), request.param == "qwen2_5_vl")
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl_hf(tiny_qwen2_vl):
+    return load_qwen_vl_hf(tiny_qwen2_vl)
 
 
 def _images(case: tuple[str, int], seed: int) -> list:
