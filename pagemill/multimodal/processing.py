@@ -58,6 +58,9 @@ class MultiModalProcessor:
         if self.image_token_id is None:
             self.image_token_id = config.image_token_index
         self.image_token = getattr(self.hf_processor, "image_token", None) or "<image>"
+        # what an image part of a chat becomes in its text (Qwen2-VL's chat template wraps the pad in start / end)
+        self.chat_image_text = (f"<|vision_start|>{self.image_token}<|vision_end|>"
+                                if getattr(config, "model_type", None) in QWEN2_VL_TYPES else self.image_token)
         self.image_limit = (model_config.limit_mm_per_prompt or {}).get("image", DEFAULT_IMAGE_LIMIT)
         self.allowed_local_media_path = model_config.allowed_local_media_path
 

@@ -144,3 +144,18 @@ def test_prefix_cache_same_image_hits(tiny_qwen2_vl, qwen2_vl_hf, references):
     other = [images[0], images[1], make_image(999, SIZES[2])]  # last image differs: its own HF output
     out = llm.generate(_request(text, other), GREEDY, use_tqdm=False)[0]
     assert out.outputs[0].token_ids == hf_llava_greedy(qwen2_vl_hf, text, other, MAX_TOKENS)[1]
+
+
+def test_chat_image_part_is_wrapped_in_vision_tokens(tiny_qwen2_vl, qwen2_vl_hf):
+    from tests.multimodal.test_llava_server import data_url
+
+    llm = LLM(tiny_qwen2_vl, kv_cache_memory="16MiB", max_model_len=256, block_size=8)
+    image = make_image(5, SIZES[0])
+    out = llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(image)}},
+                                                 {"type": "text", "text": "Describe it."}]}], GREEDY,
+                   use_tqdm=False)[0]
+    text = qwen2_vl_hf[1].tokenizer.apply_chat_template([{"role": "user", "content": f"{QWEN_IMAGE}\nDescribe it."}],
+                                                        tokenize=False, add_generation_prompt=True)
+    ids, ref = hf_llava_greedy(qwen2_vl_hf, text, [image], MAX_TOKENS, add_special_tokens=False)
+    assert out.prompt_token_ids == ids
+    assert out.outputs[0].token_ids == ref
