@@ -62,7 +62,8 @@ class PagemillBackend:
         return [list(o.outputs[0].token_ids) for o in outputs]
 
     def _engine_prompt(self, prompt: Sequence[int] | tuple[str, Sequence[Any]]) -> dict[str, Any]:
-        """Token ids as they are; (text, images): one image placeholder per image before the text."""
+        """Token ids as they are; (text, images): one image placeholder per image (as a chat part would
+        write it: Qwen2-VL's wrapped in vision start / end) before the text."""
         if not (isinstance(prompt, tuple) and len(prompt) == 2 and isinstance(prompt[0], str)):
             return {"prompt_token_ids": list(prompt)}
         text, images = prompt
@@ -71,7 +72,7 @@ class PagemillBackend:
         mm = self.llm.llm_engine.processor.mm_processor
         if mm is None:
             raise ValueError(f"{self.kwargs['model']} takes no images (use a text dataset).")
-        return {"prompt": mm.image_token * len(images) + "\n" + text, "multi_modal_data": {"image": list(images)}}
+        return {"prompt": mm.chat_image_text * len(images) + "\n" + text, "multi_modal_data": {"image": list(images)}}
 
     def spec_decoding(self) -> dict[str, Any] | None:
         """Speculative decoding counters and rates since the engine started (None when it does not speculate)."""
