@@ -159,7 +159,7 @@ class LLM(PoolingLLMMixin):
             return {"prompt_token_ids": self.render_chat(conversation, chat_template, add_generation_prompt,
                                                          continue_final_message, tools, chat_template_kwargs)}
         mm = self.llm_engine.processor.mm_processor
-        conversation, sources = take_images(conversation, mm.image_token if mm is not None else None)
+        conversation, sources = take_images(conversation, mm.chat_image_text if mm is not None else None)
         text = self._chat_renderer.render_text(conversation, load_chat_template(chat_template), add_generation_prompt,
                                                continue_final_message, chat_template_kwargs, tools)
         images = load_images(sources, mm.allowed_local_media_path)

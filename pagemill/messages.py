@@ -24,6 +24,7 @@ class MultiModalFeature(msgspec.Struct, array_like=True, omit_defaults=True):
     shape: list[int]
     dtype: str = "float32"
     modality: str = "image"
+    grid_thw: list[int] | None = None  # (temporal, height, width) patches of a Qwen2-VL-family image (M-RoPE, ViT)
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):

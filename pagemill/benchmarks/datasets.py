@@ -1,4 +1,5 @@
-"""Benchmark request sets: random, synthetic ShareGPT/Alpaca, shared-prefix groups, custom JSONL.
+"""Benchmark request sets: random, synthetic ShareGPT/Alpaca, shared-prefix groups, custom JSONL, random text with
+synthetic images (random-mm).
 
 Every dataset returns `SampleRequest`s whose prompt is natural corpus text of an exact token
 length (the token ids are kept too) and whose expected output length is drawn from the
@@ -19,17 +20,19 @@ from pagemill.benchmarks.lengths import (ALPACA_INPUT, ALPACA_OUTPUT, SHAREGPT_I
                                          sample_uniform_lengths)
 from pagemill.benchmarks.prompts import PromptBuilder
 
-DATASET_NAMES = ("random", "sharegpt", "alpaca", "prefix", "custom")
+DATASET_NAMES = ("random", "sharegpt", "alpaca", "prefix", "custom", "random-mm")
 
 
 @dataclass(frozen=True)
 class SampleRequest:
-    """One benchmark request: prompt text and ids, prompt length and the output length to ask for."""
+    """One benchmark request: prompt text and ids, prompt length and the output length to ask for; `images` (PIL) go
+    with the text (prompt_len then counts the text's tokens only: the model's processor adds the placeholders)."""
 
     prompt: str
     prompt_len: int
     expected_output_len: int
     prompt_token_ids: list[int] | None = None
+    images: tuple[Any, ...] = ()
 
 
 def _sample(builder: PromptBuilder, input_len: int, output_len: int, rng: np.random.Generator,
@@ -110,6 +113,35 @@ def custom_dataset(builder: PromptBuilder, path: str, num_prompts: int,
     return samples
 
 
+def parse_image_size(spec: str) -> tuple[int, int]:
+    """`WxH` (e.g. 640x480) as (width, height)."""
+    w, sep, h = str(spec).lower().partition("x")
+    if not sep or not w.isdigit() or not h.isdigit() or int(w) < 1 or int(h) < 1:
+        raise ValueError(f"--image-size expects WxH with positive integers (e.g. 512x512), got {spec!r}")
+    return int(w), int(h)
+
+
+def random_image(size: tuple[int, int], rng: np.random.Generator) -> Any:
+    """A random-noise RGB PIL image of (width, height) (noise: no two images share encoder or prefix-cache work)."""
+    from PIL import Image
+
+    return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
+
+def random_mm_dataset(builder: PromptBuilder, num_prompts: int, input_len: int, output_len: int,
+                      image_size: tuple[int, int], images_per_prompt: int, range_ratio: float = 0.0,
+                      seed: int = 0) -> list[SampleRequest]:
+    """The random dataset's text with `images_per_prompt` synthetic images of `image_size` per request (vLLM's
+    random-mm with one fixed bucket), each image its own."""
+    if images_per_prompt < 0:
+        raise ValueError(f"--images-per-prompt must be >= 0, got {images_per_prompt}")
+    samples = random_dataset(builder, num_prompts, input_len, output_len, range_ratio, 0, seed)
+    rng = np.random.default_rng(seed + 1)
+    return [SampleRequest(s.prompt, s.prompt_len, s.expected_output_len, s.prompt_token_ids,
+                          tuple(random_image(image_size, rng) for _ in range(images_per_prompt)))
+            for s in samples]
+
+
 def add_dataset_args(parser: argparse.ArgumentParser) -> None:
     """Add the dataset flags (names as in `vllm bench`) to a sub-command parser."""
     g = parser.add_argument_group("dataset")
@@ -134,6 +166,10 @@ def add_dataset_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix-repetition-output-len", type=int, default=128)
     g.add_argument("--custom-output-len", type=int, default=256,
                    help="output length for custom lines without 'output_len'")
+    g.add_argument("--image-size", default="512x512",
+                   help="WxH of each synthetic image of --dataset-name random-mm")
+    g.add_argument("--images-per-prompt", type=int, default=1,
+                   help="synthetic images per request of --dataset-name random-mm")
 
 
 def get_samples(args: argparse.Namespace, tokenizer: Any) -> list[SampleRequest]:
@@ -157,4 +193,8 @@ def get_samples(args: argparse.Namespace, tokenizer: Any) -> list[SampleRequest]
         if not args.dataset_path:
             raise ValueError("--dataset-path is required for --dataset-name custom")
         return custom_dataset(builder, args.dataset_path, args.num_prompts, args.custom_output_len)
+    if name == "random-mm":
+        return random_mm_dataset(builder, args.num_prompts, args.random_input_len, args.random_output_len,
+                                 parse_image_size(args.image_size), args.images_per_prompt,
+                                 args.random_range_ratio, args.seed)
     raise ValueError(f"unknown --dataset-name {args.dataset_name!r}")

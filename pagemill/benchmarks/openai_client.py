@@ -10,6 +10,16 @@ from pagemill.benchmarks.datasets import SampleRequest
 from pagemill.benchmarks.metrics import RequestResult
 
 
+def image_data_url(image: Any) -> str:
+    """A PIL image as a base64 PNG data URL (an OpenAI `image_url` part's url)."""
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
 def build_payload(sample: SampleRequest, model: str, chat: bool, ignore_eos: bool,
                   temperature: float, extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON body of one streaming completion or chat-completion request."""
@@ -22,9 +32,15 @@ def build_payload(sample: SampleRequest, model: str, chat: bool, ignore_eos: boo
         "ignore_eos": ignore_eos,
     }
     if chat:
-        body["messages"] = [{"role": "user", "content": sample.prompt}]
+        content: Any = sample.prompt
+        if sample.images:
+            content = [*({"type": "image_url", "image_url": {"url": image_data_url(im)}} for im in sample.images),
+                       {"type": "text", "text": sample.prompt}]
+        body["messages"] = [{"role": "user", "content": content}]
         body["max_completion_tokens"] = sample.expected_output_len
     else:
+        if sample.images:
+            raise ValueError("requests with images need the chat endpoint (--endpoint /v1/chat/completions).")
         body["prompt"] = sample.prompt
     body.update(extra_body or {})
     return body

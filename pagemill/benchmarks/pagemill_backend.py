@@ -1,4 +1,5 @@
-"""The engine under test: pagemill's offline `LLM` (vLLM API), fed token ids directly."""
+"""The engine under test: pagemill's offline `LLM` (vLLM API), fed token ids directly (text and images for an image
+dataset)."""
 
 from __future__ import annotations
 
@@ -48,17 +49,30 @@ class PagemillBackend:
         self.llm = LLM(**kwargs)
         self.reset_prefix_cache = False  # --reset-prefix-cache: each run finds only what it shares within itself
 
-    def generate(self, prompts: Sequence[Sequence[int]], output_lens: Sequence[int],
+    def generate(self, prompts: Sequence[Sequence[int] | tuple[str, Sequence[Any]]], output_lens: Sequence[int],
                  use_tqdm: bool = False) -> list[list[int]]:
-        """Output token ids per request, in input order."""
+        """Output token ids per request, in input order; a prompt is token ids or (text, images)."""
         from pagemill import SamplingParams
 
         params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in output_lens]
         if self.reset_prefix_cache:
             self.llm.reset_prefix_cache()
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
-                                    use_tqdm=use_tqdm)
+        outputs = self.llm.generate([self._engine_prompt(p) for p in prompts], params, use_tqdm=use_tqdm)
+        self.last_prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)  # placeholders included
         return [list(o.outputs[0].token_ids) for o in outputs]
+
+    def _engine_prompt(self, prompt: Sequence[int] | tuple[str, Sequence[Any]]) -> dict[str, Any]:
+        """Token ids as they are; (text, images): one image placeholder per image (as a chat part would
+        write it: Qwen2-VL's wrapped in vision start / end) before the text."""
+        if not (isinstance(prompt, tuple) and len(prompt) == 2 and isinstance(prompt[0], str)):
+            return {"prompt_token_ids": list(prompt)}
+        text, images = prompt
+        if not images:
+            return {"prompt": text}
+        mm = self.llm.llm_engine.processor.mm_processor
+        if mm is None:
+            raise ValueError(f"{self.kwargs['model']} takes no images (use a text dataset).")
+        return {"prompt": mm.chat_image_text * len(images) + "\n" + text, "multi_modal_data": {"image": list(images)}}
 
     def spec_decoding(self) -> dict[str, Any] | None:
         """Speculative decoding counters and rates since the engine started (None when it does not speculate)."""

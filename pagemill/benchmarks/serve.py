@@ -121,6 +121,8 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
                 for k in range(len(rates))]
 
     sample_sets = sample_sets_for(0)
+    if "chat" not in args.endpoint and any(s.images for samples in sample_sets for s in samples):
+        raise ValueError("--dataset-name random-mm sends images: use --endpoint /v1/chat/completions.")
     targets = [("pagemill" if args.label is None else args.label, args.base_url)]
     series: dict[str, list[dict[str, Any]]] = {}
     if args.compare == "llama.cpp":

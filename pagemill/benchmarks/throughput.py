@@ -16,14 +16,18 @@ from pagemill.benchmarks.peer_report import peer_rows
 from pagemill.benchmarks.report import (check_machine_idle, config_dict, environment_info,
                                         format_table, save_result)
 from pagemill.benchmarks.spec_report import backend_spec_decoding, spec_rows
+from pagemill.benchmarks.variants import PREFIX as VARIANT_PREFIX
 from pagemill.benchmarks.variants import ratio_lines
 
 
 def throughput_metrics(samples: Sequence[SampleRequest], outputs: Sequence[Sequence[int]] | None,
-                       elapsed_s: float, output_tokens: int | None = None) -> dict[str, Any]:
+                       elapsed_s: float, output_tokens: int | None = None,
+                       input_tokens: int | None = None) -> dict[str, Any]:
     """Request and token rates of one run; output tokens are those actually returned
-    (or `output_tokens` when the backend returns no ids)."""
-    input_tokens = sum(s.prompt_len for s in samples)
+    (or `output_tokens` when the backend returns no ids); `input_tokens`: the prompts' tokens as the engine counted
+    them (image placeholders included), else the samples' lengths."""
+    if input_tokens is None:
+        input_tokens = sum(s.prompt_len for s in samples)
     if output_tokens is None:
         output_tokens = sum(len(o) for o in outputs or ())
     return {
@@ -52,6 +56,21 @@ def agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict[st
             "mean_common_prefix_fraction": sum(prefix) / max(1, len(prefix))}
 
 
+def has_images(samples: Sequence[SampleRequest]) -> bool:
+    """Whether any request of the set carries images."""
+    return any(s.images for s in samples)
+
+
+def sample_prompts(samples: Sequence[SampleRequest], names: Sequence[str]) -> list[Any]:
+    """What the backends are fed: token ids, or (text, images) for an image dataset (pagemill backends only)."""
+    if not has_images(samples):
+        return [s.prompt_token_ids or [] for s in samples]
+    others = [n for n in names if n != "pagemill" and not n.startswith(VARIANT_PREFIX)]
+    if others:
+        raise ValueError(f"--dataset-name random-mm runs on pagemill only, not on {', '.join(others)}.")
+    return [(s.prompt, list(s.images)) for s in samples]
+
+
 def measure_backends(args: argparse.Namespace, model: str, samples: Sequence[SampleRequest]
                      ) -> tuple[dict[str, dict[str, Any]], dict[str, list[list[int]] | None]]:
     """Load the backends, time `--num-iters` interleaved runs of all samples on each, close them.
@@ -60,7 +79,7 @@ def measure_backends(args: argparse.Namespace, model: str, samples: Sequence[Sam
     (None for llama-batched-bench, which returns timings only).
     """
     names = backend_order(args)
-    prompts = [s.prompt_token_ids or [] for s in samples]
+    prompts = sample_prompts(samples, names)
     output_lens = [s.expected_output_len for s in samples]
     results: dict[str, dict[str, Any]] = {}
     requests = [(s.prompt_len, s.expected_output_len) for s in samples]
@@ -79,8 +98,9 @@ def measure_backends(args: argparse.Namespace, model: str, samples: Sequence[Sam
             args.num_iters)
         outputs = {name: outputs_of(result) for name, result in last.items()}
         for name in names:
+            counted = getattr(backends[name], "last_prompt_tokens", None) if has_images(samples) else None
             metrics = throughput_metrics(samples, outputs[name], statistics.median(times[name]),
-                                         output_token_count(last[name]))
+                                         output_token_count(last[name]), counted)
             metrics.update(backend=name, description=labels[name],
                            load_s=load_s[name], elapsed_all_s=times[name])
             metrics.update(getattr(last[name], "detail", {}))

@@ -14,6 +14,7 @@ from pagemill.models.mistral import MistralForCausalLM
 from pagemill.models.mixtral import MixtralForCausalLM
 from pagemill.models.phi3 import Phi3ForCausalLM
 from pagemill.models.qwen2 import Qwen2ForCausalLM
+from pagemill.models.qwen2_vl import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 from pagemill.models.qwen2_moe import Qwen2MoeForCausalLM
 from pagemill.models.qwen3 import Qwen3ForCausalLM
 from pagemill.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -39,6 +40,10 @@ MODEL_FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("Phi-3", Phi3ForCausalLM, "Phi3ForCausalLM", "phi3"),
     ModelFamily("LLaVA (CLIP + Llama; images in)", LlavaForConditionalGeneration, "LlavaForConditionalGeneration",
                 "llava"),
+    ModelFamily("Qwen2-VL (ViT + Qwen2, M-RoPE; images in)", Qwen2VLForConditionalGeneration,
+                "Qwen2VLForConditionalGeneration", "qwen2_vl"),
+    ModelFamily("Qwen2.5-VL (window-attention ViT + Qwen2, M-RoPE; images in)", Qwen2_5_VLForConditionalGeneration,
+                "Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl"),
     ModelFamily("Mixtral (MoE)", MixtralForCausalLM, "MixtralForCausalLM", "mixtral"),
     ModelFamily("Qwen2-MoE", Qwen2MoeForCausalLM, "Qwen2MoeForCausalLM", "qwen2_moe"),
     ModelFamily("Qwen3-MoE", Qwen3MoeForCausalLM, "Qwen3MoeForCausalLM", "qwen3_moe"),

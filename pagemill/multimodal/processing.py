@@ -11,6 +11,7 @@ import numpy as np
 from pagemill.messages import MultiModalFeature
 from pagemill.multimodal.image import MultiModalInputError, check_image
 
+QWEN2_VL_TYPES = ("qwen2_vl", "qwen2_5_vl")  # without torchvision their HF processor does not load: images only
 DEFAULT_IMAGE_LIMIT = 8  # images per prompt unless --limit-mm-per-prompt says otherwise
 
 
@@ -44,12 +45,22 @@ class MultiModalProcessor:
     def __init__(self, model_config: Any) -> None:
         from transformers import AutoProcessor
 
-        self.hf_processor = AutoProcessor.from_pretrained(model_config.model)
         config = model_config.mm_hf_config
+        try:
+            self.hf_processor = AutoProcessor.from_pretrained(model_config.model)
+        except (ImportError, AttributeError, ValueError):
+            if getattr(config, "model_type", None) not in QWEN2_VL_TYPES:
+                raise
+            from pagemill.multimodal.qwen2_vl_processor import Qwen2VLImageProcessorOnly
+
+            self.hf_processor = Qwen2VLImageProcessorOnly.from_pretrained(model_config.model)
         self.image_token_id = getattr(config, "image_token_id", None)
         if self.image_token_id is None:
             self.image_token_id = config.image_token_index
         self.image_token = getattr(self.hf_processor, "image_token", None) or "<image>"
+        # what an image part of a chat becomes in its text (Qwen2-VL's chat template wraps the pad in start / end)
+        self.chat_image_text = (f"<|vision_start|>{self.image_token}<|vision_end|>"
+                                if getattr(config, "model_type", None) in QWEN2_VL_TYPES else self.image_token)
         self.image_limit = (model_config.limit_mm_per_prompt or {}).get("image", DEFAULT_IMAGE_LIMIT)
         self.allowed_local_media_path = model_config.allowed_local_media_path
 
@@ -91,10 +102,16 @@ class MultiModalProcessor:
                                 add_special_tokens=add_special_tokens)
         ids = [int(t) for t in out["input_ids"][0]]
         pixels = np.asarray(out["pixel_values"], dtype=np.float32)
+        grids: list[list[int] | None] = [None] * len(images)
+        if "image_grid_thw" in out:  # the Qwen2-VL family: every image's patches, flattened one after another
+            grids = [[int(v) for v in g] for g in np.asarray(out["image_grid_thw"])]
+            ends = np.cumsum([int(np.prod(g)) for g in grids])
+            pixels = np.split(pixels, ends[:-1])
         spans = placeholder_spans(ids, self.image_token_id, len(images))
         features = []
-        for (offset, length), pv in zip(spans, pixels):
+        for (offset, length), pv, grid in zip(spans, pixels, grids):
             pv = np.ascontiguousarray(pv)
-            features.append(MultiModalFeature(image_hash(pv), offset, length, pv.tobytes(), list(pv.shape),
-                                              str(pv.dtype)))
+            key = image_hash(pv) if grid is None else image_hash(pv) + "-" + "x".join(map(str, grid))
+            features.append(MultiModalFeature(key, offset, length, pv.tobytes(), list(pv.shape), str(pv.dtype),
+                                              grid_thw=grid))
         return ids, features

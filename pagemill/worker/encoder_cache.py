@@ -37,10 +37,13 @@ class EncoderCache:
         by_shape: dict[tuple, list[tuple[str, int]]] = {}
         for key in wanted:
             f = self.features[key[0]][key[1]]
-            by_shape.setdefault((tuple(f.shape), f.dtype), []).append(key)
-        for (shape, dtype), keys in by_shape.items():
+            by_shape.setdefault((tuple(f.shape), f.dtype, tuple(f.grid_thw or ())), []).append(key)
+        for (shape, dtype, grid), keys in by_shape.items():
             pixels = np.stack([np.frombuffer(self.features[r][j].data, dtype=dtype).reshape(shape) for r, j in keys])
-            outputs = model.embed_multimodal(torch.from_numpy(pixels))
+            if grid:  # patch-flattened pixels of a given (t, h, w) grid each (the Qwen2-VL family)
+                outputs = model.embed_multimodal(torch.from_numpy(pixels), torch.tensor([grid] * len(keys)))
+            else:
+                outputs = model.embed_multimodal(torch.from_numpy(pixels))
             for key, out in zip(keys, outputs):
                 length = self.features[key[0]][key[1]].length
                 if out.shape[0] != length:

@@ -33,6 +33,7 @@ from pagemill.sample.sampler import Sampler, gather_logprobs
 from pagemill.spec_decode.select import make_proposer
 from pagemill.utils.memory import lazy_zeros
 from pagemill.worker.encoder_cache import EncoderCache
+from pagemill.worker.mrope_state import MRopeState
 from pagemill.worker.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
@@ -76,12 +77,15 @@ class ModelRunner:
         self.profiler = StepTimer(config.profile)  # its timings go back in ModelRunnerOutput.timings
         # A multimodal model's image embeddings, encoded once per (request, image).
         self.encoder_cache = EncoderCache() if mc.is_multimodal else None
+        self.mrope: MRopeState | None = None  # set in load_model for an M-RoPE model (Qwen2-VL family)
 
     def load_model(self) -> None:
         """Load the model (this rank's share), wrap it for batch invariance and LoRA, group its KV layers."""
         config, ops = self.config, self.ops
         mc = config.model_config
         self.model = load_model(mc, ops, self.backend, self.parallel)
+        if getattr(self.model, "uses_mrope", False):
+            self.mrope = MRopeState(self.model)
         if config.batch_invariant:
             logger.info("Batch-invariant mode: %d linear layers on fixed-order kernels",
                         make_batch_invariant(self.model, ops.kernels))
@@ -170,6 +174,8 @@ class ModelRunner:
             ib.remove_request(rid)
             if self.encoder_cache is not None:
                 self.encoder_cache.free(rid)
+            if self.mrope is not None:
+                self.mrope.free(rid)
             if self.proposer is not None:
                 self.proposer.remove_request(rid, finished=True)
         for rid in so.preempted_req_ids:
@@ -180,6 +186,8 @@ class ModelRunner:
             ib.add_request(new)
             if self.encoder_cache is not None:
                 self.encoder_cache.add_request(new.req_id, new.mm_features)
+            if self.mrope is not None:
+                self.mrope.add(new.req_id, new.num_prompt_tokens, new.mm_features)
         for c in so.scheduled_cached_reqs:
             row = ib.req_id_to_row[c.req_id]
             if c.num_blocks_kept is not None:
@@ -256,10 +264,13 @@ class ModelRunner:
     def _forward(self, step: StepInputs, metadata: list, embeds: torch.Tensor | None = None) -> torch.Tensor:
         """The model's forward over the step (the GPU runner replays a CUDA graph here where it can); `embeds`: the
         input embeddings with a multimodal step's image embeddings merged in (None: from the ids)."""
+        positions = step.positions
+        if self.mrope is not None:
+            positions = self.mrope.positions(step.req_ids, positions.numpy(), step.computed, step.counts, step.starts)
         with set_forward_context(metadata, self.lora_mapping(step.rows, step.counts)):
             if embeds is None:
-                return self.model(step.input_ids, step.positions)
-            return self.model(step.input_ids, step.positions, inputs_embeds=embeds)
+                return self.model(step.input_ids, positions)
+            return self.model(step.input_ids, positions, inputs_embeds=embeds)
 
     def _merged_embeddings(self, step: StepInputs) -> torch.Tensor | None:
         """The step's input embeddings with the image embeddings at their placeholder tokens (None: the step

@@ -74,3 +74,67 @@ def hf_llava_greedy(llava_hf, prompt: str, images: list, max_new_tokens: int,
         out = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                              eos_token_id=None, pad_token_id=2)
     return ids[0].tolist(), out[0, ids.shape[1]:].tolist()
+
+
+QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def _qwen2_vl_hf_processor(tok, image_processor):
+    """HF's own Qwen2VLProcessor, built without a video processor (its class check needs torchvision, which this
+    environment lacks; images never touch the video processor)."""
+    from unittest import mock
+
+    from transformers import ProcessorMixin, Qwen2VLProcessor
+
+    with mock.patch.object(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, arg: None):
+        return Qwen2VLProcessor(image_processor=image_processor, tokenizer=tok, video_processor=None)
+
+
+def build_tiny_qwen_vl(path, v25: bool) -> str:
+    """A tiny random Qwen2-VL (or Qwen2.5-VL: `v25`) saved under `path`: ViT (patch 4, merge 2; Qwen2.5-VL's windows
+    2x2 merged tokens, block 1 of 3 full attention) + Qwen2 decoder with M-RoPE; images resized to 32..48 px a side
+    (16..36 placeholder tokens, grids of unequal height and width)."""
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig,
+                              Qwen2VLForConditionalGeneration)
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from pagemill.benchmarks.model_path import load_hf_tokenizer
+
+    tok = load_hf_tokenizer(default_model_path())
+    names = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+    tok.add_special_tokens({"additional_special_tokens": names})
+    ids = {t: tok.convert_tokens_to_ids(t) for t in names}
+    torch.manual_seed(0)
+    common = dict(patch_size=4, spatial_merge_size=2, temporal_patch_size=2, in_channels=3, initializer_range=0.2,
+                  num_heads=4)
+    if v25:
+        vision = dict(depth=3, hidden_size=32, out_hidden_size=32, intermediate_size=48, hidden_act="silu",
+                      window_size=16, fullatt_block_indexes=[1], **common)
+    else:
+        vision = dict(depth=2, embed_dim=32, hidden_size=32, mlp_ratio=2, **common)
+    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2,
+                tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]})
+    config_cls, model_cls = ((Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration) if v25
+                             else (Qwen2VLConfig, Qwen2VLForConditionalGeneration))
+    config = config_cls(vision_config=vision, text_config=text, image_token_id=ids["<|image_pad|>"],
+                        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+    model = model_cls(config)
+    with torch.no_grad():  # random images must move the logits
+        for p in model.model.visual.merger.parameters():
+            p.normal_(0, 0.5)
+    model.save_pretrained(path)
+    Qwen2VLImageProcessorPil(min_pixels=32 * 32, max_pixels=48 * 48, patch_size=4, merge_size=2,
+                             temporal_patch_size=2).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def load_qwen_vl_hf(path: str):
+    """(HF model float32, HF Qwen2VLProcessor) of a tiny Qwen2-VL / Qwen2.5-VL directory."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    return model, _qwen2_vl_hf_processor(AutoTokenizer.from_pretrained(path), AutoImageProcessor.from_pretrained(path))

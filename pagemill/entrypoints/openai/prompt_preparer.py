@@ -100,7 +100,7 @@ class PromptPreparer:
         from pagemill.multimodal.image import MultiModalInputError
 
         try:
-            conversation, sources = take_images(conversation, mm_processor.image_token if mm_processor else None)
+            conversation, sources = take_images(conversation, mm_processor.chat_image_text if mm_processor else None)
             text = await self._render_text(conversation, chat_template, add_generation_prompt, continue_final_message,
                                            chat_template_kwargs, tools)
             return await self.worker.run(mm_processor.process_chat, text, sources)
