@@ -1,6 +1,6 @@
 """The GPU model runner (vLLM's `GPUModelRunner`), written device-generically: the model, KV cache and step inputs
-live on `config.device`; step inputs go through persistent buffers (pinned staging + non_blocking copies on CUDA:
-step_buffers.py); layer ops and attention are pagemill's Triton kernels; sampling runs on the device with one
+live on `config.device_config.device`; step inputs go through persistent buffers (pinned staging + non_blocking
+copies on CUDA: step_buffers.py); layer ops and attention are pagemill's Triton kernels; sampling runs on the device with one
 device-to-host copy of the sampled ids per step (seeded rows draw the same SplitMix64 uniforms as the CPU path:
 sample/draws.py); decode batches replay CUDA graphs on CUDA (cuda_graphs.py; `enforce_eager` turns them off).
 
@@ -43,7 +43,8 @@ def _layer_ops(backend_name: str) -> TorchLayerOps:
 
 
 class GpuModelRunner(ModelRunner):
-    """ModelRunner on `config.device` with persistent step buffers, a device sampler and CUDA graphs (CUDA)."""
+    """ModelRunner on `config.device_config.device` with persistent step buffers, a device sampler and CUDA graphs
+    (CUDA)."""
 
     def __init__(self, config: EngineConfig, parallel: ParallelContext | None = None) -> None:
         self.config = config
@@ -56,7 +57,7 @@ class GpuModelRunner(ModelRunner):
         self.encoder_cache = None
         if cc.kv_cache_layout != "paged":
             raise ValueError("kv_cache_layout: the GPU runner runs the paged layout only.")
-        self.device = torch.device(config.device)
+        self.device = torch.device(config.device_config.device)
         if self.device.type == "cuda" and torch.cuda.is_available():
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.backend = get_attn_backend(config.attention_backend, config.batch_invariant, cc.kv_cache_layout)
@@ -103,7 +104,7 @@ class GpuModelRunner(ModelRunner):
         self.buffers = StepBuffers(self.device, max(sc.max_num_batched_tokens, sc.max_num_seqs), sc.max_num_seqs,
                                    self.input_batch.max_blocks, len(self.kv_groups))
         self.buckets = decode_buckets(sc.max_num_seqs)
-        if self.is_cuda and not self.config.enforce_eager and not getattr(self, "_profiling", False):
+        if self.is_cuda and not self.config.device_config.enforce_eager and not getattr(self, "_profiling", False):
             from pagemill.worker.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs.capture(self)
