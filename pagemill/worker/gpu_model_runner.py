@@ -21,7 +21,8 @@ from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import NewRequestData, SchedulerOutput
 from pagemill.distributed.parallel_state import ParallelContext
-from pagemill.kernels.ops import TorchLayerOps
+from pagemill.kernels.ops import select_layer_ops
+from pagemill.platforms.cuda import CudaPlatform
 from pagemill.sample.metadata import SamplingMetadata
 from pagemill.sample.sampler import Sampler
 from pagemill.sampling_params import SamplingParams
@@ -30,16 +31,6 @@ from pagemill.worker.step_buffers import StepBuffers, bucket_for, decode_buckets
 from pagemill.worker.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
-
-
-def _layer_ops(backend_name: str) -> TorchLayerOps:
-    """Triton layer ops with the Triton attention backend, the torch reference with the torch one (never the CPU's
-    compiled kernels: building them is a C++ compile)."""
-    if backend_name == "triton":
-        from pagemill.kernels.triton_ops import TritonLayerOps
-
-        return TritonLayerOps()
-    return TorchLayerOps()
 
 
 class GpuModelRunner(ModelRunner):
@@ -61,7 +52,7 @@ class GpuModelRunner(ModelRunner):
         if self.device.type == "cuda" and torch.cuda.is_available():
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.backend = get_attn_backend(config.attention_backend, config.batch_invariant, cc.kv_cache_layout)
-        self.ops = _layer_ops(self.backend.name)
+        self.ops = select_layer_ops(self.backend.name, CudaPlatform)  # the CUDA table, also when run on the CPU
         self.vocab_size = mc.hf_config.vocab_size
         self.block_size = cc.block_size
         self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)
@@ -81,7 +72,7 @@ class GpuModelRunner(ModelRunner):
         self.model.to(self.device)
         self.head_screen = None  # (an int8 CPU kernel)
         self.sampler = Sampler(None)
-        if hasattr(self.ops, "rotary"):
+        if self.ops.fused_rotary:
             from pagemill.layers.rotary import RotaryEmbedding
 
             for module in self.model.modules():

@@ -68,7 +68,7 @@ class ModelRunner:
         self.backend = get_attn_backend(config.attention_backend, config.batch_invariant,
                                         config.cache_config.kv_cache_layout)
         # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.
-        self.ops = select_layer_ops(use_kernels=self.backend.name != "torch")
+        self.ops = select_layer_ops(self.backend.name)  # the platform's table for this attention backend
         self.vocab_size = mc.hf_config.vocab_size
         self.block_size = cc.block_size
         self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)
