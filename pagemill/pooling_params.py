@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from pagemill.sampling_params import RequestOutputKind
 
 if TYPE_CHECKING:
-    from pagemill.pooling.config import PoolerConfig
+    from pagemill.config.pooling import PoolerConfig
 
 POOLING_TASKS = ("embed", "classify", "score", "encode")
 

@@ -12,11 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from pagemill.config import (CHECKPOINT_QUANTIZATIONS, DP_ROUTING_POLICIES, KV_CACHE_LAYOUTS, CacheConfig,
-                             DataParallelConfig, EngineConfig, KVTransferConfig, LoRAConfig, ModelConfig, ParallelConfig,
-                             SchedulerConfig, SpeculativeConfig, StructuredOutputsConfig, check_linear_options,
-                             STRUCTURED_OUTPUT_BACKENDS, resolve_quantization)
-from pagemill.engine.arg_help import ENGINE_ARG_HELP
+from pagemill.config import (CHECKPOINT_QUANTIZATIONS, DP_ROUTING_POLICIES, KV_CACHE_LAYOUTS,
+                             STRUCTURED_OUTPUT_BACKENDS, CacheConfig, DataParallelConfig, DeviceConfig, EngineConfig,
+                             KVTransferConfig, LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig,
+                             SpeculativeConfig, StructuredOutputsConfig, check_linear_options, resolve_quantization)
 from pagemill.loader.model_files import resolve_model
 from pagemill.platforms import current_platform
 from pagemill.reasoning import reasoning_parser_names
@@ -42,80 +41,164 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return getattr(torch, _DTYPES[dtype])
 
 
+def _arg(default: Any, help: str) -> Any:
+    """An EngineArgs field whose help text (the one place an argument is documented: `--help`, the engine-arguments
+    reference) rides in its metadata; argparse %-formats help, so a '%' is refused here."""
+    if not help.strip() or "%" in help:
+        raise ValueError(f"EngineArgs help must be non-empty and free of '%' (argparse formats it): {help!r}")
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 @dataclass
 class EngineArgs:
-    """User-facing engine arguments (vLLM names); `create_engine_config` resolves them."""
+    """User-facing engine arguments (vLLM names); `create_engine_config` resolves them.
 
-    model: str | None = None
-    tokenizer: str | None = None
-    skip_tokenizer_init: bool = False  # token-in / token-out: no tokenizer, prompts and outputs are token ids
-    dtype: str = "auto"
-    max_model_len: int | None = None
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int | None = None
-    max_logprobs: int = 20  # most logprobs / prompt_logprobs per request, as vLLM (-1: no limit)
-    max_n: int | None = None  # most sequences per request (n, best_of); None: max_num_seqs
-    block_size: int = 16
-    kv_cache_memory: int | str | None = None
-    enable_prefix_caching: bool = True
-    prefix_caching_hash_algo: str = "builtin"
-    scheduling_policy: str = "fcfs"  # fcfs | priority | srtf | two-level
-    scheduling_max_passed_over: int = 64  # srtf: admissions a waiting request may see before it goes first
-    scheduling_staging_size: int = 8  # two-level: size of the SRTF staging queue
-    preemption_mode: str = "recompute"
-    swap_space: float = 4.0  # GiB
-    seed: int = 0
-    served_model_name: str | None = None
-    num_gpu_blocks_override: int | None = None
-    num_threads: int | None = None
-    attention_backend: str = "auto"
-    linear_dtype: str = "auto"  # float16/bfloat16: 3-4x faster GEMMs, top-1 within 99% of float32; int8: int8 activations x quantized weights
-    kv_cache_dtype: str = "auto"  # float16/bfloat16: half the KV bytes (attention reads, cache capacity)
-    kv_cache_layout: str = "paged"  # virtual: vTensor-style contiguous per-request KV over mapped chunks (Linux)
-    quantization: str = "auto"  # gguf (auto for GGUF files): small-batch GEMVs stream the Q4_1/Q8_0 weights as stored;
-    # int8 / int4: a safetensors model's linears quantized at load (weight-only, groups of 16 / 32) for the same GEMVs
-    profile: bool = False  # time each part of the engine step (StepProfiler)
-    # Greedy rows pick their token from an int8 screen of the LM head plus an exact float32 recheck of the few
-    # tokens that could win (layers/head_screen.py): the same tokens, at int8 speed.
-    greedy_head_screen: bool = True
-    disable_log_stats: bool = True
-    structured_outputs_backend: str = "auto"  # auto | xgrammar | guidance (structured output / guided decoding)
-    reasoning_parser: str | None = None  # deepseek_r1 | qwen3 | granite | ...: split thinking from the answer
-    reasoning_config: dict[str, Any] | str | None = None  # {"reasoning_start_str", "reasoning_end_str"} (JSON text)
-    # vLLM's structured_outputs_config: backend, disable_fallback, disable_any_whitespace,
-    # disable_additional_properties, reasoning_parser, enable_in_reasoning (a dict or its JSON text)
-    structured_outputs_config: dict[str, Any] | str | None = None
-    speculative_config: dict[str, Any] | str | None = None  # SpeculativeConfig's fields, as a dict or JSON text
-    enable_lora: bool = False  # serve LoRA adapters (LoRARequest per request)
-    max_loras: int = 1  # adapters one batch can mix
-    max_lora_rank: int = 16  # the largest adapter rank accepted
-    max_cpu_loras: int | None = None  # adapters kept loaded on the host (default: max_loras)
-    # Fixed-order matmuls and attention (layers/batch_invariant.py): a request's logits, and so its seeded samples,
-    # are the same bits alone, in any batch, chunked or after a prefix hit.
-    batch_invariant: bool = False
-    # Schedule step N+1 while the model runs step N (at most 2 steps in flight; vLLM's async scheduling).
-    async_scheduling: bool = False
-    # Accepted for vLLM scripts; it has no meaning on a CPU (the KV cache is sized by kv_cache_memory).
-    gpu_memory_utilization: float | None = None
-    device: str = "auto"  # auto | cpu | cuda: must agree with the process's platform ($PAGEMILL_DEVICE)
-    # the worker class by import path (vLLM's --worker-cls); auto: the platform's. The GPU worker on the CPU:
-    # worker_cls="pagemill.worker.gpu_worker.GpuWorker", attention_backend="triton" (Triton's interpreter)
-    worker_cls: str = "auto"
-    enforce_eager: bool = False  # CUDA: run decode batches eagerly (no CUDA graphs)
-    runner: str = "auto"  # generate | pooling (auto: pooling for embedding / cross-encoder architectures such as BERT)
-    task: str | None = None  # vLLM's older spelling of runner: embed / classify / score -> pooling, generate
-    pooler_config: dict[str, Any] | str | None = None  # pooling: {"pooling_type": CLS|MEAN|LAST, "normalize": bool}
-    data_parallel_size: int = 1  # engine cores behind the front end, each on cores / N threads (its own KV cache)
-    dp_routing: str = "prefix-affinity"  # least-loaded (vLLM) | prefix-affinity (SGLang's cache-aware router)
-    dp_imbalance_threshold: int = 16  # prefix-affinity: load-score lead over the least-loaded engine it tolerates
-    tensor_parallel_size: int = 1  # ranks each layer's weights and heads are split over
-    pipeline_parallel_size: int = 1  # stages the layers are split over
-    pipeline_micro_batching: bool = True  # PP > 1: one batch in flight per stage (False: one batch at a time)
-    distributed_executor_backend: str | None = None  # uni | mp | ray (None: uni for one rank, else mp processes)
-    kv_transfer_config: dict[str, Any] | str | None = None  # KVTransferConfig's fields, as a dict or JSON text
-    max_num_encoder_input_tokens: int | None = None  # image tokens one step may encode (None: the token budget)
-    limit_mm_per_prompt: dict[str, Any] | str | None = None  # most items per prompt per modality, {"image": 8}
-    allowed_local_media_path: str | None = None  # file:// image URLs are read only under this directory
+    Each field's help is its `metadata["help"]` (see `arg_help`): the CLI flags and the docs' engine-arguments page
+    are generated from it, and nothing else repeats it.
+    """
+
+    model: str | None = _arg(None, "HF model directory or .gguf file (None: the embedded SmolLM2-135M-Instruct).")
+    tokenizer: str | None = _arg(None,
+        "A local HF tokenizer directory (or .gguf file) to use instead of the model's own tokenizer.")
+    skip_tokenizer_init: bool = _arg(False,
+        "Start without a tokenizer (token-in / token-out, as vLLM): prompts must be token ids, outputs carry token "
+        "ids and no text.")
+    dtype: str = _arg("auto", "Weight and activation dtype: auto (float32), float32, bfloat16, float16.")
+    max_model_len: int | None = _arg(None, "Context length (None: the model's).")
+    max_num_seqs: int = _arg(128, "Most sequences in one batch.")
+    max_num_batched_tokens: int | None = _arg(None, "Token budget of one engine step.")
+    max_logprobs: int = _arg(20, "Most logprobs / top_logprobs / prompt_logprobs a request may ask for (-1: no limit).")
+    max_n: int | None = _arg(None, "Most sequences one request may ask for (n, best_of; None: max_num_seqs).")
+    block_size: int = _arg(16, "Tokens per KV-cache block.")
+    kv_cache_memory: int | str | None = _arg(None,
+        "KV-cache memory, e.g. 2GiB or 512MiB (None: 2 GiB or a quarter of free memory).")
+    enable_prefix_caching: bool = _arg(True, "Reuse the KV blocks of shared prompt prefixes.")
+    prefix_caching_hash_algo: str = _arg("builtin", "Block hash: builtin or sha256.")
+    scheduling_policy: str = _arg("fcfs",
+        "fcfs, priority (lower `priority` values first), srtf (shortest remaining tokens first: prompt left plus "
+        "expected outputs, with aging) or two-level (FIFO into a staging queue, SRTF within it).")
+    scheduling_max_passed_over: int = _arg(64,
+        "srtf aging: a waiting request that has seen this many admissions since it was first queued is served before "
+        "the others, in FIFO order.")
+    scheduling_staging_size: int = _arg(8,
+        "two-level: requests moved from the FIFO queue into the SRTF staging queue at once (only when it is empty).")
+    preemption_mode: str = _arg("recompute",
+        "What a preempted request loses: recompute (its KV blocks are freed and its tokens computed again, mostly "
+        "found in the prefix cache) or swap (its blocks copied to host swap space).")
+    swap_space: float = _arg(4.0, "GiB of host memory for swapped-out KV blocks (preemption_mode swap).")
+    seed: int = _arg(0, "Random seed.")
+    served_model_name: str | None = _arg(None,
+        "The model's name in the API (`model` field, /v1/models); None: SmolLM2-135M-Instruct for the default model, "
+        "else the model path's basename.")
+    num_gpu_blocks_override: int | None = _arg(None, "Exact number of KV blocks (testing).")
+    num_threads: int | None = _arg(None, "Torch threads of the engine core (None: all cores).")
+    attention_backend: str = _arg("auto",
+        "auto (the platform's choice: on the CPU the compiled kernel, else the torch reference), cpu torch, or "
+        "triton (the CUDA platform's Triton kernels; on the CPU through Triton's interpreter: slow, for checking "
+        "them); kv_cache_layout virtual brings its own (leave auto).")
+    linear_dtype: str = _arg("auto",
+        "Matmul dtype of the linear layers: auto (exact float32), float32, float16 or bfloat16 (3-4x faster "
+        "large-batch matmuls on AVX512-FP16/BF16 CPUs; top-1 agreement with float32 >= 0.99 for float16, ~0.98 for "
+        "bfloat16), or int8: activations quantized per row and block of 32 and multiplied in integers against "
+        "quantized weights (GGUF, or quantization=int8/int4; a speed preset: teacher-forced top-1 agreement 0.97 on "
+        "Gemma 3, 0.93 on SmolLM2).")
+    kv_cache_dtype: str = _arg("auto",
+        "KV-cache dtype: auto (the model dtype), float16 or bfloat16 (half the bytes attention reads, twice the "
+        "tokens the cache holds).")
+    kv_cache_layout: str = _arg("paged",
+        "paged (blocks and block tables) or virtual (Linux: each request's KV contiguous in reserved virtual memory, "
+        "physical chunks of block_size tokens mapped on demand; vTensor).")
+    quantization: str = _arg("auto",
+        "auto (a GGUF file's own blocks, a quantized checkpoint's quantization_config.quant_method, else none), "
+        "none, gguf, gptq / awq / compressed-tensors / fp8 (what the checkpoint is), or int8 / int4: quantize a "
+        "safetensors model's linear layers at load (weight-only, per group of 16 / 32).")
+    profile: bool = _arg(False,
+        "Time each part of the engine step (schedule, input preparation, forward, sampling, output processing) and "
+        "report the per-step breakdown.")
+    greedy_head_screen: bool = _arg(True,
+        "Greedy rows: int8 screen of the LM head, exact float32 recheck of the tokens that could win (same tokens, "
+        "faster batched decode).")
+    disable_log_stats: bool = _arg(True, "Do not log the periodic stats line.")
+    structured_outputs_backend: str = _arg("auto",
+        "Structured output (guided decoding) library: auto (xgrammar, or llguidance for what xgrammar lacks), "
+        "xgrammar, guidance.")
+    reasoning_parser: str | None = _arg(None,
+        "Split a reasoning model's thinking from its answer (chat `reasoning` / `reasoning_content`, Responses "
+        "reasoning items); structured output and tool calls apply to the answer only, and requests may set "
+        "thinking_token_budget.")
+    reasoning_config: dict[str, Any] | str | None = _arg(None,
+        "JSON {\"reasoning_start_str\": ..., \"reasoning_end_str\": ...}: the markers the thinking budget counts from "
+        "and forces (default: the parser's, e.g. <think> and </think>).")
+    structured_outputs_config: dict[str, Any] | str | None = _arg(None,
+        "vLLM's structured_outputs_config as JSON: backend, disable_fallback (auto tries no second backend), "
+        "disable_any_whitespace (compact JSON), disable_additional_properties (schema objects get "
+        "additionalProperties: false), reasoning_parser, enable_in_reasoning (the grammar applies to the thinking "
+        "too).")
+    speculative_config: dict[str, Any] | str | None = _arg(None,
+        "Speculative decoding as JSON (vLLM's fields), e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'; "
+        "method ngram, suffix or draft_model (None: off).")
+    enable_lora: bool = _arg(False, "Serve LoRA adapters (PEFT directories) next to the base model.")
+    max_loras: int = _arg(1, "LoRA adapters one batch can mix.")
+    max_lora_rank: int = _arg(16, "The largest LoRA rank accepted.")
+    max_cpu_loras: int | None = _arg(None,
+        "LoRA adapters kept loaded in memory (None: max_loras); others are reloaded from disk on use.")
+    batch_invariant: bool = _arg(False,
+        "Fixed reduction orders in matmuls and attention: a request's logits (and seeded samples) are the same bits "
+        "alone, in any batch and however its prompt is chunked (slower).")
+    async_scheduling: bool = _arg(False,
+        "Schedule step N+1 while the model runs step N (at most 2 steps in flight): the engine's non-forward work "
+        "overlaps the forward. Steps with structured-output requests run synchronously; cannot be combined with "
+        "speculative decoding or tensor / pipeline parallelism.")
+    gpu_memory_utilization: float | None = _arg(None,
+        "Share of GPU memory for the KV cache (CUDA platform); accepted and ignored on the CPU, whose KV cache "
+        "--kv-cache-memory sizes.")
+    device: str = _arg("auto",
+        "auto (the process's platform: CUDA when a GPU is visible, else the CPU), cpu or cuda; it must agree with "
+        "$PAGEMILL_DEVICE where that is set.")
+    worker_cls: str = _arg("auto",
+        "The worker class by import path (auto: the platform's). pagemill.worker.gpu_worker.GpuWorker with "
+        "attention_backend=triton runs the GPU worker's step on the CPU (Triton's interpreter: slow, for tests).")
+    enforce_eager: bool = _arg(False, "CUDA: run decode batches eagerly instead of replaying CUDA graphs.")
+    runner: str = _arg("auto",
+        "generate or pooling (embeddings, scores: /v1/embeddings, /pooling, /score, /rerank); auto: pooling for "
+        "BERT-like embedding and cross-encoder models, else generate.")
+    task: str | None = _arg(None, "vLLM's older spelling of --runner: embed, classify or score (pooling), generate.")
+    pooler_config: dict[str, Any] | str | None = _arg(None,
+        "Pooling as JSON, e.g. '{\"pooling_type\": \"MEAN\", \"normalize\": true}' (CLS, MEAN or LAST; None: the "
+        "model's sentence-transformers settings, else CLS for BERT and LAST for decoders).")
+    data_parallel_size: int = _arg(1,
+        "Engine cores (processes) behind the server, each with its own scheduler and KV cache (--kv-cache-memory "
+        "each), pinned to cores / N cores (--num-threads: threads per engine).")
+    dp_routing: str = _arg("prefix-affinity",
+        "How requests pick an engine with -dp > 1: prefix-affinity (the engine that most likely holds the prompt's "
+        "prefix in its cache, unless it is overloaded) or least-loaded (waiting x 4 + running, as vLLM).")
+    dp_imbalance_threshold: int = _arg(16,
+        "prefix-affinity: the load score (waiting x 4 + running) by which the engine holding the prefix may exceed "
+        "the least-loaded one before the request goes to the latter.")
+    tensor_parallel_size: int = _arg(1,
+        "Ranks (worker processes) each layer's weights, heads and KV cache are split over.")
+    pipeline_parallel_size: int = _arg(1, "Pipeline stages (worker processes) the layers are split over.")
+    pipeline_micro_batching: bool = _arg(True, "With pipeline_parallel_size > 1: keep one batch in flight per stage "
+                                         "(micro-batches, the default); off: one batch at a time, each stage idle "
+                                         "while the others run (the A/B baseline of pipeline micro-batching).")
+    distributed_executor_backend: str | None = _arg(None,
+        "What runs the workers: uni (one, in the engine process), mp (one process per rank; the default when tensor "
+        "x pipeline parallel size > 1) or ray (one Ray actor per rank, on the nodes of a Ray cluster).")
+    kv_transfer_config: dict[str, Any] | str | None = _arg(None,
+        "A KV connector as JSON (vLLM's fields), e.g. '{\"kv_connector\": \"ZmqConnector\", "
+        "\"kv_role\": \"kv_producer\", \"kv_port\": 14579}'; SharedStorageConnector or ZmqConnector, kv_role "
+        "kv_producer (prefill), kv_consumer (decode) or kv_both.")
+    max_num_encoder_input_tokens: int | None = _arg(None,
+        "Image placeholder tokens whose vision encoder runs one step may start (None: the step's token budget).")
+    limit_mm_per_prompt: dict[str, Any] | str | None = _arg(None,
+        "Most images one prompt may carry, as JSON: '{\"image\": 4}' (default 8).")
+    allowed_local_media_path: str | None = _arg(None,
+        "Directory under which chat requests may name images by file:// URL (None: no local files).")
+
+    @classmethod
+    def arg_help(cls) -> dict[str, str]:
+        """Each argument's help text, by field name (from the fields' metadata)."""
+        return {f.name: f.metadata.get("help", "") for f in fields(cls)}
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -244,7 +327,7 @@ class EngineArgs:
                               speculative_config=spec_config, lora_config=lora_config,
                               batch_invariant=self.batch_invariant, data_parallel_config=dp_config,
                               parallel_config=parallel_config, kv_transfer_config=kv_transfer_config,
-                              device=device, worker_cls=self.worker_cls, enforce_eager=self.enforce_eager)
+                              device_config=DeviceConfig(device, self.worker_cls, self.enforce_eager))
         current_platform.check_and_update_config(config)
         return config
 
@@ -515,7 +598,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             continue
         flag = ["--" + f.name.replace("_", "-"), *_ALIASES.get(f.name, [])]
         default = f.default if f.default is not dataclasses.MISSING else None
-        help_text = ENGINE_ARG_HELP.get(f.name, f"EngineArgs.{f.name}")
+        help_text = f.metadata.get("help", "")
         if hints[f.name] is bool:
             group.add_argument(*flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         elif _is_dict_field(hints[f.name]):

@@ -1,7 +1,8 @@
 """The generated reference pages of the docs site: the engine arguments and the `pagemill` command line.
 
-Both are rendered from the objects `--help` is built from (EngineArgs' fields, ENGINE_ARG_HELP, and the argparse
-parser of `pagemill`), by the MkDocs hook docs/hooks/reference.py at every build, so they cannot drift from the code.
+Both are rendered from the objects `--help` is built from (EngineArgs' fields and their help metadata, and the
+argparse parser of `pagemill`), by the MkDocs hook docs/hooks/reference.py at every build, so they cannot drift
+from the code.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import argparse
 import dataclasses
 import typing
 
-from pagemill.engine.arg_help import ENGINE_ARG_HELP
 from pagemill.engine.arg_utils import EngineArgs
 
 ENGINE_GROUP = "engine"
@@ -40,11 +40,12 @@ def _engine_flags() -> dict[str, list[str]]:
 def engine_args_markdown() -> str:
     """docs/reference/engine_args.md: one row per EngineArgs field (its flags, type, default and help)."""
     hints = typing.get_type_hints(EngineArgs)
+    helps = EngineArgs.arg_help()
     flags = _engine_flags()
     lines = [
         "# Engine arguments",
         "",
-        "<!-- Generated from pagemill/engine/arg_utils.py (EngineArgs) and pagemill/engine/arg_help.py at every docs "
+        "<!-- Generated from pagemill/engine/arg_utils.py (EngineArgs: each field's metadata help) at every docs "
         "build (docs/hooks/reference.py); edit the help there. -->",
         "",
         "The keyword arguments of `LLM(...)`, `EngineArgs(...)` and `AsyncLLM`, and the engine flags of `pagemill serve`, "
@@ -57,7 +58,7 @@ def engine_args_markdown() -> str:
         default = f.default if f.default is not dataclasses.MISSING else None
         flag = ", ".join(f"`{x}`" for x in flags.get(f.name, []))
         lines.append(f"| `{f.name}` | {flag} | `{_md(_type_name(hints[f.name]))}` | {_md(_default(default))} | "
-                     f"{_md(ENGINE_ARG_HELP.get(f.name, ''))} |")
+                     f"{_md(helps[f.name])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,9 @@
-"""Fused layer ops, two ways: `TorchLayerOps` (pure torch, HF's math: the reference) and `KernelLayerOps` (the
-compiled CPU kernels). An engine picks one (`select_layer_ops`) and builds its layers with it, so engines with
-different choices live side by side in one process.
+"""The per-device layer-ops tables: `TorchLayerOps` (pure torch, HF's math: the reference), `KernelLayerOps` (the
+compiled CPU kernels) and `TritonLayerOps` (kernels/triton_ops.py, the CUDA platform's). The platform names the
+tables each attention backend gets (`Platform.layer_ops`, import paths tried in order), `select_layer_ops` builds the
+first whose kernels are available here, and the runner builds its layers with it: a layer binds the table once at
+init and calls its methods (no per-call lookup in a registry), and engines with different tables live side by side
+in one process.
 
 `out_dtype` is the dtype the consumer (usually the next matmul) reads, so the cast is fused into the op.
 """
@@ -8,17 +11,29 @@ different choices live side by side in one process.
 from __future__ import annotations
 
 from types import ModuleType
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from pagemill.kernels.build import load_kernels
+from pagemill.platforms import current_platform
+from pagemill.utils.import_utils import resolve_obj_by_qualname
+
+if TYPE_CHECKING:
+    from pagemill.platforms.interface import Platform
 
 
 class TorchLayerOps:
     """The reference: each op in plain torch, computed as HF transformers computes it."""
 
     kernels: ModuleType | None = None  # the compiled module behind the ops (none here)
+    fused_rotary: ClassVar[bool] = False  # whether the table has `rotary` (RoPE of q and k in one kernel)
+
+    @classmethod
+    def create(cls) -> TorchLayerOps | None:
+        """The table when its kernels are available in this process, else None (the platform's next choice)."""
+        return cls()
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
         """weight * x / rms(x), computed in float32, returned in `out_dtype`."""
@@ -56,6 +71,12 @@ class KernelLayerOps(TorchLayerOps):
 
     def __init__(self, kernels: ModuleType) -> None:
         self.kernels = kernels
+
+    @classmethod
+    def create(cls) -> KernelLayerOps | None:
+        """The compiled kernels' table, or None when they are not built (one warning)."""
+        kernels = load_kernels()
+        return cls(kernels) if kernels is not None else None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
         """weight * x / rms(x), computed in float32, returned in `out_dtype`."""
@@ -97,7 +118,13 @@ class KernelLayerOps(TorchLayerOps):
         self.kernels.lora_delta(y, x.contiguous(), lora_a, lora_b, runs)
 
 
-def select_layer_ops(use_kernels: bool) -> TorchLayerOps:
-    """KernelLayerOps when asked for and the kernels are built, else the torch reference."""
-    kernels = load_kernels() if use_kernels else None
-    return KernelLayerOps(kernels) if kernels is not None else TorchLayerOps()
+def select_layer_ops(attn_backend: str, platform: Platform | type[Platform] | None = None) -> TorchLayerOps:
+    """The layer ops that go with the attention backend named `attn_backend` on `platform` (a platform or its class;
+    default: this process's): the first of the platform's choices whose kernels are available, else the torch
+    reference."""
+    platform = platform or current_platform
+    for path in platform.get_layer_ops_cls(attn_backend):
+        ops = resolve_obj_by_qualname(path).create()
+        if ops is not None:
+            return ops
+    return TorchLayerOps()

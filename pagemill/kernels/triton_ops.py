@@ -104,11 +104,19 @@ _ACT_BLOCK = 1024
 
 
 class TritonLayerOps(TorchLayerOps):
-    """RMSNorm (with and without the residual add) and the gated activations in Triton; the rest the reference's."""
+    """RMSNorm (with and without the residual add), the gated activations and RoPE in Triton; the rest the
+    reference's."""
+
+    fused_rotary = True
 
     def __init__(self) -> None:
         if triton is None:
             raise RuntimeError("the Triton layer ops need the triton package (pip install triton)")
+
+    @classmethod
+    def create(cls) -> TritonLayerOps | None:
+        """The Triton table, or None without the triton package."""
+        return cls() if triton is not None else None
 
     @staticmethod
     def _rows(x: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pagemill.pooling.config import PoolerConfig
+from pagemill.config.pooling import PoolerConfig
 from pagemill.pooling_params import PoolingParams
 
 

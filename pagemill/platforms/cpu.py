@@ -19,6 +19,8 @@ TORCH_PAGED = f"{_BACKENDS}.torch_paged.TorchPagedAttention"
 CPU_INVARIANT = f"{_BACKENDS}.cpu_invariant.BatchInvariantCpuAttention"
 VIRTUAL_CONTIGUOUS = f"{_BACKENDS}.virtual_contiguous.VirtualContiguousAttention"
 TRITON_PAGED = f"{_BACKENDS}.triton_paged.TritonPagedAttention"
+TORCH_OPS = "pagemill.kernels.ops.TorchLayerOps"
+KERNEL_OPS = "pagemill.kernels.ops.KernelLayerOps"
 
 DEFAULT_KV_CACHE_BYTES = 2 * 2**30
 
@@ -39,6 +41,8 @@ class CpuPlatform(Platform):
     supported_quantization = ("none", "gguf", "int8", "int4", "gptq", "awq", "compressed-tensors", "fp8")
     worker_cls = "pagemill.worker.cpu_worker.CpuWorker"
     device_communicator = "pagemill.distributed.shm_communicator.create_shm_communicator"
+    # the compiled CPU ops (torch's where they are not built); the torch attention reference gets the torch ops
+    layer_ops: ClassVar[dict[str, tuple[str, ...]]] = {"torch": (TORCH_OPS,), "*": (KERNEL_OPS, TORCH_OPS)}
 
     def get_attn_backend_cls(self, selected: str, batch_invariant: bool, kv_cache_layout: str) -> list[str]:
         """The compiled CPU kernel (else the torch reference) for auto; kv_cache_layout="virtual" has its own

@@ -20,6 +20,8 @@ _BACKENDS = "pagemill.attention.backends"
 TRITON_PAGED = f"{_BACKENDS}.triton_paged.TritonPagedAttention"
 TORCH_PAGED = f"{_BACKENDS}.torch_paged.TorchPagedAttention"
 GPU_WORKER = "pagemill.worker.gpu_worker.GpuWorker"
+TORCH_OPS = "pagemill.kernels.ops.TorchLayerOps"
+TRITON_OPS = "pagemill.kernels.triton_ops.TritonLayerOps"
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
 NOT_AVAILABLE = ("PAGEMILL_DEVICE=cuda / device='cuda': no CUDA device is visible to torch here (torch.cuda."
@@ -45,6 +47,9 @@ class CudaPlatform(Platform):
     supported_quantization = ("none",)
     worker_cls = GPU_WORKER
     device_communicator = "pagemill.platforms.cuda.no_device_communicator"
+    # Triton's layer ops with Triton attention (RoPE included), the torch reference with the torch one (never the
+    # CPU's compiled kernels, also when the GPU runner runs on the CPU)
+    layer_ops: ClassVar[dict[str, tuple[str, ...]]] = {"triton": (TRITON_OPS, TORCH_OPS), "*": (TORCH_OPS,)}
 
     def __init__(self) -> None:
         if not self.is_available():

@@ -42,6 +42,9 @@ class Platform:
     worker_cls: ClassVar[str]
     # (group, rank, world_size, timeout_s) -> the fast collectives of a tensor-parallel group, or None
     device_communicator: ClassVar[str]
+    # the layer-ops tables (kernels.ops.TorchLayerOps and subclasses) by attention backend name ("*": any other),
+    # import paths tried in order (the first whose kernels are available is used; the torch reference at worst)
+    layer_ops: ClassVar[dict[str, tuple[str, ...]]]
 
     def is_cpu(self) -> bool:
         """Whether this is the CPU platform."""
@@ -73,6 +76,11 @@ class Platform:
         """Import paths of the attention backends to try, in order (the first that builds is used), for the user's
         `attention_backend`; a ValueError names the fields that cannot go together."""
         raise NotImplementedError(f"the {self.device_name} platform does not choose attention backends")
+
+    @classmethod
+    def get_layer_ops_cls(cls, attn_backend: str) -> tuple[str, ...]:
+        """Import paths of the layer-ops tables to try, in order, for the attention backend named `attn_backend`."""
+        return cls.layer_ops.get(attn_backend, cls.layer_ops["*"])
 
     def kv_cache_memory_bytes(self, kv_cache_memory: int | str | None, gpu_memory_utilization: float | None) -> int:
         """Bytes for the KV cache from the user's `kv_cache_memory` / `gpu_memory_utilization` (None: defaults)."""

@@ -1,4 +1,5 @@
-"""Which runner a model gets (generate or pooling) and how a pooling model pools (vLLM's PoolerConfig).
+"""Which runner a model gets (generate or pooling) and how a pooling model pools (vLLM's PoolerConfig, defined in
+pagemill/config/pooling.py and re-exported here).
 
 Pooling settings come, in order of precedence, from the user's `pooler_config`, the model's sentence-transformers
 files (modules.json, its Pooling module's config.json, sentence_bert_config.json) and the architecture's default.
@@ -8,19 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from typing import Any
 
-from pagemill.utils.config_json import config_from_user
-
-RUNNERS = ("auto", "generate", "pooling")
-POOLING_TYPES = ("CLS", "MEAN", "LAST")
-# Architectures that only pool, and their head: embed (hidden states) or classify (a classifier's logits). All are
-# encoder-only (bidirectional attention, no KV cache).
-POOLING_ARCHITECTURES = {"BertModel": "embed", "BertForSequenceClassification": "classify"}
-# vLLM's older `task` argument: the runner each value implies.
-TASK_RUNNERS = {"generate": "generate", "embed": "pooling", "embedding": "pooling", "classify": "pooling",
-                "score": "pooling", "encode": "pooling", "reward": "pooling"}
+from pagemill.config.pooling import (POOLING_ARCHITECTURES, POOLING_TYPES, RUNNERS, TASK_RUNNERS,  # noqa: F401
+                                     PoolerConfig)
 
 _ST_POOLING_MODES = {"pooling_mode_cls_token": "CLS", "pooling_mode_mean_tokens": "MEAN",
                      "pooling_mode_lasttoken": "LAST"}
@@ -28,42 +20,6 @@ _ST_UNSUPPORTED_MODES = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_
                          "pooling_mode_weightedmean_tokens")
 _ST_MODULES = ("sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling",
                "sentence_transformers.models.Normalize")
-
-
-@dataclass
-class PoolerConfig:
-    """How hidden states become one vector per request: pooling type and normalisation (the user's fields), plus
-    what the engine resolved about the model (its head, attention kind, Matryoshka support, length limit)."""
-
-    pooling_type: str | None = None  # CLS | MEAN | LAST (None: the model's sentence-transformers Pooling or default)
-    normalize: bool | None = None  # embeddings are L2-normalised unless a request says otherwise (None: model's)
-    # Resolved by the engine, not user input:
-    head: str = "embed"  # embed (pooled hidden states) | classify (a classifier's logits)
-    encoder_only: bool = False  # bidirectional attention over the whole prompt, no KV cache
-    is_matryoshka: bool = False  # `dimensions` may shorten embeddings
-    matryoshka_dimensions: list[int] | None = None  # the allowed `dimensions` (None: any up to the hidden size)
-    max_seq_length: int | None = None  # sentence-transformers' input limit (caps max_model_len)
-
-    def __post_init__(self) -> None:
-        if self.pooling_type is not None:
-            self.pooling_type = str(self.pooling_type).upper()
-            if self.pooling_type not in POOLING_TYPES:
-                raise ValueError(f"pooler_config.pooling_type must be one of {', '.join(POOLING_TYPES)}, "
-                                 f"got {self.pooling_type!r}.")
-
-    @property
-    def supported_tasks(self) -> tuple[str, ...]:
-        """The pooling tasks requests may ask of this model."""
-        return ("embed", "encode", "score") if self.head == "embed" else ("classify", "score", "encode")
-
-    @classmethod
-    def from_user(cls, value: dict[str, Any] | str | PoolerConfig | None) -> PoolerConfig:
-        """From a dict, its JSON text (the CLI's --pooler-config) or a config; unknown keys raise a ValueError."""
-        if value is None:
-            return cls()
-        if isinstance(value, PoolerConfig):
-            return cls(pooling_type=value.pooling_type, normalize=value.normalize)
-        return config_from_user(cls, value, "pooler_config", {"pooling_type", "normalize"})
 
 
 def architecture(hf_config: Any) -> str:

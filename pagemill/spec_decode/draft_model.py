@@ -23,13 +23,14 @@ from pagemill.attention.backend import batch_permutation
 from pagemill.config import SpeculativeConfig
 from pagemill.forward_context import set_forward_context
 from pagemill.loader.model_loader import load_model
+from pagemill.spec_decode.proposer import DraftRequests
 from pagemill.utils.memory import lazy_zeros
 
 logger = logging.getLogger(__name__)
 
 
 class DraftModelProposer:
-    """Proposes draft tokens with a draft model run batched over the requests that want them."""
+    """Proposes draft tokens with a draft model run batched over the requests that want them (a DraftProposer)."""
 
     def __init__(self, config: SpeculativeConfig, runner: Any) -> None:
         self.runner = runner
@@ -90,11 +91,11 @@ class DraftModelProposer:
         """Forget the request's draft KV progress (after preemption its blocks are new: recompute from the start)."""
         self.computed.pop(req_id, None)
 
-    def propose_batch(self, req_ids: list[str], rows: np.ndarray, rooms: np.ndarray) -> list[list[int]]:
-        """Up to rooms[i] greedy draft tokens for each request (input-batch row rows[i]), one forward per position.
-        Drafts are written into the batch's token ids after each request's tokens (scratch space until verified)."""
-        ib = self.runner.input_batch
-        num_tokens = ib.num_tokens[rows].copy()
+    def propose(self, requests: DraftRequests) -> list[list[int]]:
+        """Up to max_tokens[i] greedy draft tokens for each request, one batched forward per position. Drafts are
+        written into the batch's token ids after each request's tokens (scratch space until verified)."""
+        req_ids, rows, rooms = requests.req_ids, requests.rows, requests.max_tokens
+        num_tokens = requests.num_tokens.copy()
         if self.shares_target_kv:
             start = num_tokens - 1
         else:
@@ -109,7 +110,7 @@ class DraftModelProposer:
             if j > 0:
                 start, counts = num_tokens[live] + j - 1, np.ones(len(live), dtype=np.int64)
             tokens = self._forward(rows[live], start, counts)
-            ib.token_ids[rows[live], num_tokens[live] + j] = tokens
+            requests.token_ids[rows[live], num_tokens[live] + j] = tokens
             for i, t in zip(live.tolist(), tokens.tolist()):
                 drafts[i].append(t)
         return drafts

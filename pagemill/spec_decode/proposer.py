@@ -1,8 +1,11 @@
-"""The model-free draft-token proposer protocol and the factory that picks one from a `SpeculativeConfig`."""
+"""The draft-token proposer protocols: `DraftProposer` (what the model runner calls, once per step for the whole
+batch) and `TokenProposer` (a model-free proposer working on one request's tokens), with the adapter that makes a
+TokenProposer a DraftProposer and the factory that picks a model-free one from a `SpeculativeConfig`."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -20,6 +23,61 @@ class TokenProposer(Protocol):
     def remove_request(self, req_id: str, finished: bool) -> None:
         """Drop the request's state (finished=False: preempted, it may come back with the same context)."""
         ...
+
+
+@dataclass(frozen=True)
+class DraftRequests:
+    """The requests that want draft tokens this step, as rows of the runner's input batch (numpy, one entry each)."""
+
+    req_ids: list[str]
+    rows: np.ndarray  # int64: input-batch rows
+    max_tokens: np.ndarray  # int64: most draft tokens each may get (>= 1: within max_tokens and the context length)
+    num_tokens: np.ndarray  # int64: tokens so far (prompt then output)
+    num_prompt_tokens: np.ndarray  # int64
+    token_ids: np.ndarray  # the input batch's whole token-id array [rows, max_model_len] (a view: drafts may be
+    #                        written past a request's tokens as scratch space)
+
+    def context(self, i: int) -> np.ndarray:
+        """Request i's tokens (prompt then output so far), a view into the input batch."""
+        return self.token_ids[self.rows[i], :self.num_tokens[i]]
+
+
+@runtime_checkable
+class DraftProposer(Protocol):
+    """What the model runner drives: a proposer of draft tokens for a batch of requests (n-gram, suffix tree,
+    draft model), with the KV cache it may need and per-request state it must drop."""
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate what the proposer keeps per KV block (a draft model's KV tensors, indexed by the target's block
+        ids); model-free proposers keep nothing."""
+        ...
+
+    def propose(self, requests: DraftRequests) -> list[list[int]]:
+        """Up to requests.max_tokens[i] draft tokens for each request, in order."""
+        ...
+
+    def remove_request(self, req_id: str, finished: bool) -> None:
+        """Drop the request's state (finished=False: preempted, it may come back with the same context)."""
+        ...
+
+
+class TokenDraftProposer:
+    """A DraftProposer made of a model-free TokenProposer: each request's drafts from its own tokens."""
+
+    def __init__(self, proposer: TokenProposer) -> None:
+        self.proposer = proposer
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Nothing: a model-free proposer keeps no KV."""
+
+    def propose(self, requests: DraftRequests) -> list[list[int]]:
+        """The token proposer's drafts, request by request."""
+        return [self.proposer.propose(rid, requests.context(i), int(requests.num_prompt_tokens[i]),
+                                      int(requests.max_tokens[i])) for i, rid in enumerate(requests.req_ids)]
+
+    def remove_request(self, req_id: str, finished: bool) -> None:
+        """Forward to the token proposer."""
+        self.proposer.remove_request(req_id, finished)
 
 
 def make_token_proposer(config: SpeculativeConfig) -> TokenProposer:

@@ -1,6 +1,6 @@
 """The GPU model runner (vLLM's `GPUModelRunner`), written device-generically: the model, KV cache and step inputs
-live on `config.device`; step inputs go through persistent buffers (pinned staging + non_blocking copies on CUDA:
-step_buffers.py); layer ops and attention are pagemill's Triton kernels; sampling runs on the device with one
+live on `config.device_config.device`; step inputs go through persistent buffers (pinned staging + non_blocking
+copies on CUDA: step_buffers.py); layer ops and attention are pagemill's Triton kernels; sampling runs on the device with one
 device-to-host copy of the sampled ids per step (seeded rows draw the same SplitMix64 uniforms as the CPU path:
 sample/draws.py); decode batches replay CUDA graphs on CUDA (cuda_graphs.py; `enforce_eager` turns them off).
 
@@ -21,7 +21,8 @@ from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import NewRequestData, SchedulerOutput
 from pagemill.distributed.parallel_state import ParallelContext
-from pagemill.kernels.ops import TorchLayerOps
+from pagemill.kernels.ops import select_layer_ops
+from pagemill.platforms.cuda import CudaPlatform
 from pagemill.sample.metadata import SamplingMetadata
 from pagemill.sample.sampler import Sampler
 from pagemill.sampling_params import SamplingParams
@@ -32,18 +33,9 @@ from pagemill.worker.step_timer import StepTimer
 logger = logging.getLogger(__name__)
 
 
-def _layer_ops(backend_name: str) -> TorchLayerOps:
-    """Triton layer ops with the Triton attention backend, the torch reference with the torch one (never the CPU's
-    compiled kernels: building them is a C++ compile)."""
-    if backend_name == "triton":
-        from pagemill.kernels.triton_ops import TritonLayerOps
-
-        return TritonLayerOps()
-    return TorchLayerOps()
-
-
 class GpuModelRunner(ModelRunner):
-    """ModelRunner on `config.device` with persistent step buffers, a device sampler and CUDA graphs (CUDA)."""
+    """ModelRunner on `config.device_config.device` with persistent step buffers, a device sampler and CUDA graphs
+    (CUDA)."""
 
     def __init__(self, config: EngineConfig, parallel: ParallelContext | None = None) -> None:
         self.config = config
@@ -56,11 +48,11 @@ class GpuModelRunner(ModelRunner):
         self.encoder_cache = None
         if cc.kv_cache_layout != "paged":
             raise ValueError("kv_cache_layout: the GPU runner runs the paged layout only.")
-        self.device = torch.device(config.device)
+        self.device = torch.device(config.device_config.device)
         if self.device.type == "cuda" and torch.cuda.is_available():
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.backend = get_attn_backend(config.attention_backend, config.batch_invariant, cc.kv_cache_layout)
-        self.ops = _layer_ops(self.backend.name)
+        self.ops = select_layer_ops(self.backend.name, CudaPlatform)  # the CUDA table, also when run on the CPU
         self.vocab_size = mc.hf_config.vocab_size
         self.block_size = cc.block_size
         self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)
@@ -80,7 +72,7 @@ class GpuModelRunner(ModelRunner):
         self.model.to(self.device)
         self.head_screen = None  # (an int8 CPU kernel)
         self.sampler = Sampler(None)
-        if hasattr(self.ops, "rotary"):
+        if self.ops.fused_rotary:
             from pagemill.layers.rotary import RotaryEmbedding
 
             for module in self.model.modules():
@@ -103,7 +95,7 @@ class GpuModelRunner(ModelRunner):
         self.buffers = StepBuffers(self.device, max(sc.max_num_batched_tokens, sc.max_num_seqs), sc.max_num_seqs,
                                    self.input_batch.max_blocks, len(self.kv_groups))
         self.buckets = decode_buckets(sc.max_num_seqs)
-        if self.is_cuda and not self.config.enforce_eager and not getattr(self, "_profiling", False):
+        if self.is_cuda and not self.config.device_config.enforce_eager and not getattr(self, "_profiling", False):
             from pagemill.worker.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs.capture(self)

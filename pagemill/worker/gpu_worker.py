@@ -1,9 +1,9 @@
 """The GPU worker (vLLM's `Worker` for CUDA): one rank's device, its GpuModelRunner, its KV cache sized from
 `gpu_memory_utilization` after a profiled forward (vLLM's rule), or from `kv_cache_memory` when given.
 
-Device-generic like its runner: with config.device == "cpu" (worker_cls=...GpuWorker, attention_backend="triton")
-the whole step runs on the CPU through Triton's interpreter, which is how CI runs it; only device == "cuda" touches
-torch.cuda.
+Device-generic like its runner: with config.device_config.device == "cpu" (worker_cls=...GpuWorker,
+attention_backend="triton") the whole step runs on the CPU through Triton's interpreter, which is how CI runs it;
+only device == "cuda" touches torch.cuda.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class GpuWorker(CpuWorker):
     @property
     def is_cuda(self) -> bool:
         """Whether this rank runs on a CUDA GPU."""
-        return self.config.device == "cuda"
+        return self.config.device_config.device == "cuda"
 
     def init_device(self) -> None:
         """CUDA: this rank's GPU (rank modulo the visible devices), NCCL process group; CPU: as the CPU worker."""

@@ -30,6 +30,7 @@ from pagemill.messages import LogprobsLists
 from pagemill.sample.metadata import SamplingMetadata
 from pagemill.sample.rejection_sampler import rejection_sample
 from pagemill.sample.sampler import Sampler, gather_logprobs
+from pagemill.spec_decode.proposer import DraftProposer, DraftRequests
 from pagemill.spec_decode.select import make_proposer
 from pagemill.utils.memory import lazy_zeros
 from pagemill.worker.encoder_cache import EncoderCache
@@ -68,7 +69,7 @@ class ModelRunner:
         self.backend = get_attn_backend(config.attention_backend, config.batch_invariant,
                                         config.cache_config.kv_cache_layout)
         # attention_backend="torch" selects the pure-torch reference for the fused layer ops too.
-        self.ops = select_layer_ops(use_kernels=self.backend.name != "torch")
+        self.ops = select_layer_ops(self.backend.name)  # the platform's table for this attention backend
         self.vocab_size = mc.hf_config.vocab_size
         self.block_size = cc.block_size
         self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)
@@ -102,7 +103,8 @@ class ModelRunner:
                              "sliding-window layers) yet.")
         # Speculative decoding: what proposes the next step's draft tokens (None: no speculation); a draft model is
         # loaded here, its KV tensors come with the target's (initialize_kv_cache).
-        self.proposer = make_proposer(config.speculative_config, self) if config.speculative_config else None
+        self.proposer: DraftProposer | None = (make_proposer(config.speculative_config, self)
+                                               if config.speculative_config else None)
         self.sampler = Sampler(ops.kernels)
         self.head_screen = None
         if config.greedy_head_screen:
@@ -155,7 +157,7 @@ class ModelRunner:
 
         self.input_batch = InputBatch(config.scheduler_config.max_num_seqs, mc.max_model_len, cc.block_size,
                                       len(groups))
-        if hasattr(self.proposer, "initialize_kv_cache"):  # a draft model: its KV indexed by the same block ids
+        if self.proposer is not None:  # a draft model: its KV indexed by the same block ids
             self.proposer.initialize_kv_cache(num_blocks)
         # The worker side of a KV connector: loads external KV before the forward, saves computed KV after it.
         self.kv_connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER)
@@ -493,11 +495,9 @@ class ModelRunner:
                 rooms.append(room)
         if not req_ids:
             return 0
-        if hasattr(self.proposer, "propose_batch"):  # a draft model: one batched forward per draft position
-            drafts = self.proposer.propose_batch(req_ids, np.array(rows, dtype=np.int64), np.array(rooms))
-        else:
-            drafts = [self.proposer.propose(rid, ib.token_ids[row, :ib.num_tokens[row]], int(ib.num_prompt_tokens[row]),
-                                            room) for rid, row, room in zip(req_ids, rows, rooms)]
+        rows_ = np.array(rows, dtype=np.int64)
+        drafts = self.proposer.propose(DraftRequests(req_ids, rows_, np.array(rooms, dtype=np.int64),
+                                                     ib.num_tokens[rows_], ib.num_prompt_tokens[rows_], ib.token_ids))
         for rid, d in zip(req_ids, drafts):
             if d:
                 out.draft_token_ids[rid] = d

@@ -88,7 +88,7 @@ class EncoderModelRunner:
     def load_model(self) -> None:
         """Load the encoder and its pooler (with the model's classifier head, if it has one)."""
         mc = self.config.model_config
-        self.model = load_model(mc, select_layer_ops(use_kernels=self.backend.name != "torch"), self.backend)
+        self.model = load_model(mc, select_layer_ops(self.backend.name), self.backend)
         if self.model.attention_layers():
             raise ValueError(f"{type(self.model).__name__} has KV-cache attention layers: not an encoder-only model.")
         classify: Callable[[torch.Tensor], torch.Tensor] | None = getattr(self.model, "classify", None)

@@ -101,7 +101,7 @@ class WorkerBase(ABC):
 
 
 def worker_class(config: EngineConfig | None = None) -> type[WorkerBase]:
-    """The worker class the engine's `worker_cls` names, else the one the current platform names
+    """The worker class the engine's `device_config.worker_cls` names, else the one the current platform names
     (`Platform.worker_cls`)."""
-    name = getattr(config, "worker_cls", "auto") if config is not None else "auto"
+    name = config.device_config.worker_cls if config is not None else "auto"
     return resolve_obj_by_qualname(current_platform.worker_cls if name in ("auto", None, "") else name)

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from pagemill.benchmarks.results_page import build_page, load_results
-from pagemill.engine.arg_help import ENGINE_ARG_HELP
 from pagemill.engine.arg_utils import EngineArgs
 from pagemill.entrypoints.cli_docs import _subcommands, api_markdown, cli_markdown, engine_args_markdown
 
@@ -37,10 +36,13 @@ def test_mkdocs_build_strict(tmp_path):
 def test_engine_args_reference_lists_every_field():
     rows = re.findall(r"^\| `(\w+)` \|", engine_args_markdown(), flags=re.M)
     assert rows == EngineArgs.field_names()
-    missing = [name for name in EngineArgs.field_names() if not ENGINE_ARG_HELP.get(name)]
-    assert not missing, f"EngineArgs fields without help in pagemill/engine/arg_help.py: {missing}"
-    stale = sorted(set(ENGINE_ARG_HELP) - set(EngineArgs.field_names()))
-    assert not stale, f"help for arguments EngineArgs no longer has: {stale}"
+    helps = EngineArgs.arg_help()
+    missing = [name for name in EngineArgs.field_names() if not helps.get(name, "").strip()]
+    assert not missing, f"EngineArgs fields without metadata help (engine/arg_utils.py): {missing}"
+    assert not [name for name, text in helps.items() if "%" in text], "argparse %-formats help: no '%' in it"
+    page = engine_args_markdown()
+    for name, text in helps.items():  # the reference shows each help text, Markdown-escaped
+        assert text.replace("|", "\\|") in page, name
 
 
 def test_cli_help_comes_from_the_one_source():
@@ -48,9 +50,10 @@ def test_cli_help_comes_from_the_one_source():
 
     serve = dict(_subcommands(build_parser(), "pagemill"))["pagemill serve"]
     helps = {a.dest: a.help for a in serve._actions}
+    dataclasses_help = {f.name: f.metadata.get("help") for f in dataclasses.fields(EngineArgs)}
     for name in EngineArgs.field_names():
         if name != "served_model_name":  # `pagemill serve` declares it itself (several names)
-            assert helps[name] == ENGINE_ARG_HELP[name], name
+            assert helps[name] == dataclasses_help[name], name
 
 
 def test_cli_reference_lists_every_command_and_flag():
@@ -125,3 +128,14 @@ def test_readme_numbers_come_from_the_results():
     assert quoted
     saved = {f"{r['ratio']:.2f}" for r in load_results(str(ROOT / "benchmarks" / "results"))}
     assert set(quoted) <= saved, sorted(set(quoted) - saved)
+
+
+def test_engine_arg_help_refuses_percent_and_empty():
+    """argparse %-formats help text, so the one source refuses a '%' (and an empty help) when the class is built."""
+    from pagemill.engine.arg_utils import _arg
+
+    with pytest.raises(ValueError, match="%"):
+        _arg(0.9, "90% of memory")
+    with pytest.raises(ValueError, match="non-empty"):
+        _arg(1, " ")
+    assert _arg(1, "One.").metadata == {"help": "One."}

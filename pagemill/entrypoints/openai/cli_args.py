@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 
-from pagemill.engine.arg_help import ENGINE_ARG_HELP
 from pagemill.engine.arg_utils import EngineArgs, add_engine_args
 from pagemill.entrypoints.chat_utils import BUILTIN_TEMPLATES
 from pagemill.entrypoints.openai.cors import add_cors_args
@@ -37,7 +36,7 @@ def served_model_names(args: argparse.Namespace) -> list[str]:
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
     """The flags of `pagemill serve` (named like `vllm serve`'s)."""
     parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                        help=ENGINE_ARG_HELP["model"] + " Same as --model.")
+                        help=EngineArgs.arg_help()["model"] + " Same as --model.")
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0 for all interfaces).")
     server.add_argument("--port", type=int, default=8000, help="Port to listen on.")
