@@ -159,7 +159,9 @@ class ModelConfig:
         return self.served_model_name or self.model
 
 
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+# fp8 / fp8_e4m3 / fp8_e5m2 / int8: one byte per element plus a float32 scale per token and head
+# (attention/kv_quant.py); fp8 is e4m3, as in vLLM.
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 KV_CACHE_LAYOUTS = ("paged", "virtual")
 
 
@@ -173,7 +175,7 @@ class CacheConfig:
     prefix_caching_hash_algo: str = "builtin"
     num_gpu_blocks_override: int | None = None  # exact number of blocks (tests)
     swap_space: int = 4 * 2**30  # bytes of host memory for swapped-out blocks (preemption_mode="swap")
-    kv_cache_dtype: str = "auto"  # auto = the model dtype; float16/bfloat16 halve attention's memory traffic
+    kv_cache_dtype: str = "auto"  # auto = the model dtype; float16/bfloat16 halve, fp8/int8 quarter the KV bytes
     kv_cache_layout: str = "paged"  # paged blocks, or virtual: each request's KV contiguous (worker/virtual_kv.py)
     # share of the GPU's memory the engine may use (CUDA, kv_cache_memory 0: the KV cache gets what a profiled forward
     # leaves of it); None on the CPU
