@@ -36,7 +36,9 @@ ENGINE_ARG_HELP: dict[str, str] = {
                     "multiplied in integers against quantized weights (GGUF, or quantization=int8/int4; a speed "
                     "preset: teacher-forced top-1 agreement 0.97 on Gemma 3, 0.93 on SmolLM2).",
     "kv_cache_dtype": "KV-cache dtype: auto (the model dtype), float16 or bfloat16 (half the bytes attention reads, "
-                      "twice the tokens the cache holds).",
+                      "twice the tokens the cache holds), or quantized as vLLM names it: int8, fp8 (= fp8_e4m3), "
+                      "fp8_e5m2 (one byte per element plus a float32 scale per token and head: about 3.8x the "
+                      "float32 tokens in the same kv_cache_memory).",
     "profile": "Time each part of the engine step (schedule, input preparation, forward, sampling, output "
                "processing) and report the per-step breakdown.",
     "num_gpu_blocks_override": "Exact number of KV blocks (testing).",

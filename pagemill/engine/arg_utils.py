@@ -70,7 +70,7 @@ class EngineArgs:
     num_threads: int | None = None
     attention_backend: str = "auto"
     linear_dtype: str = "auto"  # float16/bfloat16: 3-4x faster GEMMs, top-1 within 99% of float32; int8: int8 activations x quantized weights
-    kv_cache_dtype: str = "auto"  # float16/bfloat16: half the KV bytes (attention reads, cache capacity)
+    kv_cache_dtype: str = "auto"  # float16/bfloat16: half the KV bytes; int8/fp8/fp8_e4m3/fp8_e5m2: ~quarter
     kv_cache_layout: str = "paged"  # virtual: vTensor-style contiguous per-request KV over mapped chunks (Linux)
     quantization: str = "auto"  # gguf (auto for GGUF files): small-batch GEMVs stream the Q4_1/Q8_0 weights as stored;
     # int8 / int4: a safetensors model's linears quantized at load (weight-only, groups of 16 / 32) for the same GEMVs

@@ -105,3 +105,24 @@ def test_backend_without_quantized_reads_names_kv_cache_dtype(smol_path):
     """The virtual-contiguous layout reads float caches only: asking it for int8 names the field."""
     with pytest.raises(ValueError, match="kv_cache_dtype='int8'"):
         LLM(smol_path, kv_cache_memory="64MiB", max_model_len=256, kv_cache_dtype="int8", kv_cache_layout="virtual")
+
+
+def test_kv_connector_blocks_carry_the_scales(tiny_llama, tmp_path):
+    """P/D over shared storage with an int8 cache: the consumer's loaded blocks (codes and scales) give the tokens of
+    a single instance; blocks without their scales would not."""
+    from tests.distributed.test_kv_connector import GREEDY as CONNECTOR_GREEDY
+    from tests.distributed.test_kv_connector import PROMPTS, _llm, _prompts, _storage, loadable_tokens
+
+    reference = _llm(tiny_llama, kv_cache_dtype="int8").generate(_prompts(), CONNECTOR_GREEDY, use_tqdm=False)
+    producer = _llm(tiny_llama, kv_cache_dtype="int8", kv_transfer_config=_storage(tmp_path, "kv_producer"))
+    producer.generate(_prompts(), SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    del producer
+    consumer = _llm(tiny_llama, kv_cache_dtype="int8", kv_transfer_config=_storage(tmp_path, "kv_consumer"))
+    out = consumer.generate(_prompts(), CONNECTOR_GREEDY, use_tqdm=False)
+    assert consumer.get_stats().external_prefix_cache_hits == loadable_tokens() > 0
+    for got, want in zip(out, reference, strict=True):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        for lg, lw in zip(got.outputs[0].logprobs, want.outputs[0].logprobs, strict=True):
+            t = next(iter(lw))
+            assert abs(lg[t].logprob - lw[t].logprob) < 1e-3
+    assert len(PROMPTS) == len(out)
