@@ -41,23 +41,29 @@ def test_greedy_generation_agrees_with_the_float_cache(smol_path, smol_llm, kv_c
 @pytest.mark.parametrize("kv_cache_dtype,preemption_mode", [("int8", "recompute"), ("fp8_e5m2", "swap")])
 def test_features_run_and_are_deterministic(smol_path, kv_cache_dtype, preemption_mode):
     """Prefix caching, preemption (recompute or swap), n > 1 and beam search with a quantized cache: no error, the
-    same results twice, and every block back at the end."""
-    llm = LLM(smol_path, num_gpu_blocks_override=40, max_model_len=512, kv_cache_dtype=kv_cache_dtype,
-              preemption_mode=preemption_mode, swap_space=0.05)
+    same results twice (the second run hits the prefix cache), and every block back at the end.
+
+    batch_invariant=True: in the default mode a token's K/V differ in the last bits with the batch's shape (the
+    GEMV records for few rows, GEMMs for many), which is harmless for a float cache but moves some values across a
+    rounding boundary of the quantizer, and those flips grow through the layers (logprobs move ~0.01, about the
+    quantization error itself); with fixed-order kernels the same tokens give the same codes."""
+    llm = LLM(smol_path, num_gpu_blocks_override=10, max_model_len=128, kv_cache_dtype=kv_cache_dtype,
+              preemption_mode=preemption_mode, swap_space=0.05, batch_invariant=True)
     shared = "You are a careful assistant. Answer briefly and precisely. " * 3
-    prompts = [shared + p for p in SMOL_PROMPTS[:6]]
-    greedy = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
-    sampled = SamplingParams(temperature=0.8, n=2, seed=7, max_tokens=16, ignore_eos=True)
-    beam = BeamSearchParams(beam_width=2, max_tokens=6, ignore_eos=True)
+    prompts = [shared + p for p in SMOL_PROMPTS[:3]]  # 2 shared blocks + 3 of each: more than 10
+    greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    sampled = SamplingParams(temperature=0.8, n=2, seed=7, max_tokens=8, ignore_eos=True)
+    beam = BeamSearchParams(beam_width=2, max_tokens=4, ignore_eos=True)
     runs = []
     for _ in range(2):
         g = _tokens(llm, prompts, greedy)
-        s = _tokens(llm, prompts[:3], sampled)
-        b = [[x.tokens for x in o.sequences] for o in llm.beam_search([{"prompt": p} for p in prompts[:2]], beam)]
+        s = _tokens(llm, prompts[:1], sampled)
+        b = [[x.tokens for x in o.sequences] for o in llm.beam_search([{"prompt": p} for p in prompts[:1]], beam)]
         runs.append((g, s, b))
     assert runs[0] == runs[1]
     stats = llm.get_stats()
     assert stats.num_preemptions > 0 if preemption_mode == "recompute" else stats.num_swapped_out > 0
+    assert stats.prefix_cache_hits > 0
     assert stats.num_blocks_free == stats.num_blocks_total
     assert all(len(c) == 2 for c in runs[0][1])
 
