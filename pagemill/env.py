@@ -105,7 +105,7 @@ def kv_cache_dtype_support(kernels: dict[str, Any]) -> dict[str, str]:
     loaded."""
     half = "kernel" if kernels.get("active") else "torch reference"
     return {"float32": "kernel" if kernels.get("active") else "torch reference",
-            "float16": half, "bfloat16": half, "int8 / fp8 (quantized rows)": half}
+            "float16": half, "bfloat16": half, "int8": half, "fp8": half}
 
 
 def _cpu_model(info: dict[str, str]) -> str | None:
