@@ -9,6 +9,8 @@ nearest, clamped to +-127; fp8: torch's round-to-nearest-even cast). A value rea
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 # vLLM's names -> the storage dtype of the codes ("fp8" is e4m3, as in vLLM).
@@ -73,11 +75,12 @@ def as_stored(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype).to(x.dtype)
 
 
-def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype, backend: object) -> torch.dtype:
+def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype, backend: Any) -> torch.dtype:
     """The storage dtype for `kv_cache_dtype`, or a ValueError naming the field when `backend` cannot read it."""
     dtype = kv_storage_dtype(kv_cache_dtype, model_dtype)
-    supported = backend.capabilities.kv_cache_dtypes  # type: ignore[attr-defined]
+    supported = backend.capabilities.kv_cache_dtypes
     if dtype not in supported:
-        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} ({dtype}) is not supported by the {backend.name} "  # type: ignore[attr-defined]
-                         f"attention backend (it reads {', '.join(str(d).removeprefix('torch.') for d in supported)}).")
+        names = ", ".join(str(d).removeprefix("torch.") for d in supported)
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} ({dtype}) is not supported by the {backend.name} "
+                         f"attention backend (it reads {names}).")
     return dtype
