@@ -10,9 +10,11 @@ quantization reads the corpus paragraphs with prompt logprobs against the float3
     python benchmarks/quant_accuracy.py [--model FILE.gguf | --gemma3 | --hf-dir DIR] [--weights dithered]
                                         [--chunk 64] [--dither-seed 0]
     python benchmarks/quant_accuracy.py --int8-activations [--model FILE.gguf | --gemma3]
+    python benchmarks/quant_accuracy.py --kv-cache-dtype int8 fp8 [--model FILE.gguf | --gemma3]
 
 --int8-activations measures linear_dtype="int8" (int8 activations x the GGUF's own records) against the exact
-float32 default on the GGUF file itself.
+float32 default on the GGUF file itself; --kv-cache-dtype does the same for each quantized (or float16) KV cache
+(prefills in chunks of --chunk tokens, so every chunk after the first reads the quantized cache through the kernel).
 """
 
 from __future__ import annotations
@@ -64,13 +66,19 @@ def main() -> None:
     parser.add_argument("--int8-activations", action="store_true",
                         help="linear_dtype='int8' against the exact default on the GGUF file itself")
     parser.add_argument("--no-bf16", action="store_true", help="leave out the bfloat16-matmul reference row")
+    parser.add_argument("--kv-cache-dtype", nargs="+", default=None, metavar="DTYPE",
+                        help="KV-cache dtypes (fp8, fp8_e4m3, fp8_e5m2, int8, float16) against the exact default "
+                             "on the GGUF file itself")
     args = parser.parse_args()
-    if args.int8_activations:
+    if args.int8_activations or args.kv_cache_dtype:
         path = gguf_path(args)
-        print(f"{'model':<24} {'variant':<12} {'positions':>9} {'top-1 agree':>11} {'mean |dlp|':>10} "
+        file_variants = {f"kv {d}": {"kv_cache_dtype": d} for d in args.kv_cache_dtype or []}
+        if args.int8_activations:
+            file_variants["int8 activations"] = {"linear_dtype": "int8"}
+        print(f"{'model':<24} {'variant':<16} {'positions':>9} {'top-1 agree':>11} {'mean |dlp|':>10} "
               f"{'max |dlp|':>9} {'missing':>7}")
-        for a in measure(path, {"int8 activations": {"linear_dtype": "int8"}}, chunk=args.chunk):
-            print(f"{os.path.basename(path)[:24]:<24} {a.name:<12} {a.positions:>9} {a.top1_agreement:>11.4f} "
+        for a in measure(path, file_variants, chunk=args.chunk):
+            print(f"{os.path.basename(path)[:24]:<24} {a.name:<16} {a.positions:>9} {a.top1_agreement:>11.4f} "
                   f"{a.mean_abs_dlogprob:>10.4f} {a.max_abs_dlogprob:>9.3f} {a.missing:>7}", flush=True)
         return
     variants = {"int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}}

@@ -101,10 +101,11 @@ def _kernel_info() -> dict[str, Any]:
 
 
 def kv_cache_dtype_support(kernels: dict[str, Any]) -> dict[str, str]:
-    """Which path runs attention per KV-cache dtype: float32 always; half types via the kernel when loaded."""
+    """Which path runs attention per KV-cache dtype: float32 always; half and quantized types via the kernel when
+    loaded."""
     half = "kernel" if kernels.get("active") else "torch reference"
     return {"float32": "kernel" if kernels.get("active") else "torch reference",
-            "float16": half, "bfloat16": half}
+            "float16": half, "bfloat16": half, "int8": half, "fp8": half}
 
 
 def _cpu_model(info: dict[str, str]) -> str | None:

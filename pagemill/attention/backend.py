@@ -45,6 +45,11 @@ class AttentionCapabilities:
     kv_cache_dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 
 
+# What a backend that reads quantized rows (attention/kv_quant.py) lists in its kv_cache_dtypes.
+FLOAT_AND_QUANT_KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
+                             torch.int8)
+
+
 class AttentionBackend(ABC):
     """One way of computing paged attention over a layer's KV cache."""
 

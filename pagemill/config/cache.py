@@ -8,7 +8,9 @@ from dataclasses import dataclass
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
                "g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
 
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+# fp8 / fp8_e4m3 / fp8_e5m2 / int8: one byte per element plus a float32 scale per token and head
+# (attention/kv_quant.py); fp8 is e4m3, as in vLLM.
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 KV_CACHE_LAYOUTS = ("paged", "virtual")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 

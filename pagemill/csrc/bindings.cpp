@@ -128,6 +128,16 @@ DType dtype_of(const torch::Tensor& t, const char* what) {
 
 int threads() { return at::get_num_threads(); }
 
+// A cache of int8 / fp8 codes holds quantized rows (pagemill/attention/kv_quant.py); any other dtype: NONE.
+pagemill::KvQuant kv_quant_of(const torch::Tensor& cache) {
+  switch (cache.scalar_type()) {
+    case at::kChar: return pagemill::KvQuant::INT8;
+    case at::kFloat8_e4m3fn: return pagemill::KvQuant::FP8_E4M3;
+    case at::kFloat8_e5m2: return pagemill::KvQuant::FP8_E5M2;
+    default: return pagemill::KvQuant::NONE;
+  }
+}
+
 }  // namespace
 
 // out, q: [T, Hq, D] (q fp32; out fp32, fp16 or bf16: the dtype o_proj wants). k_cache, v_cache: [num_blocks,
@@ -149,7 +159,11 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, 
   for (int64_t r = 0; r < a.B; ++r)
     for (int64_t t = qsl[r]; t < qsl[r + 1]; ++t) tok_req[t] = r;
   a.out = out.data_ptr(), a.out_dtype = dtype_of(out, "paged_attention out"), a.q = q.data_ptr<float>();
-  a.k_cache = k_cache.data_ptr(), a.v_cache = v_cache.data_ptr(), a.cache_dtype = dtype_of(k_cache, "paged_attention cache");
+  a.k_cache = k_cache.data_ptr(), a.v_cache = v_cache.data_ptr();
+  a.kv_quant = kv_quant_of(k_cache);
+  a.cache_dtype = a.kv_quant == pagemill::KvQuant::NONE ? dtype_of(k_cache, "paged_attention cache") : DType::F32;
+  TORCH_CHECK(k_cache.size(3) == (a.kv_quant == pagemill::KvQuant::NONE ? a.D : a.D + 4),
+              "paged_attention: cache rows must be head_dim wide (head_dim + 4 with a quantized cache)");
   a.block_tables = block_tables.data_ptr<int64_t>(), a.query_start_loc = qsl;
   a.context_lens = context_lens.data_ptr<int64_t>(), a.token_request = tok_req.data();
   a.scale = static_cast<float>(scale), a.num_threads = threads();

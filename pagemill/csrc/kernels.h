@@ -7,6 +7,8 @@
 namespace pagemill {
 
 enum class DType : int32_t { F32 = 0, F16 = 1, BF16 = 2 };
+// A quantized KV cache's codes (pagemill/attention/kv_quant.py): rows of D one-byte codes + a float32 scale.
+enum class KvQuant : int32_t { NONE = 0, INT8 = 1, FP8_E4M3 = 2, FP8_E5M2 = 3 };
 
 // out, q: [T, Hq, D] (q fp32). Caches: [num_blocks, BS, Hk, D] extents; V blocks [BS, Hk, D], K blocks stored
 // transposed [Hk, D, BS]. block_tables [B, MB]; query_start_loc [B + 1]; context_lens [B] (tokens cached before
@@ -18,6 +20,7 @@ struct PagedAttentionArgs {
   const void* k_cache;
   const void* v_cache;
   DType cache_dtype;
+  KvQuant kv_quant;  // NONE: cache_dtype; else the cache holds quantized rows (K blocks: codes, then scales)
   const int64_t* block_tables;
   const int64_t* query_start_loc;
   const int64_t* context_lens;

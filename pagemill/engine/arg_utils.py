@@ -104,7 +104,9 @@ class EngineArgs:
         "Gemma 3, 0.93 on SmolLM2).")
     kv_cache_dtype: str = _arg("auto",
         "KV-cache dtype: auto (the model dtype), float16 or bfloat16 (half the bytes attention reads, twice the "
-        "tokens the cache holds).")
+        "tokens the cache holds), or quantized as vLLM names it: int8, fp8 (= fp8_e4m3), fp8_e5m2 (one byte per "
+        "element plus a float32 scale per token and head: about 3.8x the float32 tokens in the same "
+        "kv_cache_memory).")
     kv_cache_layout: str = _arg("paged",
         "paged (blocks and block tables) or virtual (Linux: each request's KV contiguous in reserved virtual memory, "
         "physical chunks of block_size tokens mapped on demand; vTensor).")

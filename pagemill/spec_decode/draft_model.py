@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from pagemill.attention.backend import batch_permutation
+from pagemill.attention.kv_quant import row_width
 from pagemill.config import SpeculativeConfig
 from pagemill.forward_context import set_forward_context
 from pagemill.loader.model_loader import load_model
@@ -81,7 +82,7 @@ class DraftModelProposer:
         draft_config = runner.config.speculative_config.draft_model_config
         layers = self.model.attention_layers()
         shape = runner.backend.kv_cache_shape(num_blocks, runner.block_size, draft_config.num_kv_heads,
-                                              draft_config.head_dim)
+                                              row_width(draft_config.head_dim, runner.kv_dtype))
         cache = lazy_zeros((len(layers), *shape), runner.kv_dtype)
         for layer, layer_cache in zip(layers, cache.unbind(0)):
             layer.kv_cache, layer.kv_cache_group = layer_cache, 0

@@ -15,6 +15,7 @@ import logging
 import numpy as np
 import torch
 
+from pagemill.attention.kv_quant import resolve_kv_cache_dtype
 from pagemill.attention.metadata import CommonAttentionMetadata
 from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
@@ -55,9 +56,7 @@ class GpuModelRunner(ModelRunner):
         self.ops = select_layer_ops(self.backend.name, CudaPlatform)  # the CUDA table, also when run on the CPU
         self.vocab_size = mc.hf_config.vocab_size
         self.block_size = cc.block_size
-        self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)
-        if self.kv_dtype not in self.backend.capabilities.kv_cache_dtypes:
-            raise ValueError(f"kv_cache_dtype {self.kv_dtype} is not supported by the {self.backend.name} backend.")
+        self.kv_dtype = resolve_kv_cache_dtype(cc.kv_cache_dtype, mc.dtype, self.backend)
         self.profiler = StepTimer(config.profile)
         self.graphs = None  # cuda_graphs.DecodeGraphs once captured (CUDA, not enforce_eager)
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from pagemill.attention.backend import batch_permutation
+from pagemill.attention.kv_quant import resolve_kv_cache_dtype, row_width
 from pagemill.attention.metadata import CommonAttentionMetadata
 from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
@@ -72,9 +73,7 @@ class ModelRunner:
         self.ops = select_layer_ops(self.backend.name)  # the platform's table for this attention backend
         self.vocab_size = mc.hf_config.vocab_size
         self.block_size = cc.block_size
-        self.kv_dtype = mc.dtype if cc.kv_cache_dtype == "auto" else getattr(torch, cc.kv_cache_dtype)
-        if self.kv_dtype not in self.backend.capabilities.kv_cache_dtypes:
-            raise ValueError(f"kv_cache_dtype {self.kv_dtype} is not supported by the {self.backend.name} backend.")
+        self.kv_dtype = resolve_kv_cache_dtype(cc.kv_cache_dtype, mc.dtype, self.backend)
         self.profiler = StepTimer(config.profile)  # its timings go back in ModelRunnerOutput.timings
         # A multimodal model's image embeddings, encoded once per (request, image).
         self.encoder_cache = EncoderCache() if mc.is_multimodal else None
@@ -117,8 +116,9 @@ class ModelRunner:
     def kv_block_bytes(self) -> int:
         """Bytes of one KV block over every layer position (K and V): what the worker divides its KV memory by."""
         mc = self.config.model_config
-        elem = torch.tensor([], dtype=self.kv_dtype).element_size()
-        return self.group_size * 2 * self.block_size * self.num_kv_heads * mc.head_dim * elem
+        elem = torch.tensor([], dtype=self.kv_dtype).element_size()  # quantized: 1 byte, + its scale per row
+        row = row_width(mc.head_dim, self.kv_dtype)
+        return self.group_size * 2 * self.block_size * self.num_kv_heads * row * elem
 
     def cap_num_blocks(self, num_blocks: int) -> int:
         """The most of `num_blocks` this runner's KV layout can hold (the paged layout: all of them)."""
@@ -131,7 +131,8 @@ class ModelRunner:
         mc, cc = config.model_config, config.cache_config
         groups = self.kv_groups
         self.num_blocks = num_blocks
-        shape = self.backend.kv_cache_shape(num_blocks, cc.block_size, self.num_kv_heads, mc.head_dim)
+        shape = self.backend.kv_cache_shape(num_blocks, cc.block_size, self.num_kv_heads,
+                                            row_width(mc.head_dim, self.kv_dtype))
         # One allocation for all layers, so a copy-on-write of blocks is one indexed copy for every layer.
         self.kv_cache = self._allocate_kv_cache((self.group_size, *shape))
         self.kv_caches = list(self.kv_cache.unbind(0))
@@ -145,8 +146,9 @@ class ModelRunner:
         # What the engine core builds the scheduler from (the config stays read-only).
         self.kv_cache_config = KVCacheConfig(num_blocks, cc.block_size, num_swap_blocks,
                                              tuple(w for w, _ in groups), block_bytes=per_block)
-        logger.info("KV cache: %d blocks of %d tokens x %d layers in %d groups (windows %s) = %d tokens (%.2f GiB), "
-                    "%d swap blocks", self.kv_cache_config.usable_blocks, cc.block_size, self.group_size,
+        logger.info("KV cache (%s): %d blocks of %d tokens x %d layers in %d groups (windows %s) = %d tokens "
+                    "(%.2f GiB), %d swap blocks", cc.kv_cache_dtype if cc.kv_cache_dtype != "auto" else self.kv_dtype,
+                    self.kv_cache_config.usable_blocks, cc.block_size, self.group_size,
                     len(groups), self.kv_cache_config.group_windows, self.kv_cache_config.usable_tokens,
                     num_blocks * per_block / 2**30, num_swap_blocks)
         layers = self.model.attention_layers()

@@ -80,7 +80,8 @@ def test_env_command_json():
     assert env["cpu"]["architecture"] and env["cpu"]["logical_cores"] >= 1 and env["cpu"]["flags"]
     assert {"active", "compiled", "supported", "forced", "build_error", "path"} <= set(env["kernels"]) \
         or "error" in env["kernels"]
-    assert env["kv_cache_dtypes"]["float32"] and set(env["kv_cache_dtypes"]) == {"float32", "float16", "bfloat16"}
+    assert env["kv_cache_dtypes"]["float32"]
+    assert set(env["kv_cache_dtypes"]) == {"float32", "float16", "bfloat16", "int8", "fp8"}
     assert env["versions"]["torch"] and set(env["env"]) >= {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "PAGEMILL_CPU_ISA"}
 
 

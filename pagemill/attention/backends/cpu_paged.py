@@ -11,7 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pagemill.attention.backend import AttentionCapabilities
+from pagemill.attention.backend import FLOAT_AND_QUANT_KV_DTYPES, AttentionCapabilities
+from pagemill.attention.kv_quant import is_quantized, pack_rows, quantize, row_width, unpack_rows
 from pagemill.attention.backends.torch_paged import TorchAttentionMetadata, TorchPagedAttention
 from pagemill.attention.metadata import CommonAttentionMetadata
 from pagemill.kernels import load_kernels
@@ -34,12 +35,14 @@ class CpuPagedAttention(TorchPagedAttention):
     The cache has the reference shape, but each K block is stored transposed ([kv_heads, head_dim, block_size])
     so the kernel scores 16 keys per vector instruction; only whole-block copies (swap, copy-on-write) touch it
     from outside. A float16 / bfloat16 model (queries not in float32) takes the reference path throughout, with
-    the reference layout.
+    the reference layout. A quantized cache (attention/kv_quant.py) stores each K block as [kv_heads, head_dim,
+    block_size] codes followed by [kv_heads, block_size] float32 scales and each V row as codes + scale; the kernel
+    widens the codes in registers.
     """
 
     name = "cpu"
     capabilities = AttentionCapabilities(fused_rope_cache_write=True, fused_dtypes=(torch.float32,),
-                                         qk_norm_hook=True)
+                                         qk_norm_hook=True, kv_cache_dtypes=FLOAT_AND_QUANT_KV_DTYPES)
     batch_order = (0, 1, 2)  # decodes, context chunks, fresh prefills
 
     def __init__(self) -> None:
@@ -66,6 +69,11 @@ class CpuPagedAttention(TorchPagedAttention):
         n = md.num_actual_tokens
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         slots = md.slot_mapping
+        if is_quantized(kv_cache.dtype):
+            k, v = self._write_quantized(layer, k, v, k_cache, v_cache, md.slot_mapping)
+            out = torch.empty_like(q)
+            self._attend(layer, q.contiguous(), k, v, k_cache, v_cache, metadata, out)
+            return out
         bs = k_cache.shape[1]
         k_blocks = k_cache.view(k_cache.shape[0], layer.num_kv_heads, layer.head_dim, bs)  # K stored transposed
         k_blocks[slots // bs, :, :, slots % bs] = k[:n].to(k_cache.dtype)
@@ -88,12 +96,42 @@ class CpuPagedAttention(TorchPagedAttention):
         if layer.qk_norm is not None:
             q_norm, k_norm = layer.qk_norm
             norms = dict(q_norm=q_norm.weight, k_norm=k_norm.weight, norm_eps=q_norm.eps)
-        self.kernel.rope_and_cache(q, k, v, qkv.contiguous(), positions, cos, sin, k_cache, v_cache,
-                                   metadata.common.slot_mapping, **norms)
-        k, v = self._as_stored(k, v, k_cache.dtype, metadata)
+        if is_quantized(kv_cache.dtype):  # RoPE in the kernel, then quantize-on-write here
+            self.kernel.rope_and_cache(q, k, v, qkv.contiguous(), positions, cos, sin, self._no_cache,
+                                       self._no_cache, self._no_slots, **norms)
+            k, v = self._write_quantized(layer, k, v, k_cache, v_cache, metadata.common.slot_mapping)
+        else:
+            self.kernel.rope_and_cache(q, k, v, qkv.contiguous(), positions, cos, sin, k_cache, v_cache,
+                                       metadata.common.slot_mapping, **norms)
+            k, v = self._as_stored(k, v, k_cache.dtype, metadata)
         out = torch.empty(t, layer.num_heads, layer.head_dim, dtype=out_dtype)
         self._attend(layer, q, k, v, k_cache, v_cache, metadata, out)
         return out
+
+    _no_cache = torch.empty(1, 1, 1, 1)  # rope_and_cache with no slots writes no cache
+    _no_slots = torch.empty(0, dtype=torch.int64)
+
+    @staticmethod
+    def _write_quantized(layer, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Quantize the step's k, v [T, Hk, D] into the kernel's quantized layout at `slots`; returns k, v as stored
+        (what fresh prefills attend to)."""
+        n, dtype = slots.shape[0], k_cache.dtype
+        nb, bs = k_cache.shape[0], k_cache.shape[1]
+        hk, hd = layer.num_kv_heads, layer.head_dim
+        blocks = k_cache.view(torch.uint8).view(nb, -1)
+        k_codes = blocks[:, : hk * hd * bs].view(nb, hk, hd, bs)
+        k_scales = blocks[:, hk * hd * bs :].view(torch.float32).view(nb, hk, bs)
+        codes, scale = quantize(k[:n], dtype)
+        blk, off = slots // bs, slots % bs
+        k_codes[blk, :, :, off] = codes
+        k_scales[blk, :, off] = scale
+        v_rows = pack_rows(v[:n], dtype)
+        v_cache.view(torch.uint8).view(-1, hk, row_width(hd, dtype)).index_copy_(0, slots, v_rows)
+        k, v = k.clone(), v.clone()
+        k[:n] = codes.view(dtype).float() * scale.unsqueeze(-1)
+        v[:n] = unpack_rows(v_rows, dtype, v.dtype)
+        return k, v
 
     @staticmethod
     def _as_stored(k: torch.Tensor, v: torch.Tensor, cache_dtype: torch.dtype,

@@ -5,13 +5,15 @@ It is the correctness reference that faster backends are tested against.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pagemill.attention.backend import AttentionBackend, AttentionCapabilities
+from pagemill.attention.backend import FLOAT_AND_QUANT_KV_DTYPES, AttentionBackend, AttentionCapabilities
+from pagemill.attention.kv_quant import is_quantized, pack_rows, row_width, unpack_rows
 from pagemill.attention.metadata import CommonAttentionMetadata
 
 
@@ -66,12 +68,13 @@ class TorchPagedAttention(AttentionBackend):
     """Pure-torch paged attention backend (decodes batched in one SDPA call, prefills one by one)."""
 
     name = "torch"
-    capabilities = AttentionCapabilities()
+    capabilities = AttentionCapabilities(kv_cache_dtypes=FLOAT_AND_QUANT_KV_DTYPES)
     batch_order = (0, 1, 1)  # decodes first; chunks and prefills in any order
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        """Layout of one layer's cache: [2 (K/V), num_blocks, block_size, kv_heads, head_dim]."""
+        """Layout of one layer's cache: [2 (K/V), num_blocks, block_size, kv_heads, head_dim] (head_dim: the row width,
+        head_dim + 4 for a quantized cache)."""
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
     def build_metadata(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
@@ -83,19 +86,45 @@ class TorchPagedAttention(AttentionBackend):
         """q: [T, Hq, D]; k, v: [T, Hk, D] -> [T, Hq, D]."""
         md = metadata.common
         n = md.num_actual_tokens
+        if is_quantized(kv_cache.dtype):
+            return self._forward_quantized(layer, q, k, v, kv_cache, metadata)
         k_cache = kv_cache[0].view(-1, layer.num_kv_heads, layer.head_dim)
         v_cache = kv_cache[1].view(-1, layer.num_kv_heads, layer.head_dim)
         k_cache.index_copy_(0, md.slot_mapping, k[:n].to(k_cache.dtype))
         v_cache.index_copy_(0, md.slot_mapping, v[:n].to(v_cache.dtype))
-        out = torch.empty_like(q)
-        window = layer.sliding_window
         if k_cache.dtype != q.dtype:  # reduced-precision cache: attend to what was stored, widened back
             k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)
+        return self._attend(layer, q, k, v, lambda idx: k_cache[idx].to(q.dtype), lambda idx: v_cache[idx].to(q.dtype),
+                            metadata)
+
+    def _forward_quantized(self, layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           kv_cache: torch.Tensor, metadata: TorchAttentionMetadata) -> torch.Tensor:
+        """The same with a quantized cache (attention/kv_quant.py): rows quantized on write, dequantized on read."""
+        md = metadata.common
+        n, dtype = md.num_actual_tokens, kv_cache.dtype
+        width = row_width(layer.head_dim, dtype)
+        rows = kv_cache.view(torch.uint8)
+        k_rows = rows[0].view(-1, layer.num_kv_heads, width)
+        v_rows = rows[1].view(-1, layer.num_kv_heads, width)
+        k_new, v_new = pack_rows(k[:n], dtype), pack_rows(v[:n], dtype)
+        k_rows.index_copy_(0, md.slot_mapping, k_new)
+        v_rows.index_copy_(0, md.slot_mapping, v_new)
+        k, v = unpack_rows(k_new, dtype, q.dtype), unpack_rows(v_new, dtype, q.dtype)
+        return self._attend(layer, q, k, v, lambda idx: unpack_rows(k_rows[idx], dtype, q.dtype),
+                            lambda idx: unpack_rows(v_rows[idx], dtype, q.dtype), metadata)
+
+    @staticmethod
+    def _attend(layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, read_k: Callable, read_v: Callable,
+                metadata: TorchAttentionMetadata) -> torch.Tensor:
+        """Attention over the step's k, v (as stored) and the cached keys `read_k(slots)` / `read_v(slots)` give."""
+        md = metadata.common
+        out = torch.empty_like(q)
+        window = layer.sliding_window
         d = md.num_decodes
         if d:
             idx, mask = metadata.decode_inputs(window)
-            kd = k_cache[idx].transpose(1, 2).to(q.dtype)  # [D, Hk, max_kv, hd]
-            vd = v_cache[idx].transpose(1, 2).to(q.dtype)
+            kd = read_k(idx).transpose(1, 2)  # [D, Hk, max_kv, hd]
+            vd = read_v(idx).transpose(1, 2)
             qd = q[:d].unsqueeze(2)  # [D, Hq, 1, hd]
             o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=layer.scale, enable_gqa=True)
             out[:d] = o.squeeze(2)
@@ -109,8 +138,8 @@ class TorchPagedAttention(AttentionBackend):
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scale, enable_gqa=True)
             else:
                 idx, mask = metadata.prefill_inputs(i, window)
-                ki = k_cache[idx].transpose(0, 1).unsqueeze(0).to(q.dtype)
-                vi = v_cache[idx].transpose(0, 1).unsqueeze(0).to(q.dtype)
+                ki = read_k(idx).transpose(0, 1).unsqueeze(0)
+                vi = read_v(idx).transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=layer.scale, enable_gqa=True)
             out[s:e] = o[0].transpose(0, 1)
         return out

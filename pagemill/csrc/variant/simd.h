@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -98,6 +100,40 @@ inline void from_f32(float* p, float x) { *p = x; }
 inline void from_f32(f16* p, float x) { p->bits = f32_to_f16(x); }
 inline void from_f32(bf16* p, float x) { p->bits = f32_to_bf16(x); }
 
+// One-byte KV-cache codes (pagemill/attention/kv_quant.py; each row's float32 scale is applied by the kernel): int8,
+// fp8 e4m3 (bias 7, no infinities) and fp8 e5m2 (the top byte of an fp16). Loads widen them in registers.
+struct i8q {
+  int8_t bits;
+};
+struct e4m3 {
+  uint8_t bits;
+};
+struct e5m2 {
+  uint8_t bits;
+};
+template <typename T>
+struct is_code {
+  static constexpr bool value = false;
+};
+template <>
+struct is_code<i8q> {
+  static constexpr bool value = true;
+};
+template <>
+struct is_code<e4m3> {
+  static constexpr bool value = true;
+};
+template <>
+struct is_code<e5m2> {
+  static constexpr bool value = true;
+};
+// e4m3 as fp16 bits: sign to bit 15, exponent and mantissa 7 bits up; that fp16 is the e4m3 value / 256 (biases 15
+// and 7), subnormals included, so one fp16 widening and a multiply by 256 decode it.
+inline uint16_t e4m3_as_f16_bits(uint8_t b) { return uint16_t(((b & 0x80u) << 8) | ((b & 0x7Fu) << 7)); }
+inline float to_f32(i8q x) { return float(x.bits); }
+inline float to_f32(e4m3 x) { return f16_to_f32(e4m3_as_f16_bits(x.bits)) * 256.0f; }
+inline float to_f32(e5m2 x) { return f16_to_f32(uint16_t(x.bits << 8)); }
+
 #if defined(__AVX512F__)
 // ---------------------------------------------------------------------------------------------------- AVX-512
 constexpr int W = 16;
@@ -125,6 +161,27 @@ inline vf vload_i8(const int8_t* p) {
 }
 inline vf vload_u8(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m128i load_part8(const void* p, int64_t n) {  // the first n (< 16) bytes, the rest zero
+  alignas(16) uint8_t tmp[16] = {0};
+  memcpy(tmp, p, size_t(imin(n, 16)));
+  return _mm_load_si128(reinterpret_cast<const __m128i*>(tmp));
+}
+inline vf widen_codes(__m128i b, i8q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+inline vf widen_codes(__m128i b, e4m3) {
+  const __m256i w = _mm256_cvtepu8_epi16(b);
+  const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
+                                    _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7F)), 7));
+  return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+}
+inline vf widen_codes(__m128i b, e5m2) { return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8)); }
+template <typename C, typename = std::enable_if_t<is_code<C>::value>>
+inline vf vload(const C* p) {
+  return widen_codes(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), C{});
+}
+template <typename C, typename = std::enable_if_t<is_code<C>::value>>
+inline vf vload_part(const C* p, int64_t n) {
+  return widen_codes(load_part8(p, n), C{});
 }
 
 inline __m256i narrow_bf16(vf v) {  // round to nearest even, NaN -> 0x7FC0 (torch's rule)
@@ -186,6 +243,27 @@ inline vf vload_i8(const int8_t* p) {
 }
 inline vf vload_u8(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m128i load_part8(const void* p, int64_t n) {  // the first n (< 8) bytes, the rest zero
+  alignas(16) uint8_t tmp[16] = {0};
+  memcpy(tmp, p, size_t(imin(n, 8)));
+  return _mm_load_si128(reinterpret_cast<const __m128i*>(tmp));
+}
+inline vf widen_codes(__m128i b, i8q) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
+inline vf widen_codes(__m128i b, e4m3) {
+  const __m128i w = _mm_cvtepu8_epi16(b);
+  const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8),
+                                 _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 7));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+}
+inline vf widen_codes(__m128i b, e5m2) { return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8)); }
+template <typename C, typename = std::enable_if_t<is_code<C>::value>>
+inline vf vload(const C* p) {
+  return widen_codes(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), C{});
+}
+template <typename C, typename = std::enable_if_t<is_code<C>::value>>
+inline vf vload_part(const C* p, int64_t n) {
+  return widen_codes(load_part8(p, n), C{});
 }
 
 inline __m128i narrow_bf16(vf v) {
