@@ -46,11 +46,16 @@ class MultiModalProcessor:
         from transformers import AutoProcessor
 
         config = model_config.mm_hf_config
+        qwen2_vl = getattr(config, "model_type", None) in QWEN2_VL_TYPES
         try:
             self.hf_processor = AutoProcessor.from_pretrained(model_config.model)
         except (ImportError, AttributeError, ValueError):
-            if getattr(config, "model_type", None) not in QWEN2_VL_TYPES:
+            if not qwen2_vl:
                 raise
+            self.hf_processor = None
+        if qwen2_vl and getattr(self.hf_processor, "image_token", None) is None:
+            # HF's processor did not load whole (no torchvision for its video part: AutoProcessor then raises, or
+            # gives back a part without the image token): images only, placeholders expanded here
             from pagemill.multimodal.qwen2_vl_processor import Qwen2VLImageProcessorOnly
 
             self.hf_processor = Qwen2VLImageProcessorOnly.from_pretrained(model_config.model)

@@ -47,6 +47,7 @@ class GpuModelRunner(ModelRunner):
         if mc.is_multimodal:
             raise ValueError("multimodal models do not run on the GPU runner yet.")
         self.encoder_cache = None
+        self.mrope = None  # multimodal models (M-RoPE) are refused on this runner
         if cc.kv_cache_layout != "paged":
             raise ValueError("kv_cache_layout: the GPU runner runs the paged layout only.")
         self.device = torch.device(config.device_config.device)
