@@ -47,21 +47,19 @@ class MultiModalProcessor:
 
         config = model_config.mm_hf_config
         qwen2_vl = getattr(config, "model_type", None) in QWEN2_VL_TYPES
-        try:
-            self.hf_processor = AutoProcessor.from_pretrained(model_config.model)
-        except (ImportError, AttributeError, ValueError):
-            if not qwen2_vl:
-                raise
-            self.hf_processor = None
-        if qwen2_vl and getattr(self.hf_processor, "image_token", None) is None:
-            # HF's processor did not load whole (no torchvision for its video part: AutoProcessor then raises, or
-            # gives back a part without the image token): images only, placeholders expanded here
+        if qwen2_vl:
+            # images only, placeholders expanded here: HF's processor needs torchvision for its video part, and
+            # where it loads at all its behaviour then depends on what else is installed or patched
             from pagemill.multimodal.qwen2_vl_processor import Qwen2VLImageProcessorOnly
 
             self.hf_processor = Qwen2VLImageProcessorOnly.from_pretrained(model_config.model)
+        else:
+            self.hf_processor = AutoProcessor.from_pretrained(model_config.model)
         self.image_token_id = getattr(config, "image_token_id", None)
         if self.image_token_id is None:
             self.image_token_id = config.image_token_index
+        if qwen2_vl:  # the pad token's text from its id: a tokenizer's own `image_token` attribute is not reliable
+            self.hf_processor.image_token = self.hf_processor.tokenizer.convert_ids_to_tokens(self.image_token_id)
         self.image_token = getattr(self.hf_processor, "image_token", None) or "<image>"
         # what an image part of a chat becomes in its text (Qwen2-VL's chat template wraps the pad in start / end)
         self.chat_image_text = (f"<|vision_start|>{self.image_token}<|vision_end|>"
