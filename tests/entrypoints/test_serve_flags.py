@@ -89,7 +89,7 @@ def test_text_needs_a_tokenizer(server):
 def test_force_include_usage_without_stream_options(server):
     with httpx.Client(base_url=server.url, timeout=60) as http:
         with http.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": PROMPT_IDS, "max_tokens": 4,
-                                                          "stream": True}) as r:
+                                                          "ignore_eos": True, "stream": True}) as r:
             chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
     assert all(c.get("usage") is None for c in chunks[:-1])
