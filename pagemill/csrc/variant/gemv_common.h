@@ -84,9 +84,11 @@ constexpr int64_t record_bytes(int64_t G) {
 }
 
 // Per-row sums of x over groups of G (the last group may be short: x has K <= Kp columns).
-inline void group_sums(const GemvArgs& a, int64_t G, int64_t ng, float* sx) {
+// Groups [g0, g1) only where given (a thread's share).
+inline void group_sums(const GemvArgs& a, int64_t G, int64_t ng, float* sx, int64_t g0 = 0, int64_t g1 = -1) {
+  if (g1 < 0) g1 = ng;
   for (int64_t m = 0; m < a.M; ++m)
-    for (int64_t g = 0; g < ng; ++g) {
+    for (int64_t g = g0; g < g1; ++g) {
       float s = 0.0f;
       for (int64_t k = g * G; k < imin(a.K, (g + 1) * G); ++k) s += a.x[m * a.K + k];
       sx[m * ng + g] = s;

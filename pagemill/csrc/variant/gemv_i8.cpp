@@ -21,26 +21,38 @@ constexpr int64_t KBI = 256;  // k per panel (16 KiB: stays in L1 while every ro
 constexpr int64_t PV = 32;    // bytes per panel vector: 8 channels x 4 k
 constexpr int RMAX = 3;       // rows per register block
 
-// x [M, K] fp32 -> codes q [M, Kq] (zero beyond K), scales dx [M, Kq / XB].
-void quantize_x(const GemvArgs& a, int64_t Kq, int8_t* q, float* dx) {
+// x [M, K] -> L levels of codes per row, q [M L, Kq] (row m level l at m L + l), scales dx [M L, Kq / XB]. L = 1 is
+// quantize_x's quantization.
+template <int L>
+void split_x(const GemvArgs& a, int64_t Kq, int8_t* q, float* dx, int64_t b0 = 0, int64_t b1 = -1) {
   const int64_t K = a.K, nb = Kq / XB;
-  parallel_for(a.M, 4, a.num_threads, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) {
-      const float* xr = a.x + m * K;
-      for (int64_t b = 0; b < nb; ++b) {
-        const int64_t k0 = b * XB, n = imax(0, imin(XB, K - k0));
-        float amax = 0.0f;
-        for (int64_t i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(xr[k0 + i]));
-        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        dx[m * nb + b] = amax / 127.0f;
-        int8_t* qr = q + m * Kq + k0;
+  if (b1 < 0) b1 = nb;
+  for (int64_t m = 0; m < a.M; ++m)
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t k0 = b * XB, n = imax(0, imin(XB, K - k0));
+      float r[XB], amax = 0.0f;
+      for (int64_t i = 0; i < XB; ++i) {
+        r[i] = i < n ? a.x[m * K + k0 + i] : 0.0f;
+        amax = fmaxf(amax, fabsf(r[i]));
+      }
+      float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      for (int l = 0; l < L; ++l) {
+        dx[(m * L + l) * nb + b] = s;
+        int8_t* ql = q + (m * L + l) * Kq + k0;
         for (int64_t i = 0; i < XB; ++i) {
-          int v = i < n ? int(lrintf(xr[k0 + i] * inv)) : 0;
-          qr[i] = int8_t(v > 127 ? 127 : (v < -127 ? -127 : v));
+          int v = int(lrintf(r[i] * inv));
+          v = v > 127 ? 127 : (v < -127 ? -127 : v);
+          ql[i] = int8_t(v);
+          r[i] = fmaf(-float(v), s, r[i]);
         }
+        s /= 254.0f, inv *= 254.0f;
       }
     }
-  });
+}
+
+// x [M, K] fp32 -> codes q [M, Kq] (zero beyond K), scales dx [M, Kq / XB]: one level, split over the threads.
+void quantize_x(const GemvArgs& a, int64_t Kq, int8_t* q, float* dx) {
+  parallel_for(Kq / XB, 16, a.num_threads, [&](int64_t b0, int64_t b1) { split_x<1>(a, Kq, q, dx, b0, b1); });
 }
 
 // The span's scales for R rows: weight group scales d / mins m (natural channel order, m == nullptr: no min term
@@ -313,35 +325,6 @@ void records_i8(const GemvArgs& a, const uint8_t* packed, int64_t G) {
 // fp32 noise, at about half the instructions per weight of the float unpack (AVX-512 keeps its float kernel, faster).
 constexpr int64_t kDecodeRows = 3;
 
-// x [M, K] -> L levels of codes per row, q [M L, Kq] (row m level l at m L + l), scales dx [M L, Kq / XB]. L = 1 is
-// quantize_x's quantization.
-template <int L>
-void split_x(const GemvArgs& a, int64_t Kq, int8_t* q, float* dx, int64_t b0 = 0, int64_t b1 = -1) {
-  const int64_t K = a.K, nb = Kq / XB;
-  if (b1 < 0) b1 = nb;
-  for (int64_t m = 0; m < a.M; ++m)
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t k0 = b * XB, n = imax(0, imin(XB, K - k0));
-      float r[XB], amax = 0.0f;
-      for (int64_t i = 0; i < XB; ++i) {
-        r[i] = i < n ? a.x[m * K + k0 + i] : 0.0f;
-        amax = fmaxf(amax, fabsf(r[i]));
-      }
-      float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      for (int l = 0; l < L; ++l) {
-        dx[(m * L + l) * nb + b] = s;
-        int8_t* ql = q + (m * L + l) * Kq + k0;
-        for (int64_t i = 0; i < XB; ++i) {
-          int v = int(lrintf(r[i] * inv));
-          v = v > 127 ? 127 : (v < -127 ? -127 : v);
-          ql[i] = int8_t(v);
-          r[i] = fmaf(-float(v), s, r[i]);
-        }
-        s /= 254.0f, inv *= 254.0f;
-      }
-    }
-}
-
 #if defined(__AVX2__)
 // Pair rows are multiplied as they are stored: a byte unpack of a pair row's low and high nibbles puts each channel's
 // (k, k + 1) codes side by side, so maddubs with a broadcast (x[k], x[k + 1]) gives that channel's 16-bit partial sum
@@ -395,12 +378,7 @@ void records_decode(const GemvArgs& a, const uint8_t* packed, int64_t G) {
         const uint32_t pr = uint8_t(q[st * Kq + 2 * i]) | uint32_t(uint8_t(q[st * Kq + 2 * i + 1])) << 8;
         pairs[st * Kq / 2 + i] = int32_t(pr | pr << 16);
       }
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t gi = b0 * XB / G; gi < imin(ng, b1 * XB / G); ++gi) {
-        float s = 0.0f;
-        for (int64_t k = gi * G; k < imin(K, (gi + 1) * G); ++k) s += a.x[m * K + k];
-        sx[m * ng + gi] = s;
-      }
+    group_sums(a, G, ng, sx, b0 * XB / G, imin(ng, b1 * XB / G));
   });
   parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
     alignas(64) float y[kDecodeRows * NT], d[NT], mn[NT];
