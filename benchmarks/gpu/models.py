@@ -21,6 +21,10 @@ TINY_EXTRA = {"llama": dict(rope_theta=10000.0), "qwen2": dict(rope_theta=1e6),
 LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0,
                 tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0, head_dim=64)
+LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0,
+                tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0, head_dim=128)
+SHAPES = {"llama-1b": LLAMA_1B, "llama-8b": LLAMA_8B}
 
 
 def save_word_tokenizer(path: str, vocab_size: int) -> None:
@@ -38,15 +42,15 @@ def save_word_tokenizer(path: str, vocab_size: int) -> None:
 
 def build(kind: str, root: str, config_overrides: dict | None = None, dtype: torch.dtype = torch.float32,
           device: str = "cpu") -> str:
-    """Save a random `kind` model (a tiny one, or "llama-1b") under `root`; returns its directory."""
+    """Save a random `kind` model (a tiny one, or "llama-1b" / "llama-8b") under `root`; returns its directory."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = os.path.join(root, f"{kind}-{str(dtype).removeprefix('torch.')}")
     if os.path.exists(os.path.join(path, "config.json")):
         return path
     torch.manual_seed(0)
-    if kind == "llama-1b":
-        config = AutoConfig.for_model("llama", **LLAMA_1B, **(config_overrides or {}))
+    if kind in SHAPES:
+        config = AutoConfig.for_model("llama", **SHAPES[kind], **(config_overrides or {}))
     else:
         config = AutoConfig.for_model(kind, **{**TINY_COMMON, **TINY_EXTRA[kind], **(config_overrides or {})})
     with torch.device(device):

@@ -13,10 +13,11 @@ set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
-OUT=${OUT:-/tmp/pagemill-gpu}
+OUT=${OUT:-/tmp/pagemill-gpu}    # logs and result JSON only (the device tool sends $OUT back)
+WORK=${WORK:-/tmp/pagemill-gpu-work}  # installed packages and the built models (gigabytes): never under $OUT
 WHEELS=benchmarks/gpu/wheels
 DRY=0
-ONLY=tests,parity,throughput   # --only=parity,throughput: a subset (e.g. two calls of < 10 minutes each)
+ONLY=tests,parity,throughput,single   # --only=parity,single: a subset (e.g. two calls of < 10 minutes each)
 for arg in "$@"; do
   case $arg in
     --dry-run) DRY=1 ;;
@@ -30,7 +31,7 @@ for arg in "$@"; do
     *) echo "unknown argument $arg"; exit 2 ;;
   esac
 done
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$WORK"
 TM=1; [ $DRY = 1 ] && TM=8   # the interpreter on a shared CPU is slow: longer stage limits in a rehearsal
 START=$(date +%s)
 stage() { echo; echo "=== $1 ($(( $(date +%s) - START ))s)"; }
@@ -43,7 +44,7 @@ fi
 stage "install"
 if [ $DRY = 0 ]; then
   # into a target directory: works where the system Python is externally managed (PEP 668) and leaves it untouched
-  SITE="$OUT/site"; rm -rf "$SITE"; mkdir -p "$SITE"
+  SITE="$WORK/site"; rm -rf "$SITE"; mkdir -p "$SITE"
   if ls $WHEELS/*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-deps --no-index --target "$SITE" $WHEELS/*.whl || echo "WARN: carried wheels did not install"
   else
@@ -57,7 +58,7 @@ if [ $DRY = 0 ]; then
 else
   export PYTHONPATH=$ROOT TRITON_INTERPRET=1
 fi
-cd "$OUT"  # (an installed pagemill, not the tree's, unless PYTHONPATH says so)
+cd "$WORK"  # (an installed pagemill, not the tree's, unless PYTHONPATH says so)
 $PY -c "import pagemill, sys; print('pagemill from', pagemill.__file__)" || { echo "FAIL: import pagemill"; exit 1; }
 
 stage "environment"
@@ -73,43 +74,55 @@ PYEOF
 [ $DRY = 0 ] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
 want() { [[ ",$ONLY," == *",$1,"* ]]; }
-STATUS[tests]=skipped; STATUS[parity]=skipped; STATUS[throughput]=skipped
+STATUS[tests]=skipped; STATUS[parity]=skipped; STATUS[throughput]=skipped; STATUS[single]=skipped
 if want tests; then
 stage "CUDA tests (Triton kernels compiled on the GPU vs the torch reference; tests/cuda)"
 if [ $DRY = 0 ]; then KERNEL_ENV="TRITON_INTERPRET=0"; TESTS="$ROOT/tests/cuda $ROOT/tests/attention/test_triton_paged.py $ROOT/tests/kernels/test_triton_ops.py"
 else KERNEL_ENV="TRITON_INTERPRET=1"; TESTS="$ROOT/tests/cuda $ROOT/tests/kernels/test_triton_ops.py -k rotary"; fi
-(cd "$ROOT" && env $KERNEL_ENV timeout $((130 * TM)) $PY -m pytest $TESTS -q -x -p no:cacheprovider 2>&1 | tail -15; exit ${PIPESTATUS[0]})
+(cd "$ROOT" && env $KERNEL_ENV timeout $((${T_TESTS:-100} * TM)) $PY -m pytest $TESTS -q -p no:cacheprovider 2>&1 \
+  | tee "$OUT/tests.log" | tail -25; exit ${PIPESTATUS[0]})
 STATUS[tests]=$?
 fi
 
 if want parity; then
 stage "parity vs HF transformers"
 rm -f "$OUT/parity.log"
-timeout $((130 * TM)) $PY "$ROOT/benchmarks/gpu/parity.py" $([ $DRY = 1 ] && echo --dry-run) --root "$OUT/models" 2>&1 \
-  | grep -v -i "warn" | tee "$OUT/parity.log" | tail -40
+timeout $((${T_PARITY:-140} * TM)) $PY "$ROOT/benchmarks/gpu/parity.py" $([ $DRY = 1 ] && echo --dry-run) --root "$WORK/models" 2>&1 \
+  | tee "$OUT/parity.log" | grep -v -i "warnings.warn\|futurewarning" | tail -40
 STATUS[parity]=${PIPESTATUS[0]}
 fi
 
 if want throughput; then
 stage "throughput (nano-vllm workload)"
 rm -f "$OUT/throughput.json"
-timeout $((210 * TM)) $PY "$ROOT/benchmarks/gpu/throughput.py" $([ $DRY = 1 ] && echo --dry-run) --root "$OUT/models" \
-  --json "$OUT/throughput.json" 2>&1 | grep -v -i "warn" | tee "$OUT/throughput.log" | tail -20
+timeout $((${T_THROUGHPUT:-150} * TM)) $PY "$ROOT/benchmarks/gpu/throughput.py" $([ $DRY = 1 ] && echo --dry-run) --root "$WORK/models" \
+  --json "$OUT/throughput.json" 2>&1 | tee "$OUT/throughput.log" | grep -v -i "warnings.warn\|futurewarning" | tail -20
 STATUS[throughput]=${PIPESTATUS[0]}
 fi
 
+if want single; then
+stage "single stream (Llama-3.1-8B shape, bf16, 128 in / 512 out)"
+rm -f "$OUT/single.json"
+timeout $((${T_SINGLE:-150} * TM)) $PY "$ROOT/benchmarks/gpu/single_stream.py" $([ $DRY = 1 ] && echo --dry-run) \
+  --root "$WORK/models" --json "$OUT/single.json" 2>&1 | tee "$OUT/single.log" | grep -v -i "warnings.warn\|futurewarning" | tail -12
+STATUS[single]=${PIPESTATUS[0]}
+fi
+
 stage "summary"
-$PY - "$OUT" "${STATUS[tests]}" "${STATUS[parity]}" "${STATUS[throughput]}" <<'PYEOF'
+$PY - "$OUT" "${STATUS[tests]}" "${STATUS[parity]}" "${STATUS[throughput]}" "${STATUS[single]}" <<'PYEOF'
 import json, os, sys
-out, tests, parity, thr = sys.argv[1:]
-row = json.load(open(os.path.join(out, "throughput.json"))) if os.path.exists(os.path.join(out, "throughput.json")) else {}
+out, tests, parity, thr, single = sys.argv[1:]
+def load(name):
+    p = os.path.join(out, name)
+    return json.load(open(p)) if os.path.exists(p) else {}
+row, one = load("throughput.json"), load("single.json")
 par = next((l.strip() for l in open(os.path.join(out, "parity.log")) if l.startswith("PARITY")), "PARITY (no result)") \
     if os.path.exists(os.path.join(out, "parity.log")) else "PARITY (no result)"
 def f(k, fmt="{:,.0f}"):
     return fmt.format(row[k]) if k in row else "-"
 print("| check | result |")
 print("|---|---|")
-print(f"| card | {row.get('card', '-')} |")
+print(f"| card | {row.get('card', one.get('card', '-'))} |")
 def status(rc):
     return {"0": "pass", "skipped": "skipped", "124": "TIMEOUT"}.get(rc, f"FAIL rc={rc}")
 print(f"| CUDA tests | {status(tests)} |")
@@ -121,5 +134,10 @@ print(f"| roofline (tok/s) / pagemill's share | {f('roofline_tok_s')} / {f('pct_
 print(f"| HBM GB/s / bf16 GEMM TFLOP/s | {f('hbm_gb_s')} / {f('gemm_tflops')} |")
 print(f"| HF generate subset (output tok/s) | {f('hf_tok_s')} |")
 print(f"| workload | {row.get('num_seqs', '-')} seqs, {row.get('output_tokens', '-')} output tokens |")
+print(f"| single stream run (8B shape) | {status(single)} |")
+g = lambda k, fmt: fmt.format(one[k]) if k in one else "-"
+print(f"| 8B TPOT, CUDA graphs / eager (ms) | {g('graphs_tpot_ms', '{:.2f}')} / {g('eager_tpot_ms', '{:.2f}')} |")
+print(f"| 8B HBM bound (ms) / share, graphs / eager | {g('bound_tpot_ms', '{:.2f}')} / "
+      f"{g('graphs_pct_of_bound', '{:.1%}')} / {g('eager_pct_of_bound', '{:.1%}')} |")
 PYEOF
 echo "total $(( $(date +%s) - START ))s"
