@@ -54,15 +54,17 @@ def main() -> int:
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
         refs = [hf_greedy(hf, p, n_out) for p in prompts]
         paths = {"batch": dict(), "chunked": dict(max_num_batched_tokens=16),
-                 "eager": dict(enforce_eager=True), "preempt": dict(num_gpu_blocks_override=24, block_size=16)}
+                 "eager": dict(enforce_eager=True), "preempt": dict(num_gpu_blocks_override=24, block_size=16, max_model_len=128)}
         if dry:
             paths = {"chunked": paths["chunked"]}
         elif kind not in ("llama", "gemma3_text"):  # (every path on two families, the batch on the others: time)
             paths = {"batch": paths["batch"]}
         for name, over in paths.items():
             t0 = time.perf_counter()
-            llm = LLM(path, dtype="float32", max_model_len=256, max_num_seqs=32, **{"kv_cache_memory": "64MiB",
-                                                                                    **extra, **over})
+            # (the preemption path: 24 blocks for 32 requests of up to 84 tokens; max_model_len 128 so that one
+            # request fits with two KV groups, Gemma 3's sliding + full)
+            llm = LLM(path, dtype="float32", max_num_seqs=32, **{"max_model_len": 256, "kv_cache_memory": "64MiB",
+                                                                 **extra, **over})
             runs = [("", llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False))]
             if name == "batch":  # the same prompts again: prefix-cache hits
                 runs.append(("+prefix", llm.generate([{"prompt_token_ids": p} for p in prompts], greedy,
@@ -71,8 +73,9 @@ def main() -> int:
                 checks += 1
                 bad = [i for i, o in enumerate(outs) if list(o.outputs[0].token_ids) != refs[i]]
                 hits = sum(o.num_cached_tokens for o in outs)
+                preempted = llm.get_stats().num_preemptions
                 print(f"parity fp32 {kind:12s} {name + suffix:14s} {len(outs) - len(bad)}/{len(outs)} equal "
-                      f"(cached tokens {hits}) {time.perf_counter() - t0:.1f}s", flush=True)
+                      f"(cached tokens {hits}, preemptions {preempted}) {time.perf_counter() - t0:.1f}s", flush=True)
                 if bad:
                     failures.append(f"{kind}/{name}{suffix}: requests {bad}")
             del llm

@@ -104,6 +104,25 @@ def test_reduced_precision_cache(cache_dtype):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("splits", [None, 4])
+def test_half_precision_model(dtype, splits):
+    """A bf16 / fp16 model: the products in its dtype, float32 accumulation, probabilities rounded to it before
+    the value product (as FlashAttention): within half-precision rounding of the float32 reference over the same
+    values, for decodes, prefill tiles and split-KV."""
+    gen = torch.Generator().manual_seed(11)
+    md = _step(16, 40, gen, step=LONG_STEP + [(0, 13)])
+    t = md.num_actual_tokens
+    q, k, v = (torch.randn(t, h, 64, generator=gen).to(dtype) for h in (8, 2, 2))
+    cache = torch.randn(TorchPagedAttention.kv_cache_shape(40, 16, 2, 64), generator=gen).to(dtype)
+    layer = SimpleNamespace(num_kv_heads=2, head_dim=64, scale=0.125, sliding_window=None)
+    ref = TorchPagedAttention()
+    want = ref.forward(layer, q.float(), k.float(), v.float(), cache.float(), ref.build_metadata(md))
+    got, _ = _run_triton(layer, q, k, v, cache, md, splits=splits)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+
+
 def test_a_wrong_kernel_is_caught():
     """The comparison can fail: attention without the causal limit differs from the reference."""
     gen = torch.Generator().manual_seed(3)

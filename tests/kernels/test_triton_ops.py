@@ -35,10 +35,12 @@ def _on(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t.to(DEVICE) for t in tensors]
 
 
-def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+def _close(got: torch.Tensor, want: torch.Tensor, rounded_in: torch.dtype = torch.float32) -> None:
+    """Equal to float32 rounding, or to half-precision rounding where the output or an intermediate the reference
+    rounds (`rounded_in`) is half precision (an ulp of the device's rsqrt can flip such a rounding)."""
     got = got.cpu()
     assert got.dtype == want.dtype and got.shape == want.shape
-    tol = 1e-5 if want.dtype == torch.float32 else 1e-2
+    tol = 1e-5 if want.dtype == torch.float32 and rounded_in == torch.float32 else 1e-2
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
@@ -49,12 +51,12 @@ def test_rms_norm(tri, width, dtype, out_dtype):
     gen = torch.Generator().manual_seed(width)
     x = (torch.randn(2, 3, width, generator=gen) * 3).to(dtype)
     w = torch.randn(width, generator=gen)
-    _close(tri.rms_norm(*_on(x, w), 1e-6, out_dtype), REF.rms_norm(x, w, 1e-6, out_dtype))
+    _close(tri.rms_norm(*_on(x, w), 1e-6, out_dtype), REF.rms_norm(x, w, 1e-6, out_dtype), dtype)
     residual = torch.randn(2, 3, width, generator=gen).to(dtype)
     got, got_res = tri.fused_add_rms_norm(*_on(x, residual, w), 1e-5, out_dtype)
     want, want_res = REF.fused_add_rms_norm(x, residual, w, 1e-5, out_dtype)
-    _close(got, want)
-    _close(got_res, want_res)
+    _close(got, want, dtype)
+    _close(got_res, want_res, dtype)
 
 
 @pytest.mark.parametrize("width", [8, 1536, 2500])

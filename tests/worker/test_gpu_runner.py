@@ -33,15 +33,18 @@ def _every_kernel_variant():
     yield
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "gemma3_text"])
-def test_greedy_equals_hf_with_chunks_and_prefix_hits(kind, tiny_models):
+@pytest.mark.parametrize("kind,async_scheduling", [("llama", False), ("llama", True), ("qwen3", False),
+                                                   ("gemma3_text", False)])
+def test_greedy_equals_hf_with_chunks_and_prefix_hits(kind, async_scheduling, tiny_models):
     """A batch of 4 prompts, 16-token steps (chunked prefill, mixed prefill + decode), then the same prompts again
-    (prefix-cache hits): greedy tokens equal HF transformers float32 for every request, both times."""
+    (prefix-cache hits): greedy tokens equal HF transformers float32 for every request, both times; also with async
+    scheduling (the default on CUDA: step N+1 planned while step N runs)."""
     from transformers import AutoModelForCausalLM
 
     path = tiny_models[kind]
     llm = LLM(path, kv_cache_memory="16MiB", max_model_len=256, max_num_batched_tokens=16, max_num_seqs=8,
-              block_size=8, **GPU_ARGS)
+              block_size=8, async_scheduling=async_scheduling, **GPU_ARGS)
+    assert llm.llm_engine.engine_core.async_scheduling == async_scheduling
     runner = llm.llm_engine.engine_core.executor.driver_worker.model_runner
     assert type(runner).__name__ == "GpuModelRunner" and runner.backend.name == "triton"
     assert runner.device == torch.device("cpu") and runner.graphs is None

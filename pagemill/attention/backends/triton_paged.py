@@ -1,9 +1,13 @@
 """Paged attention in Triton: one kernel for decode, chunked prefill and prefill over block tables, and the KV write.
 
-Every query token is one program per KV head: it holds the token's GQA group of query heads, walks the keys of its
-request from the start of its window (or 0) to its own position a block at a time with an online softmax, and
-writes the group's outputs. Causality, sliding windows and any mix of decodes, prefill chunks and fresh prefills in
-one step come from each token's (request, position) alone, so the step needs no batch order. The torch reference
+One program per query tile and KV head: a tile is one token in a decode batch, or a run of consecutive tokens of one
+request when the step has prefill tokens (so they share every key load); its rows are the tokens' GQA groups of
+query heads. It walks the request's keys from the start of the window (or 0) to the last row's position, TILE_N keys
+at a time gathered across pages, with an online softmax; each row masks by its own position (causality, sliding
+window). Any mix of decodes, prefill chunks and fresh prefills in one step comes from each token's (request,
+position) alone, so the step needs no batch order. A small decode batch over long contexts splits each tile's keys
+over several programs (flash-decoding) and reduces them after. Half-precision models multiply in their dtype with
+float32 accumulation (as FlashAttention); float32 ones in IEEE float32. The torch reference
 backend (torch_paged.py) is the oracle. On the CPU the kernels run under Triton's interpreter (`TRITON_INTERPRET=1`,
 set before this module is imported: tests and `device="cpu"`), on a GPU compiled.
 """
@@ -51,104 +55,87 @@ if triton is not None:
         tl.store(v_cache_ptr + dst, cast_rne(v.to(tl.float32), v_cache_ptr.dtype.element_ty), mask=dmask)
 
     @triton.jit
-    def _paged_attention_kernel(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, token_req_ptr,
-                                token_pos_ptr, scale, window,
-                                stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
-                                stride_bt,
-                                GQA: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                                D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, PRECISION: tl.constexpr):
-        """Attention of query token t's heads of KV head kh over keys [lo, pos] of its request (online softmax)."""
-        t = tl.program_id(0)
-        kh = tl.program_id(1)
-        req = tl.load(token_req_ptr + t).to(tl.int64)
-        pos = tl.load(token_pos_ptr + t)
-        g = tl.arange(0, G_PAD)
-        d = tl.arange(0, D_PAD)
-        n = tl.arange(0, BLOCK_SIZE)
-        gmask = g < GQA
-        dmask = d < HEAD_DIM
-        heads = kh * GQA + g
-        qmask = gmask[:, None] & dmask[None, :]
-        q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=qmask, other=0.0)
-        q = q.to(tl.float32)
-        lo = pos * 0
-        if window > 0:
-            lo = tl.maximum(pos - window + 1, 0)
-        m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([G_PAD], tl.float32)
-        acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-        for j in range(lo // BLOCK_SIZE, pos // BLOCK_SIZE + 1):
-            block = tl.load(block_table_ptr + req * stride_bt + j).to(tl.int64)
-            kpos = j * BLOCK_SIZE + n
-            keep = (kpos <= pos) & (kpos >= lo)
-            offsets = block * stride_cb + n[:, None] * stride_cs + kh * stride_ch + d[None, :]
-            k = tl.load(k_cache_ptr + offsets, mask=dmask[None, :], other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-            s = tl.where(keep[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the first block holds key `lo` for every row
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_cache_ptr + offsets, mask=dmask[None, :], other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-            m_i = m_new
-        out = acc / l_i[:, None]
-        tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                 cast_rne(out, out_ptr.dtype.element_ty), mask=qmask)
-
-    @triton.jit
-    def _paged_attention_split_kernel(acc_ptr, ml_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr,
-                                      token_req_ptr, token_pos_ptr, scale, window,
-                                      stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
-                                      NUM_SPLITS: tl.constexpr, HQ: tl.constexpr,
-                                      GQA: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                                      D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, PRECISION: tl.constexpr):
-        """Split-KV (flash-decoding): split s of query token t's key blocks [lo, pos], its unnormalised output and
-        (max, sum) in float32 for _split_reduce_kernel. An empty split leaves (-inf, 0) and zeros."""
-        t = tl.program_id(0)
+    def _unified_attention_kernel(out_ptr, acc_ptr, ml_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr,
+                                  token_req_ptr, token_pos_ptr, tile_first_ptr, tile_count_ptr, scale, window,
+                                  stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
+                                  stride_bt,
+                                  SINGLE_TOKEN: tl.constexpr, NUM_SPLITS: tl.constexpr, HQ: tl.constexpr,
+                                  GQA: tl.constexpr, G_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                                  TILE_N: tl.constexpr, PRECISION: tl.constexpr):
+        """Attention of a query tile (up to BLOCK_M // G_PAD consecutive tokens of one request, each with its GQA
+        group of query heads of KV head kh) over its keys, TILE_N keys (gathered across pages) at a time with an
+        online softmax. Split s of NUM_SPLITS > 1 (flash-decoding) covers a share of the key tiles and leaves its
+        unnormalised output and (max, sum) in float32 for _split_reduce_kernel."""
+        tile = tl.program_id(0)
         kh = tl.program_id(1)
         sp = tl.program_id(2)
-        req = tl.load(token_req_ptr + t).to(tl.int64)
-        pos = tl.load(token_pos_ptr + t)
-        g = tl.arange(0, G_PAD)
+        if SINGLE_TOKEN:  # every request has one query token: tile = token
+            first = tile
+            count = 1
+        else:
+            first = tl.load(tile_first_ptr + tile)
+            count = tl.load(tile_count_ptr + tile)
+        req = tl.load(token_req_ptr + first).to(tl.int64)
+        pos0 = tl.load(token_pos_ptr + first)
+        r = tl.arange(0, BLOCK_M)
+        qi = r // G_PAD
+        g = r % G_PAD
         d = tl.arange(0, D_PAD)
-        n = tl.arange(0, BLOCK_SIZE)
-        gmask = g < GQA
         dmask = d < HEAD_DIM
+        rmask = (qi < count) & (g < GQA)
+        tok = (first + qi).to(tl.int64)
+        pos_r = pos0 + qi  # each row's own position (causality)
         heads = kh * GQA + g
-        qmask = gmask[:, None] & dmask[None, :]
-        q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=qmask, other=0.0)
-        q = q.to(tl.float32)
-        lo = pos * 0
+        qmask = rmask[:, None] & dmask[None, :]
+        q = tl.load(q_ptr + tok[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=qmask,
+                    other=0.0)
+        if PRECISION == "ieee":
+            q = q.to(tl.float32)
+        lo_r = pos_r * 0
         if window > 0:
-            lo = tl.maximum(pos - window + 1, 0)
-        first = lo // BLOCK_SIZE
-        nblocks = pos // BLOCK_SIZE + 1 - first
-        per = (nblocks + NUM_SPLITS - 1) // NUM_SPLITS
-        start = first + sp * per
-        stop = tl.minimum(start + per, pos // BLOCK_SIZE + 1)
-        m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([G_PAD], tl.float32)
-        acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+            lo_r = tl.maximum(pos_r - window + 1, 0)
+        pos_max = pos0 + count - 1
+        lo = pos0 * 0
+        if window > 0:
+            lo = tl.maximum(pos0 - window + 1, 0)  # the tile's first row starts earliest
+        first_tile = lo // TILE_N
+        ntiles = pos_max // TILE_N + 1 - first_tile
+        per = (ntiles + NUM_SPLITS - 1) // NUM_SPLITS
+        start = first_tile + sp * per
+        stop = tl.minimum(start + per, pos_max // TILE_N + 1)
+        n = tl.arange(0, TILE_N)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
         for j in range(start, stop):
-            block = tl.load(block_table_ptr + req * stride_bt + j).to(tl.int64)
-            kpos = j * BLOCK_SIZE + n
-            keep = (kpos <= pos) & (kpos >= lo)
-            offsets = block * stride_cb + n[:, None] * stride_cs + kh * stride_ch + d[None, :]
-            k = tl.load(k_cache_ptr + offsets, mask=dmask[None, :], other=0.0).to(tl.float32)
+            kpos = j * TILE_N + n
+            kin = kpos <= pos_max
+            block = tl.load(block_table_ptr + req * stride_bt + kpos // BLOCK_SIZE, mask=kin, other=0).to(tl.int64)
+            offsets = block[:, None] * stride_cb + (kpos % BLOCK_SIZE)[:, None] * stride_cs + kh * stride_ch \
+                + d[None, :]
+            kvmask = kin[:, None] & dmask[None, :]
+            k = tl.load(k_cache_ptr + offsets, mask=kvmask, other=0.0).to(q.dtype)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-            s = tl.where(keep[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every block of a split holds a key in [lo, pos]
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
+            keep = (kpos[None, :] <= pos_r[:, None]) & (kpos[None, :] >= lo_r[:, None])
+            s = tl.where(keep, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: nothing to rescale
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_cache_ptr + offsets, mask=dmask[None, :], other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+            v = tl.load(v_cache_ptr + offsets, mask=kvmask, other=0.0).to(q.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=PRECISION)
             m_i = m_new
-        row = (t * HQ + heads) * NUM_SPLITS + sp  # [G_PAD] rows of [T * HQ * NUM_SPLITS]
-        tl.store(acc_ptr + row[:, None] * D_PAD + d[None, :], acc, mask=qmask)
-        tl.store(ml_ptr + row * 2, m_i, mask=gmask)
-        tl.store(ml_ptr + row * 2 + 1, l_i, mask=gmask)
+        if NUM_SPLITS == 1:
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # (l_i is 0 only on padding rows, not stored)
+            tl.store(out_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                     cast_rne(out, out_ptr.dtype.element_ty), mask=qmask)
+        else:
+            row = (tok * HQ + heads) * NUM_SPLITS + sp  # [BLOCK_M] rows of [T * HQ * NUM_SPLITS]
+            tl.store(acc_ptr + row[:, None] * D_PAD + d[None, :], acc, mask=qmask)
+            tl.store(ml_ptr + row * 2, m_i, mask=rmask)
+            tl.store(ml_ptr + row * 2 + 1, l_i, mask=rmask)
 
     @triton.jit
     def _split_reduce_kernel(out_ptr, acc_ptr, ml_ptr, stride_ot, stride_oh, NUM_SPLITS: tl.constexpr,
@@ -174,12 +161,30 @@ def _pad(n: int, least: int = 16) -> int:
     return max(least, 1 << (n - 1).bit_length())
 
 
+def query_tiles(query_start_loc: np.ndarray, num_reqs: int, tokens_per_tile: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first token, token count) of each query tile: every request's tokens cut into runs of `tokens_per_tile`
+    consecutive tokens (a tile never spans two requests)."""
+    lens = np.diff(query_start_loc[:num_reqs + 1]).astype(np.int64)
+    per_req = -(-lens // tokens_per_tile)
+    req = np.repeat(np.arange(num_reqs), per_req)
+    k = np.arange(int(per_req.sum())) - np.repeat(np.cumsum(per_req) - per_req, per_req)
+    first = query_start_loc[req] + k * tokens_per_tile
+    return first.astype(np.int32), np.minimum(tokens_per_tile, lens[req] - k * tokens_per_tile).astype(np.int32)
+
+
 @dataclass
 class TritonAttentionMetadata:
-    """The common metadata plus each token's request and position, as device tensors (made once per device)."""
+    """The common metadata plus each token's request and position, and the step's query tiles, as device tensors
+    (made once per device and step, shared by the layers)."""
 
     common: CommonAttentionMetadata
     _tensors: dict = field(default_factory=dict)
+
+    @property
+    def single_token(self) -> bool:
+        """Whether every request has one query token this step (a decode batch: tile = token, no tile table)."""
+        md = self.common
+        return int(md.query_start_loc[md.num_reqs]) == md.num_reqs
 
     def tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(block table int32 [B, max_blocks], token's request int32 [T], token's position int32 [T]) on `device`."""
@@ -196,6 +201,15 @@ class TritonAttentionMetadata:
                                           for a in (md.block_table, token_req, token_pos))
         return self._tensors[key]
 
+    def tiles(self, device: torch.device, tokens_per_tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(first token int32 [tiles], token count int32 [tiles]) of the step's query tiles on `device`."""
+        key = (torch.device(device).type, tokens_per_tile)
+        if key not in self._tensors:
+            md = self.common
+            self._tensors[key] = tuple(torch.from_numpy(a).to(device)
+                                       for a in query_tiles(md.query_start_loc, md.num_reqs, tokens_per_tile))
+        return self._tensors[key]
+
 
 class TritonPagedAttention(AttentionBackend):
     """Triton paged attention (the CUDA platform's backend; the interpreter runs it on the CPU)."""
@@ -207,7 +221,9 @@ class TritonPagedAttention(AttentionBackend):
     # split-KV decoding: a step of few (token, KV head) programs splits each token's keys over up to this many
     # programs (flash-decoding), so a small decode batch over long contexts still fills the GPU
     max_kv_splits = 16
-    target_programs = 256  # (token x KV head x split) programs a step aims for: a few per SM
+    target_programs = 256  # (query tile x KV head x split) programs a step aims for: a few per SM
+    key_tile = 64  # keys per inner iteration, gathered across pages (half that for head dims over 128)
+    prefill_rows = 64  # query rows (tokens x GQA group) per program in a step with prefill tokens
 
     def __init__(self, num_kv_splits: int | None = None) -> None:
         if triton is None:
@@ -217,8 +233,8 @@ class TritonPagedAttention(AttentionBackend):
         self.num_kv_splits = num_kv_splits  # None: choose per step (kv_splits)
 
     def kv_splits(self, num_tokens: int, num_kv_heads: int, device: torch.device | None = None) -> int:
-        """Splits per token's keys: 1 for a big step, up to max_kv_splits (a power of two) for a small one. It
-        depends on the step's shape only, never on its lengths, so a CUDA graph captured for a decode bucket keeps
+        """Splits per query tile's keys (`num_tokens`: the step's tiles): 1 for a big step, up to max_kv_splits (a
+        power of two) for a small one. It depends on the step's shape only, never on its lengths, so a CUDA graph captured for a decode bucket keeps
         it (a short context simply leaves some splits empty)."""
         if self.num_kv_splits is not None:
             return self.num_kv_splits
@@ -226,6 +242,14 @@ class TritonPagedAttention(AttentionBackend):
             return 1
         want = self.target_programs // max(1, num_tokens * num_kv_heads)
         return 1 if want < 2 else min(self.max_kv_splits, 1 << (want.bit_length() - 1))
+
+    @staticmethod
+    def _precision(q: torch.Tensor) -> str:
+        """"ieee": products in float32 (float32 models; bf16 under the interpreter, whose bf16 dot is wrong);
+        else the model's half dtype (the string is then only a flag)."""
+        if q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and q.device.type == "cpu"):
+            return "ieee"
+        return "tf32"
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
@@ -255,26 +279,31 @@ class TritonPagedAttention(AttentionBackend):
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=d_pad)
         gqa = q.shape[1] // num_kv_heads
-        splits = self.kv_splits(n, num_kv_heads, q.device)
-        precision = "ieee" if q.dtype == torch.float32 else "tf32"
+        hq = q.shape[1]
+        g_pad = 1 << (gqa - 1).bit_length()
+        if metadata.single_token:  # decodes (and a CUDA graph's padded batch): one token per program
+            tiles, block_m = n, max(16, g_pad)
+            tile_first = tile_count = token_req  # (unused)
+        else:  # prefill tokens: query tiles of consecutive tokens share each key tile's load
+            block_m = max(16, g_pad, self.prefill_rows)
+            tile_first, tile_count = metadata.tiles(q.device, block_m // g_pad)
+            tiles = tile_first.shape[0]
+        splits = self.kv_splits(tiles, num_kv_heads, q.device)
+        tile_n = self.key_tile if head_dim <= 128 else self.key_tile // 2
         if splits > 1:
-            hq = q.shape[1]
             acc = torch.empty(n * hq * splits, d_pad, dtype=torch.float32, device=q.device)
             ml = torch.empty(n * hq * splits, 2, dtype=torch.float32, device=q.device)
-            _paged_attention_split_kernel[(n, num_kv_heads, splits)](
-                acc, ml, q, k_cache, v_cache, block_table, token_req, token_pos, float(layer.scale),
-                int(layer.sliding_window or 0), q.stride(0), q.stride(1),
-                k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
-                NUM_SPLITS=splits, HQ=hq, GQA=gqa, G_PAD=_pad(gqa), HEAD_DIM=head_dim, D_PAD=d_pad,
-                BLOCK_SIZE=_pad(block_size, 1), PRECISION=precision)
-            _split_reduce_kernel[(n, hq)](out, acc, ml, out.stride(0), out.stride(1), NUM_SPLITS=splits, HQ=hq,
-                                          HEAD_DIM=head_dim, D_PAD=d_pad)
-            return out
-        _paged_attention_kernel[(n, num_kv_heads)](
-            out, q, k_cache, v_cache, block_table, token_req, token_pos, float(layer.scale),
-            int(layer.sliding_window or 0),
+        else:
+            acc = ml = out  # (unused)
+        _unified_attention_kernel[(tiles, num_kv_heads, splits)](
+            out, acc, ml, q, k_cache, v_cache, block_table, token_req, token_pos, tile_first, tile_count,
+            float(layer.scale), int(layer.sliding_window or 0),
             q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
-            GQA=gqa, G_PAD=_pad(gqa), HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_SIZE=_pad(block_size, 1),
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+            SINGLE_TOKEN=metadata.single_token, NUM_SPLITS=splits, HQ=hq, GQA=gqa, G_PAD=g_pad, BLOCK_M=block_m,
+            HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size, TILE_N=tile_n,
+            PRECISION=self._precision(q))
+        if splits > 1:
+            _split_reduce_kernel[(n, hq)](out, acc, ml, out.stride(0), out.stride(1), NUM_SPLITS=splits, HQ=hq,
+                                          HEAD_DIM=head_dim, D_PAD=d_pad)
         return out
