@@ -95,7 +95,8 @@ fi
 if want throughput; then
 stage "throughput (nano-vllm workload)"
 rm -f "$OUT/throughput.json"
-timeout $((${T_THROUGHPUT:-150} * TM)) $PY "$ROOT/benchmarks/gpu/throughput.py" $([ $DRY = 1 ] && echo --dry-run) --root "$WORK/models" \
+timeout $((${T_THROUGHPUT:-150} * TM)) $PY "$ROOT/benchmarks/gpu/throughput.py" $([ $DRY = 1 ] && echo --dry-run) --root "$WORK/models" --sync-too \
+  $([ $DRY = 0 ] && echo --profile) \
   --json "$OUT/throughput.json" 2>&1 | tee "$OUT/throughput.log" | grep -v -i "warnings.warn\|futurewarning" | tail -20
 STATUS[throughput]=${PIPESTATUS[0]}
 fi
@@ -129,7 +130,7 @@ print(f"| CUDA tests | {status(tests)} |")
 print(f"| parity | {status(parity)}: {par.removeprefix('PARITY ')} |")
 print(f"| throughput run | {status(thr)} |")
 print(f"| throughput, CUDA graphs (output tok/s) | {f('graphs_tok_s')} |")
-print(f"| throughput, eager (output tok/s) | {f('eager_tok_s')} |")
+print(f"| throughput, synchronous scheduling (output tok/s) | {f('sync_tok_s')} |")
 print(f"| roofline (tok/s) / pagemill's share | {f('roofline_tok_s')} / {f('pct_of_roofline', '{:.1%}')} |")
 print(f"| HBM GB/s / bf16 GEMM TFLOP/s | {f('hbm_gb_s')} / {f('gemm_tflops')} |")
 print(f"| HF generate subset (output tok/s) | {f('hf_tok_s')} |")

@@ -64,6 +64,9 @@ def main() -> int:
     ap.add_argument("--num-seqs", type=int, default=256)
     ap.add_argument("--hf-subset", type=int, default=16)
     ap.add_argument("--eager-too", action="store_true")
+    ap.add_argument("--sync-too", action="store_true", help="also with async_scheduling=False")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the runs: torch.profiler over 64 of the requests (32 output tokens), top kernels")
     ap.add_argument("--root", default="/tmp/pagemill-gpu/models")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -91,7 +94,9 @@ def main() -> int:
     prompts = [{"prompt_token_ids": torch.randint(3, vocab, (i,), generator=g).tolist()} for i in ins]
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outs]
     results = {}
-    for label, over in [("graphs", {}), *([("eager", {"enforce_eager": True})] if args.eager_too else [])]:
+    variants = [("graphs", {}), *([("sync", {"async_scheduling": False})] if args.sync_too else []),
+                *([("eager", {"enforce_eager": True})] if args.eager_too else [])]
+    for label, over in variants:
         t0 = time.perf_counter()
         llm = LLM(path, **engine, **over)
         load = time.perf_counter() - t0
@@ -108,6 +113,8 @@ def main() -> int:
         results[label] = dict(seconds=secs, tok_s=got / secs, load_s=load)
         print(f"pagemill {label}: {got} output tokens in {secs:.1f}s = {got / secs:,.0f} tok/s (engine start "
               f"{load:.1f}s)", flush=True)
+        if args.profile and label == "graphs" and not dry:
+            profile(llm, prompts[:64])
         del llm, res
         gc.collect()
         if not dry:
@@ -141,6 +148,27 @@ def main() -> int:
     print("THROUGHPUT " + json.dumps(row), flush=True)
     _save(row, args.json)
     return 0
+
+
+def profile(llm, prompts: list[dict]) -> None:
+    """torch.profiler over a short run (64 requests, 32 output tokens): the GPU's busy share of the wall time and
+    the kernels that took most of it."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from pagemill import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    gpu = sum(e.self_device_time_total for e in events) / 1e6
+    print(f"profile: wall {wall * 1e3:.0f} ms, GPU kernels {gpu * 1e3:.0f} ms ({gpu / wall:.0%} busy)", flush=True)
+    print(events.table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=60), flush=True)
 
 
 def _save(row: dict, path: str | None) -> None:

@@ -42,6 +42,8 @@ class KVCacheManager:
         self._num_stored: dict[str, int] = {}  # tokens each request keeps in its blocks
         self.num_cow_copies = 0
         self._no_hits: KVCacheBlocks = self.empty_blocks()  # read only
+        # every group full attention: nothing ever leaves a window, so a decode step inside a block needs no plan
+        self._all_full = all(type(g) is FullAttentionManager for g in self.groups)
 
     @property
     def usage(self) -> float:
@@ -89,6 +91,10 @@ class KVCacheManager:
         """Make room for `num_new_tokens` more tokens; the new blocks per group, or None (and no change but the
         dropping of blocks outside a sliding window) if the pool is too small."""
         rid = request.request_id
+        if self._all_full and new_computed_blocks is None and not num_new_computed_tokens:
+            fast = self._within_block(request, num_new_tokens, num_lookahead_tokens)
+            if fast is not None:
+                return fast
         hits = new_computed_blocks or self._no_hits
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_required = cdiv(num_computed + num_new_tokens + num_lookahead_tokens, self.block_size)
@@ -118,6 +124,24 @@ class KVCacheManager:
             for g in self.groups:
                 g.cache_blocks(rid, request.block_hashes, num_full)
         return new_blocks
+
+    def _within_block(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int) -> KVCacheBlocks | None:
+        """The decode fast path of allocate_slots (no plan, no hashing): the step's tokens (and lookahead) fall in the
+        block that holds the request's next position, which every group already holds unshared, and no block fills
+        up. None when that is not so (the full path decides)."""
+        bs = self.block_size
+        num_computed = request.num_computed_tokens
+        b = num_computed // bs
+        end = num_computed + num_new_tokens
+        if end // bs != b or (end + num_lookahead_tokens - 1) // bs != b:
+            return None
+        rid = request.request_id
+        for g in self.groups:
+            blocks = g.req_to_blocks.get(rid)
+            if blocks is None or len(blocks) <= b or blocks[b].ref_cnt != 1:
+                return None
+        self._num_stored[rid] = end
+        return self.empty_blocks()
 
     def free_tail(self, request: Request, num_tokens: int) -> int | None:
         """After draft tokens were rejected: release the blocks that hold none of the first `num_tokens` tokens.

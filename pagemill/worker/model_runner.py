@@ -394,7 +394,7 @@ class ModelRunner:
                 if mask is not None:
                     smd.token_bitmask, smd.bitmask_rows = mask
                 tokens, raw_lp = self.sampler(logits, smd)
-            token_list = tokens.tolist()
+            token_list = tokens.cpu().tolist()  # (.cpu() waits for the device with the GIL released)
             for j, i in enumerate(sample_idx):
                 out.sampled[req_ids[i]] = [token_list[j]]
                 ib.append_token(int(rows[i]), token_list[j])
