@@ -64,7 +64,7 @@ def main() -> int:
     ap.add_argument("--num-seqs", type=int, default=256)
     ap.add_argument("--hf-subset", type=int, default=16)
     ap.add_argument("--eager-too", action="store_true")
-    ap.add_argument("--sync-too", action="store_true", help="also with async_scheduling=False")
+    ap.add_argument("--async-too", action="store_true", help="also with async_scheduling=True")
     ap.add_argument("--profile", action="store_true",
                     help="after the runs: torch.profiler over 64 of the requests (32 output tokens), top kernels")
     ap.add_argument("--root", default="/tmp/pagemill-gpu/models")
@@ -94,7 +94,7 @@ def main() -> int:
     prompts = [{"prompt_token_ids": torch.randint(3, vocab, (i,), generator=g).tolist()} for i in ins]
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outs]
     results = {}
-    variants = [("graphs", {}), *([("sync", {"async_scheduling": False})] if args.sync_too else []),
+    variants = [("graphs", {}), *([("async", {"async_scheduling": True})] if args.async_too else []),
                 *([("eager", {"enforce_eager": True})] if args.eager_too else [])]
     for label, over in variants:
         t0 = time.perf_counter()

@@ -38,7 +38,7 @@ def _every_kernel_variant():
 def test_greedy_equals_hf_with_chunks_and_prefix_hits(kind, async_scheduling, tiny_models):
     """A batch of 4 prompts, 16-token steps (chunked prefill, mixed prefill + decode), then the same prompts again
     (prefix-cache hits): greedy tokens equal HF transformers float32 for every request, both times; also with async
-    scheduling (the default on CUDA: step N+1 planned while step N runs)."""
+    scheduling (step N+1 planned while step N runs)."""
     from transformers import AutoModelForCausalLM
 
     path = tiny_models[kind]

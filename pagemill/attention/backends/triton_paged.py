@@ -222,8 +222,8 @@ class TritonPagedAttention(AttentionBackend):
     # programs (flash-decoding), so a small decode batch over long contexts still fills the GPU
     max_kv_splits = 16
     target_programs = 256  # (query tile x KV head x split) programs a step aims for: a few per SM
-    key_tile = 64  # keys per inner iteration, gathered across pages (half that for head dims over 128)
-    prefill_rows = 64  # query rows (tokens x GQA group) per program in a step with prefill tokens
+    key_tile = 64  # keys per inner iteration, gathered across pages (half that for head dims over 128; float32 half)
+    prefill_rows = 64  # query rows (tokens x GQA group) per program in a step with prefill tokens (half precision)
 
     def __init__(self, num_kv_splits: int | None = None) -> None:
         if triton is None:
@@ -281,15 +281,18 @@ class TritonPagedAttention(AttentionBackend):
         gqa = q.shape[1] // num_kv_heads
         hq = q.shape[1]
         g_pad = 1 << (gqa - 1).bit_length()
+        precision = self._precision(q)
+        # float32 (exactness checks, not speed): smaller tiles, which compile several times faster
+        half = precision != "ieee"
         if metadata.single_token:  # decodes (and a CUDA graph's padded batch): one token per program
             tiles, block_m = n, max(16, g_pad)
             tile_first = tile_count = token_req  # (unused)
         else:  # prefill tokens: query tiles of consecutive tokens share each key tile's load
-            block_m = max(16, g_pad, self.prefill_rows)
+            block_m = max(16, g_pad, self.prefill_rows if half else 16)
             tile_first, tile_count = metadata.tiles(q.device, block_m // g_pad)
             tiles = tile_first.shape[0]
         splits = self.kv_splits(tiles, num_kv_heads, q.device)
-        tile_n = self.key_tile if head_dim <= 128 else self.key_tile // 2
+        tile_n = (self.key_tile if half else self.key_tile // 2) // (1 if head_dim <= 128 else 2)
         if splits > 1:
             acc = torch.empty(n * hq * splits, d_pad, dtype=torch.float32, device=q.device)
             ml = torch.empty(n * hq * splits, 2, dtype=torch.float32, device=q.device)
@@ -302,7 +305,7 @@ class TritonPagedAttention(AttentionBackend):
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
             SINGLE_TOKEN=metadata.single_token, NUM_SPLITS=splits, HQ=hq, GQA=gqa, G_PAD=g_pad, BLOCK_M=block_m,
             HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size, TILE_N=tile_n,
-            PRECISION=self._precision(q))
+            PRECISION=precision)
         if splits > 1:
             _split_reduce_kernel[(n, hq)](out, acc, ml, out.stride(0), out.stride(1), NUM_SPLITS=splits, HQ=hq,
                                           HEAD_DIM=head_dim, D_PAD=d_pad)
