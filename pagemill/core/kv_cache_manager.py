@@ -14,7 +14,7 @@ from pagemill.core.kv_cache_utils import extend_block_hashes, get_hash_fn
 from pagemill.core.single_type_manager import FullAttentionManager, make_manager
 from pagemill.request import Request
 
-KVCacheBlocks = tuple[list[KVCacheBlock], ...]  # one list per KV cache group
+KVCacheBlocks = tuple[Sequence[KVCacheBlock], ...]  # one sequence per KV cache group
 SwapLayout = tuple[int, tuple[int, ...]]  # (table length, leading null entries per group) of a swapped request
 
 
@@ -44,6 +44,7 @@ class KVCacheManager:
         self._no_hits: KVCacheBlocks = self.empty_blocks()  # read only
         # every group full attention: nothing ever leaves a window, so a decode step inside a block needs no plan
         self._all_full = all(type(g) is FullAttentionManager for g in self.groups)
+        self._no_new_blocks: KVCacheBlocks = tuple(() for _ in self.groups)  # read only (the fast path's answer)
 
     @property
     def usage(self) -> float:
@@ -141,7 +142,7 @@ class KVCacheManager:
             if blocks is None or len(blocks) <= b or blocks[b].ref_cnt != 1:
                 return None
         self._num_stored[rid] = end
-        return self.empty_blocks()
+        return self._no_new_blocks
 
     def free_tail(self, request: Request, num_tokens: int) -> int | None:
         """After draft tokens were rejected: release the blocks that hold none of the first `num_tokens` tokens.

@@ -246,19 +246,27 @@ class Scheduler:
         encoder_full = self.config.max_num_encoder_input_tokens or budget
         encoder_budget = encoder_full
 
+        # (the loop runs once per running request every step: the lookups it repeats are hoisted)
+        kv_manager = self.kv_cache_manager
+        allocate_slots = kv_manager.allocate_slots
+        replaced_blocks, cut_tables = kv_manager.replaced_blocks, self._cut_tables
+        in_flight, running = self.in_flight, self.running
+        srtf = self.config.policy in SRTF_POLICIES
+        lookahead = self.num_lookahead_tokens
         i = 0
-        while i < len(self.running) and budget > 0 and len(num_scheduled) < max_reqs:
-            req = self.running[i]
-            if req.request_id in self.in_flight:  # its batch's output is not back
+        while i < len(running) and budget > 0 and len(num_scheduled) < max_reqs:
+            req = running[i]
+            if in_flight and req.request_id in in_flight:  # its batch's output is not back
                 i += 1
                 continue
             if req.num_output_placeholders and self._ends_in_flight(req):
                 i += 1  # its last token is being sampled: no wasted step after it (vLLM does the same)
                 continue
-            num_new = min(req.num_tokens_with_spec + req.num_output_placeholders - req.num_computed_tokens, budget,
-                          max_len - req.num_computed_tokens)
-            if (self.config.policy in SRTF_POLICIES and req.num_tokens - req.num_computed_tokens > 1 and not preempted
-                    and len(self.running) < self.config.max_num_seqs):  # a prefill chunk: srtf may put waiting first
+            num_computed = req.num_computed_tokens
+            num_new = min(req.num_tokens_with_spec + req.num_output_placeholders - num_computed, budget,
+                          max_len - num_computed)
+            if (srtf and req.num_tokens - num_computed > 1 and not preempted
+                    and len(running) < self.config.max_num_seqs):  # a prefill chunk: srtf may put waiting first
                 num_new = min(num_new, budget - self.waiting.budget_to_yield(req, budget))
             if req.mm_features:
                 num_new, encoder_cost, images = self._encoder_inputs(req, req.num_computed_tokens, num_new,
@@ -267,8 +275,7 @@ class Scheduler:
                 i += 1
                 continue
             while True:
-                new_blocks = self.kv_cache_manager.allocate_slots(req, num_new,
-                                                                  num_lookahead_tokens=self.num_lookahead_tokens)
+                new_blocks = allocate_slots(req, num_new, num_lookahead_tokens=lookahead)
                 if new_blocks is not None:
                     break
                 victim = self._preempt_victim()
@@ -295,12 +302,13 @@ class Scheduler:
                     spec_tokens[req.request_id] = req.spec_token_ids
                 else:
                     req.spec_token_ids = []
-            cached_reqs.append(CachedRequestData(req.request_id, [[b.block_id for b in g] for g in new_blocks],
-                                                 req.num_computed_tokens))
-            replaced = self.kv_cache_manager.replaced_blocks.pop(req.request_id, None)
-            if replaced:
-                cached_reqs[-1].replaced_block_ids = replaced
-            cached_reqs[-1].num_blocks_kept = self._cut_tables.pop(req.request_id, None)
+            cached = CachedRequestData(req.request_id, [[b.block_id for b in g] for g in new_blocks],
+                                       req.num_computed_tokens)
+            if replaced_blocks:
+                cached.replaced_block_ids = replaced_blocks.pop(req.request_id, None) or None
+            if cut_tables:
+                cached.num_blocks_kept = cut_tables.pop(req.request_id, None)
+            cached_reqs.append(cached)
             budget -= num_new
             i += 1
 
@@ -539,32 +547,39 @@ class Scheduler:
             self.in_flight.difference_update(sched.num_scheduled_tokens)
         if self.draft_policy is not None:
             self.draft_policy.step_done(sched, out)
+        # (once per scheduled request every step: lookups hoisted, empty maps skipped)
+        stale, requests, sampled = self._stale_tokens, self.requests, out.sampled
+        pooler_output, prompt_logprobs, all_logprobs = out.pooler_output, out.prompt_logprobs, out.logprobs
+        spec_tokens, pending_forks = sched.scheduled_spec_decode_tokens, self.pending_forks
+        num_generated = 0
         for rid in sched.num_scheduled_tokens:
-            if rid in self._stale_tokens and rid in out.sampled:  # a finished request's extra token: discarded
-                self._stale_tokens[rid] -= 1
-                if not self._stale_tokens[rid]:
-                    del self._stale_tokens[rid]
+            if stale and rid in stale and rid in sampled:  # a finished request's extra token: discarded
+                stale[rid] -= 1
+                if not stale[rid]:
+                    del stale[rid]
                 continue
-            req = self.requests.get(rid)
+            req = requests.get(rid)
             if req is None:
                 continue
-            pooled = out.pooler_output.get(rid)
-            if pooled is not None:
-                outputs.append(self._finish_pooled(req, pooled))
-                continue
-            prompt_lp = out.prompt_logprobs.get(rid)
+            if pooler_output:
+                pooled = pooler_output.get(rid)
+                if pooled is not None:
+                    outputs.append(self._finish_pooled(req, pooled))
+                    continue
+            prompt_lp = prompt_logprobs.get(rid) if prompt_logprobs else None
             if prompt_lp is not None:
                 prompt_lp = self._new_prompt_logprobs(req, prompt_lp, sched.num_scheduled_tokens[rid])
-            tokens = out.sampled.get(rid)
+            tokens = sampled.get(rid)
             if tokens and req.num_output_placeholders:
                 req.num_output_placeholders -= 1
             if not tokens:
                 if prompt_lp is not None:
                     outputs.append(EngineCoreOutput(rid, [], new_prompt_logprobs=prompt_lp, events=req.take_events()))
                 continue
-            drafts = sched.scheduled_spec_decode_tokens.get(rid)
-            if drafts:
-                self._verified(req, len(drafts), len(tokens) - 1)
+            if spec_tokens:
+                drafts = spec_tokens.get(rid)
+                if drafts:
+                    self._verified(req, len(drafts), len(tokens) - 1)
             status = None
             for n, token in enumerate(tokens, 1):
                 req.append_output_token(token)
@@ -573,14 +588,14 @@ class Scheduler:
                 status = self._check_stop(req, token)
                 if status is not None:
                     break
-            self.num_generation_tokens += n
-            logprobs = out.logprobs.get(rid)
+            num_generated += n
+            logprobs = all_logprobs.get(rid) if all_logprobs else None
             if n < len(tokens):  # stopped inside the accepted drafts: the rest are not outputs
                 tokens = tokens[:n]
                 if logprobs is not None:
                     logprobs = logprobs.slice(0, n)
-            if rid in self.pending_forks:
-                self._fork(req, self.pending_forks.pop(rid))
+            if pending_forks and rid in pending_forks:
+                self._fork(req, pending_forks.pop(rid))
             eco = EngineCoreOutput(rid, tokens, new_logprobs=logprobs, new_prompt_logprobs=prompt_lp,
                                    num_cached_tokens=max(req.num_cached_tokens, 0), events=req.take_events())
             if status is None:
@@ -599,6 +614,7 @@ class Scheduler:
                 eco.stop_reason = req.stop_reason
                 self._free(req)
             outputs.append(eco)
+        self.num_generation_tokens += num_generated
         return outputs
 
     def _finish_pooled(self, req: Request, pooled: bytes) -> EngineCoreOutput:
