@@ -29,6 +29,8 @@ class InputBatch:
         self.params: list[SamplingParams | None] = [None] * max_num_reqs
         self.eos_token_id: list[int | None] = [None] * max_num_reqs
         self.seeds: dict[int, int] = {}  # row -> seed of a seeded sampled request
+        # rows whose sampling is a plain argmax: greedy, no logprobs, penalties, bias, allowed set or min_tokens
+        self.plain_greedy = np.zeros(max_num_reqs, dtype=bool)
         self.req_id_to_row: dict[str, int] = {}
         self.lora_ids = np.zeros(max_num_reqs, dtype=np.int64)  # each row's adapter id (0: the base model)
         self.lora_requests: dict[int, LoRARequest] = {}  # adapter id -> its request (to reload an evicted adapter)
@@ -57,6 +59,7 @@ class InputBatch:
             self.lora_requests[lora.lora_int_id] = lora
         if sp.seed is not None and not sp.greedy:  # (its draws are keyed by output position: preemption-proof)
             self.seeds[row] = sp.seed
+        self.plain_greedy[row] = is_plain_greedy(sp)
         return row
 
     def remove_request(self, req_id: str) -> None:
@@ -65,6 +68,7 @@ class InputBatch:
         if row is None:
             return
         self.params[row] = None
+        self.plain_greedy[row] = False
         self.lora_ids[row] = 0
         self.seeds.pop(row, None)
         self._free_rows.append(row)
@@ -77,9 +81,23 @@ class InputBatch:
             self.block_table[:, row, nb:nb + n] = block_ids
             self.num_blocks[row] = nb + n
 
+    def append_tokens(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
+        """Record one sampled token for each of `rows` (distinct rows)."""
+        n = self.num_tokens[rows]
+        fits = n < self.max_model_len
+        self.token_ids[rows[fits], n[fits]] = token_ids[fits]
+        self.num_tokens[rows] = n + 1
+
     def append_token(self, row: int, token_id: int) -> None:
         """Record a sampled token."""
         n = int(self.num_tokens[row])
         if n < self.max_model_len:
             self.token_ids[row, n] = token_id
         self.num_tokens[row] = n + 1
+
+
+def is_plain_greedy(sp: SamplingParams) -> bool:
+    """Whether sampling `sp` is the argmax of the raw logits and nothing else is asked of the sampler."""
+    return bool(sp.greedy and sp.logprobs is None and not sp.presence_penalty and not sp.frequency_penalty
+                and sp.repetition_penalty == 1.0 and sp.allowed_token_ids is None and not sp.logit_bias
+                and not sp.min_tokens)

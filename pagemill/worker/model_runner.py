@@ -385,8 +385,9 @@ class ModelRunner:
         prof = self.profiler
         req_ids, rows, cu = step.req_ids, step.rows, step.cu
         sample_rows = rows[sample_idx]
+        first_row = {req_ids[i]: j for j, i in enumerate(sample_idx.tolist())} if grammar is not None else {}
         logits, tokens, mask = self._logits_and_mask(hidden[torch.from_numpy(cu[sample_idx] - 1)], sample_rows,
-                                                     grammar, {req_ids[i]: j for j, i in enumerate(sample_idx)})
+                                                     grammar, first_row)
         with prof.section("sample"):
             raw_lp = None
             if tokens is None:  # else every row needed only the (allowed tokens') argmax: the screen gave it
@@ -395,9 +396,8 @@ class ModelRunner:
                     smd.token_bitmask, smd.bitmask_rows = mask
                 tokens, raw_lp = self.sampler(logits, smd)
             token_list = tokens.cpu().tolist()  # (.cpu() waits for the device with the GIL released)
-            for j, i in enumerate(sample_idx):
-                out.sampled[req_ids[i]] = [token_list[j]]
-                ib.append_token(int(rows[i]), token_list[j])
+            out.sampled.update(zip([req_ids[i] for i in sample_idx.tolist()], [[t] for t in token_list]))
+            ib.append_tokens(sample_rows, np.asarray(token_list, dtype=np.int64))
             if raw_lp is not None:
                 self._sample_logprobs(out, raw_lp, tokens, sample_idx, sample_rows, req_ids)
 
@@ -581,6 +581,10 @@ class ModelRunner:
         """Sampling tensors for logits rows of input-batch `rows`; `offsets`: draft tokens (already written after
         each request's tokens) that count as outputs before each row (speculative decoding)."""
         ib = self.input_batch
+        if ib.plain_greedy[rows].all():  # the common case at large batches: argmax only, no per-row work
+            n = len(rows)
+            return SamplingMetadata(temperature=torch.ones(n), greedy_mask=torch.ones(n, dtype=torch.bool),
+                                    all_greedy=True, top_p=None, top_k=None, min_p=None, seeds={})
         num_out = ib.num_tokens[rows] - ib.num_prompt_tokens[rows] + (0 if offsets is None else offsets)
         params = [ib.params[r] for r in rows]
         greedy = [p.greedy for p in params]
