@@ -28,11 +28,17 @@ SHAPES = {"llama-1b": LLAMA_1B, "llama-8b": LLAMA_8B}
 
 
 def save_word_tokenizer(path: str, vocab_size: int) -> None:
-    """A word-level tokenizer over tokens t0 .. t{vocab-1} (ids 0/1/2 = pad/bos/eos), saved as tokenizer.json."""
+    """A word-level tokenizer (ids 0/1/2/3 = pad/bos/eos/unk): the words of pagemill's benchmark corpus, so that
+    `bench serve` prompts are varied text, then tokens t{i} up to `vocab_size`; saved as tokenizer.json."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {f"t{i}": i for i in range(vocab_size)}
+    from pagemill.benchmarks.corpus import CORPUS_TEXT
+
+    words = [f"t{i}" for i in range(4)]
+    words += [w for w in dict.fromkeys(CORPUS_TEXT.split()) if w not in words][:vocab_size // 2]
+    words += [f"t{i}" for i in range(len(words), vocab_size)]
+    vocab = {w: i for i, w in enumerate(words[:vocab_size])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t3"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", bos_token="t1", eos_token="t2",

@@ -17,7 +17,7 @@ OUT=${OUT:-/tmp/pagemill-gpu}    # logs and result JSON only (the device tool se
 WORK=${WORK:-/tmp/pagemill-gpu-work}  # installed packages and the built models (gigabytes): never under $OUT
 WHEELS=benchmarks/gpu/wheels
 DRY=0
-ONLY=tests,parity,throughput,single   # --only=parity,single: a subset (e.g. two calls of < 10 minutes each)
+ONLY=tests,parity,throughput,single,serve   # --only=parity,single: a subset (e.g. two calls of < 10 minutes each)
 for arg in "$@"; do
   case $arg in
     --dry-run) DRY=1 ;;
@@ -26,7 +26,10 @@ for arg in "$@"; do
       mkdir -p $WHEELS
       $PY -m pip download -q --no-deps --only-binary :all: --python-version 3.12 --implementation cp --abi cp312 \
         --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-        msgspec==0.22.0 pyzmq==27.3.0 -d $WHEELS && $PY -m pip download -q --no-deps gguf==0.19.0 -d $WHEELS
+        msgspec==0.22.0 pyzmq==27.3.0 pydantic-core==2.50.5 -d $WHEELS \
+        && $PY -m pip download -q --no-deps gguf==0.19.0 fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 \
+        annotated-types==0.8.0 typing-inspection==0.4.5 uvicorn==0.54.0 \
+        opentelemetry-api==1.45.2 typing-extensions==4.16.0 annotated-doc==0.0.7 -d $WHEELS
       ls -la $WHEELS; exit $? ;;
     *) echo "unknown argument $arg"; exit 2 ;;
   esac
@@ -74,7 +77,7 @@ PYEOF
 [ $DRY = 0 ] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
 want() { [[ ",$ONLY," == *",$1,"* ]]; }
-STATUS[tests]=skipped; STATUS[parity]=skipped; STATUS[throughput]=skipped; STATUS[single]=skipped
+STATUS[tests]=skipped; STATUS[parity]=skipped; STATUS[throughput]=skipped; STATUS[single]=skipped; STATUS[serve]=skipped
 if want tests; then
 stage "CUDA tests (Triton kernels compiled on the GPU vs the torch reference; tests/cuda)"
 if [ $DRY = 0 ]; then KERNEL_ENV="TRITON_INTERPRET=0"; TESTS="$ROOT/tests/cuda $ROOT/tests/attention/test_triton_paged.py $ROOT/tests/kernels/test_triton_ops.py"
@@ -109,14 +112,23 @@ timeout $((${T_SINGLE:-130} * TM)) $PY "$ROOT/benchmarks/gpu/single_stream.py" $
 STATUS[single]=${PIPESTATUS[0]}
 fi
 
+if want serve; then
+stage "serving (pagemill bench serve, ShareGPT-like lengths, Poisson arrivals, Llama-3.2-1B shape)"
+rm -f "$OUT/serve.json"
+timeout $((${T_SERVE:-150} * TM)) $PY "$ROOT/benchmarks/gpu/serve.py" $([ $DRY = 1 ] && echo --dry-run) \
+  --root "$WORK/models" --json "$OUT/serve.json" 2>&1 | grep -v "Writing model\|Loading weights" \
+  | tail -30
+STATUS[serve]=${PIPESTATUS[0]}
+fi
+
 stage "summary"
-$PY - "$OUT" "${STATUS[tests]}" "${STATUS[parity]}" "${STATUS[throughput]}" "${STATUS[single]}" <<'PYEOF'
+$PY - "$OUT" "${STATUS[tests]}" "${STATUS[parity]}" "${STATUS[throughput]}" "${STATUS[single]}" "${STATUS[serve]}" <<'PYEOF'
 import json, os, sys
-out, tests, parity, thr, single = sys.argv[1:]
+out, tests, parity, thr, single, serve = sys.argv[1:]
 def load(name):
     p = os.path.join(out, name)
     return json.load(open(p)) if os.path.exists(p) else {}
-row, one = load("throughput.json"), load("single.json")
+row, one, srv = load("throughput.json"), load("single.json"), load("serve.json")
 par = next((l.strip() for l in open(os.path.join(out, "parity.log")) if l.startswith("PARITY")), "PARITY (no result)") \
     if os.path.exists(os.path.join(out, "parity.log")) else "PARITY (no result)"
 def f(k, fmt="{:,.0f}"):
@@ -142,5 +154,9 @@ print(f"| 8B TPOT, CUDA graphs / eager / graphs + async scheduling (ms) | {g('gr
 print(f"| 8B HBM bound (ms) / share, graphs / eager / async | {g('bound_tpot_ms', '{:.2f}')} / "
       f"{g('graphs_pct_of_bound', '{:.1%}')} / {g('eager_pct_of_bound', '{:.1%}')} / "
       f"{g('async_pct_of_bound', '{:.1%}')} |")
+print(f"| serving run (1B shape) | {status(serve)} |")
+rates = ", ".join(f"{r['request_rate']:g}: {r['p99_tpot_ms']:.0f}" for r in srv.get("rates", []))
+print(f"| serving: p99 TPOT (ms) by rate (req/s) / highest rate under {srv.get('tpot_slo_ms', 50):g} ms | "
+      f"{rates or '-'} / {srv.get('best_rate', '-')} |")
 PYEOF
 echo "total $(( $(date +%s) - START ))s"
