@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_STEPS_IN_FLIGHT = 2  # async scheduling: the step running plus the one scheduled behind it (vLLM's batch queue)
+ASYNC_SWITCH_INTERVAL_S = 5e-4  # the GIL hand-over interval with async scheduling (sys.setswitchinterval)
 
 
 class EngineCore:
@@ -64,6 +66,14 @@ class EngineCore:
             self.batch_queue = deque()
             if not self.async_scheduling:
                 self.scheduler.max_concurrent_batches = self.batch_queue_size
+        if (self.async_scheduling and config.device_config.device == "cuda"
+                and sys.getswitchinterval() > ASYNC_SWITCH_INTERVAL_S):
+            # On a GPU the step thread waits for the device, then needs the GIL for a moment to start the next
+            # step; with Python's 5 ms default it can wait that long behind the engine thread's scheduling, the
+            # device idle meanwhile (on an H200 async steps served 256 sequences slower than synchronous ones, before
+            # this). Not on the CPU, where the forward itself runs in the step thread and a shorter interval only
+            # adds hand-overs (measured: 38.7 -> 44.1 ms per step at 256 sequences of a tiny model).
+            sys.setswitchinterval(ASYNC_SWITCH_INTERVAL_S)
         self.profiler = StepProfiler(config.profile, overlapped_runner=self.async_scheduling)
         # Grammars for structured output (tokenizer: the front end's when in-process, else loaded on first use).
         self.structured_output_manager = StructuredOutputManager(config, tokenizer)
