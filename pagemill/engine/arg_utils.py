@@ -621,6 +621,8 @@ def _checkpoint_quantization(quantization: str, from_gguf: bool, hf_config: Any)
     if qc is not None:
         method = qc.get("quant_method") if isinstance(qc, dict) else type(qc).__name__
     resolved = resolve_quantization(quantization, from_gguf, method)
+    if resolved == "gguf" and quantization == "auto" and "gguf" not in current_platform.supported_quantization:
+        resolved = "none"  # no kernels for GGUF's blocks on this device (CUDA): dequantized at load, to the dtype
     if resolved in CHECKPOINT_QUANTIZATIONS:
         from pagemill.layers.quantization.checkpoint_formats import parse_checkpoint_quant
 

@@ -43,7 +43,8 @@ class CudaPlatform(Platform):
     default_dtype_name = "bfloat16"
     attention_backends: ClassVar[dict[str, str]] = {"triton": TRITON_PAGED, "torch": TORCH_PAGED}
     auto_attention_backends = ("triton",)
-    # GGUF files and weight-only int8/int4 use the CPU kernels' layouts: not on the GPU yet
+    # weight-only int8/int4 and GGUF's blocks use the CPU kernels' layouts: a GGUF file is dequantized at load
+    # (quantization auto resolves to none here), to the model's dtype
     supported_quantization = ("none",)
     worker_cls = GPU_WORKER
     device_communicator = "pagemill.platforms.cuda.no_device_communicator"

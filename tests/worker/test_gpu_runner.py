@@ -192,3 +192,27 @@ def test_decode_graph_path_with_padding_equals_hf(tiny_models):
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     for o, n in zip(outs, lengths):
         assert list(o.outputs[0].token_ids) == hf_greedy(hf, list(o.prompt_token_ids), n)
+
+
+def test_gguf_dequantized_at_load_on_the_gpu_runner(smol_path, smol_hf, monkeypatch):
+    """A GGUF file on a platform without kernels for its blocks (CUDA): quantization auto resolves to none, the
+    weights are dequantized at load, and the GPU runner's greedy tokens equal HF transformers on the same file."""
+    import pagemill.engine.arg_utils as arg_utils
+    from pagemill.engine.arg_utils import EngineArgs
+    from pagemill.platforms.cuda import CudaPlatform
+
+    with monkeypatch.context() as m:  # the CUDA platform's quantization menu, on this CPU
+        m.setattr(arg_utils, "current_platform", type("Cuda", (), {
+            "supported_quantization": CudaPlatform.supported_quantization}))
+        assert arg_utils._checkpoint_quantization("auto", True, None) == "none"
+    assert arg_utils._checkpoint_quantization("auto", True, None) == "gguf"  # the CPU keeps the blocks
+    assert EngineArgs(smol_path, quantization="none").create_engine_config().model_config.quantization == "none"
+    llm = LLM(smol_path, quantization="none", kv_cache_memory="64MiB", max_model_len=256,
+              attention_backend="torch", worker_cls=GPU_WORKER, device="cpu")
+    runner = llm.llm_engine.engine_core.executor.driver_worker.model_runner
+    assert type(runner).__name__ == "GpuModelRunner"
+    hf, tok = smol_hf
+    prompts = [tok.encode(p) for p in SMOL_PROMPTS[:2]]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outs] == [hf_greedy(hf, p, 6) for p in prompts]
