@@ -80,10 +80,15 @@ want() { [[ ",$ONLY," == *",$1,"* ]]; }
 STATUS[tests]=skipped; STATUS[parity]=skipped; STATUS[throughput]=skipped; STATUS[single]=skipped; STATUS[serve]=skipped
 if want tests; then
 stage "CUDA tests (Triton kernels compiled on the GPU vs the torch reference; tests/cuda)"
-if [ $DRY = 0 ]; then KERNEL_ENV="TRITON_INTERPRET=0"; TESTS="$ROOT/tests/cuda $ROOT/tests/attention/test_triton_paged.py $ROOT/tests/kernels/test_triton_ops.py"
-else KERNEL_ENV="TRITON_INTERPRET=1"; TESTS="$ROOT/tests/cuda $ROOT/tests/kernels/test_triton_ops.py -k rotary"; fi
-(cd "$ROOT" && env $KERNEL_ENV timeout $((${T_TESTS:-150} * TM)) $PY -m pytest $TESTS -q -p no:cacheprovider 2>&1 \
-  | tee "$OUT/tests.log" | tail -25; exit ${PIPESTATUS[0]})
+if [ $DRY = 0 ]; then KERNEL_ENV="TRITON_INTERPRET=0"
+  KERNEL_TESTS="$ROOT/tests/attention/test_triton_paged.py $ROOT/tests/kernels/test_triton_ops.py"
+else KERNEL_ENV="TRITON_INTERPRET=1"; KERNEL_TESTS="$ROOT/tests/kernels/test_triton_ops.py -k rotary"; fi
+# the kernel tests mostly compile (one Triton build per shape): in 8 processes where pytest-xdist is installed (the
+# GPU image has it); tests/cuda (engines sized from gpu_memory_utilization) after them, in one process
+XDIST=""; $PY -c "import xdist" 2>/dev/null && [ $DRY = 0 ] && XDIST="-n 8"
+(cd "$ROOT" && env $KERNEL_ENV timeout $((${T_TESTS:-150} * TM)) bash -c \
+  "$PY -m pytest $KERNEL_TESTS $XDIST -q -p no:cacheprovider; k=\$?; $PY -m pytest $ROOT/tests/cuda -q -p no:cacheprovider; \
+   c=\$?; exit \$(( k | c ))" 2>&1 | tee "$OUT/tests.log" | tail -25; exit ${PIPESTATUS[0]})
 STATUS[tests]=$?
 fi
 
