@@ -106,3 +106,37 @@ def test_sampling_on_the_device(tiny):
     b = llm.generate([{"prompt_token_ids": p} for p in _prompts(4)], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
     assert all(len(o.outputs[0].logprobs) == 8 for o in a)
+
+
+def test_lora_adapters_on_cuda_equal_hf_peft(tiny, tmp_path):
+    """Two adapters and the base model in one batch on CUDA (LoRA rows run eagerly): HF + PEFT's greedy tokens on
+    CUDA, float32."""
+    pytest.importorskip("peft")
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from pagemill import LLM, LoRARequest, SamplingParams
+    from tests.lora.conftest import make_adapter
+
+    adapters = [make_adapter(tiny, str(tmp_path / f"a{i}"), seed=i + 1, rank=8) for i in range(2)]
+    prompts = _prompts(3, seed=4)
+    want = []
+    for path in (None, *adapters):
+        hf = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+        if path is not None:
+            hf = PeftModel.from_pretrained(hf, path)
+        hf = hf.cuda().eval()
+        for p in prompts:
+            ids = torch.tensor([p], device="cuda")
+            with torch.inference_mode():
+                gen = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
+                                  min_new_tokens=8, pad_token_id=0)
+            want.append(gen[0, len(p):].tolist())
+    llm = LLM(tiny, dtype="float32", max_model_len=256, kv_cache_memory="64MiB", enable_lora=True, max_loras=2,
+              max_lora_rank=8)
+    loras = [None, *(LoRARequest(f"a{i}", i + 1, p) for i, p in enumerate(adapters))]
+    cases = [(lo, p) for lo in loras for p in prompts]
+    outs = llm.generate([{"prompt_token_ids": p} for _, p in cases],
+                        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False,
+                        lora_request=[lo for lo, _ in cases])
+    assert [list(o.outputs[0].token_ids) for o in outs] == want
