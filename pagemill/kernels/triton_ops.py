@@ -69,31 +69,42 @@ if triton is not None:
 
 
     @triton.jit
-    def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, pos_ptr, stride_xt, stride_xh, stride_ot, stride_oh,
-                     stride_c, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, H_PAD: tl.constexpr,
-                     D_PAD: tl.constexpr):
-        """Head h of token t rotated by its position's cos/sin (the first 2 * HALF features; the rest copied), each
-        product and the sum rounded to the tensor's dtype as torch computes x * cos + rotate_half(x) * sin."""
+    def _rope_kernel(q_ptr, q_out_ptr, k_ptr, k_out_ptr, cos_ptr, sin_ptr, pos_ptr, stride_qt, stride_qh,
+                     stride_qot, stride_qoh, stride_kt, stride_kh, stride_kot, stride_koh, stride_c, HQ,
+                     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr):
+        """Head h of token t, of q for h < HQ and of k after (one launch for both), rotated by its position's
+        cos/sin (the first 2 * HALF features; the rest copied), each product and the sum rounded to the tensor's
+        dtype as torch computes x * cos + rotate_half(x) * sin."""
         t = tl.program_id(0)
         h = tl.program_id(1)
         pos = tl.load(pos_ptr + t).to(tl.int64)
+        if h < HQ:
+            _rope_row(q_ptr + t * stride_qt + h * stride_qh, q_out_ptr + t * stride_qot + h * stride_qoh, cos_ptr,
+                      sin_ptr, pos * stride_c, HEAD_DIM, HALF, H_PAD, D_PAD)
+        else:
+            hk = h - HQ
+            _rope_row(k_ptr + t * stride_kt + hk * stride_kh, k_out_ptr + t * stride_kot + hk * stride_koh,
+                      cos_ptr, sin_ptr, pos * stride_c, HEAD_DIM, HALF, H_PAD, D_PAD)
+
+    @triton.jit
+    def _rope_row(src, dst, cos_ptr, sin_ptr, c_off, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+                  H_PAD: tl.constexpr, D_PAD: tl.constexpr):
+        """One head's row `src` rotated into `dst` with the cos / sin row at `c_off`."""
         i = tl.arange(0, H_PAD)
         m = i < HALF
-        src = x_ptr + t * stride_xt + h * stride_xh
-        dst = out_ptr + t * stride_ot + h * stride_oh
-        ty = x_ptr.dtype.element_ty
+        ty = src.dtype.element_ty
         x1 = tl.load(src + i, mask=m, other=0.0).to(tl.float32)
         x2 = tl.load(src + HALF + i, mask=m, other=0.0).to(tl.float32)
-        c1 = tl.load(cos_ptr + pos * stride_c + i, mask=m, other=0.0).to(tl.float32)
-        c2 = tl.load(cos_ptr + pos * stride_c + HALF + i, mask=m, other=0.0).to(tl.float32)
-        s1 = tl.load(sin_ptr + pos * stride_c + i, mask=m, other=0.0).to(tl.float32)
-        s2 = tl.load(sin_ptr + pos * stride_c + HALF + i, mask=m, other=0.0).to(tl.float32)
+        c1 = tl.load(cos_ptr + c_off + i, mask=m, other=0.0).to(tl.float32)
+        c2 = tl.load(cos_ptr + c_off + HALF + i, mask=m, other=0.0).to(tl.float32)
+        s1 = tl.load(sin_ptr + c_off + i, mask=m, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_ptr + c_off + HALF + i, mask=m, other=0.0).to(tl.float32)
         a1 = cast_rne(x1 * c1, ty).to(tl.float32)
         b1 = cast_rne(-x2 * s1, ty).to(tl.float32)
         a2 = cast_rne(x2 * c2, ty).to(tl.float32)
         b2 = cast_rne(x1 * s2, ty).to(tl.float32)
-        tl.store(dst + i, cast_rne(a1 + b1, out_ptr.dtype.element_ty), mask=m)
-        tl.store(dst + HALF + i, cast_rne(a2 + b2, out_ptr.dtype.element_ty), mask=m)
+        tl.store(dst + i, cast_rne(a1 + b1, dst.dtype.element_ty), mask=m)
+        tl.store(dst + HALF + i, cast_rne(a2 + b2, dst.dtype.element_ty), mask=m)
         if HEAD_DIM > 2 * HALF:  # partial rotary: the other features pass through
             d = 2 * HALF + tl.arange(0, D_PAD)
             dm = d < HEAD_DIM
@@ -163,20 +174,19 @@ class TritonLayerOps(TorchLayerOps):
     def rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE (rotate-half) of q [T, Hq, D] and k [T, Hk, D] at `positions` from the cos / sin tables
-        [max_pos, rotary_dim]; features past rotary_dim pass through. New tensors, as the reference's."""
-        return self._rope(q, positions, cos, sin, rotary_dim), self._rope(k, positions, cos, sin, rotary_dim)
-
-    @staticmethod
-    def _rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              rotary_dim: int) -> torch.Tensor:
-        t, h, d = x.shape
-        out = torch.empty_like(x)
+        [max_pos, rotary_dim]; features past rotary_dim pass through. New tensors, as the reference's; one launch
+        for both (q's heads, then k's)."""
+        q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+        t, hq, d = q.shape
         if t == 0:
-            return out
-        if x.stride(2) != 1:
-            x = x.contiguous()
+            return q_out, k_out
+        if q.stride(2) != 1:
+            q = q.contiguous()
+        if k.stride(2) != 1:
+            k = k.contiguous()
         half = rotary_dim // 2
-        _rope_kernel[(t, h)](x, out, cos, sin, positions, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-                             cos.stride(0), HEAD_DIM=d, HALF=half, H_PAD=triton.next_power_of_2(half),
-                             D_PAD=triton.next_power_of_2(max(1, d - 2 * half)))
-        return out
+        _rope_kernel[(t, hq + k.shape[1])](
+            q, q_out, k, k_out, cos, sin, positions, q.stride(0), q.stride(1), q_out.stride(0), q_out.stride(1),
+            k.stride(0), k.stride(1), k_out.stride(0), k_out.stride(1), cos.stride(0), hq, HEAD_DIM=d, HALF=half,
+            H_PAD=triton.next_power_of_2(half), D_PAD=triton.next_power_of_2(max(1, d - 2 * half)))
+        return q_out, k_out
