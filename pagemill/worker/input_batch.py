@@ -29,8 +29,9 @@ class InputBatch:
         self.params: list[SamplingParams | None] = [None] * max_num_reqs
         self.eos_token_id: list[int | None] = [None] * max_num_reqs
         self.seeds: dict[int, int] = {}  # row -> seed of a seeded sampled request
-        # rows whose sampling is a plain argmax: greedy, no logprobs, penalties, bias, allowed set or min_tokens
-        self.plain_greedy = np.zeros(max_num_reqs, dtype=bool)
+        # rows whose sampling reads only the argmax (samples_argmax), once their outputs reach min_tokens_until
+        self.argmax_sampling = np.zeros(max_num_reqs, dtype=bool)
+        self.min_tokens_until = np.zeros(max_num_reqs, dtype=np.int64)
         self.req_id_to_row: dict[str, int] = {}
         self.lora_ids = np.zeros(max_num_reqs, dtype=np.int64)  # each row's adapter id (0: the base model)
         self.lora_requests: dict[int, LoRARequest] = {}  # adapter id -> its request (to reload an evicted adapter)
@@ -59,7 +60,9 @@ class InputBatch:
             self.lora_requests[lora.lora_int_id] = lora
         if sp.seed is not None and not sp.greedy:  # (its draws are keyed by output position: preemption-proof)
             self.seeds[row] = sp.seed
-        self.plain_greedy[row] = is_plain_greedy(sp)
+        self.argmax_sampling[row] = samples_argmax(sp)
+        # (a structured-output request ends where its grammar does: its mask alone decides when EOS may come)
+        self.min_tokens_until[row] = sp.min_tokens if sp.structured_outputs is None else 0
         return row
 
     def remove_request(self, req_id: str) -> None:
@@ -68,7 +71,7 @@ class InputBatch:
         if row is None:
             return
         self.params[row] = None
-        self.plain_greedy[row] = False
+        self.argmax_sampling[row] = False
         self.lora_ids[row] = 0
         self.seeds.pop(row, None)
         self._free_rows.append(row)
@@ -96,8 +99,8 @@ class InputBatch:
         self.num_tokens[row] = n + 1
 
 
-def is_plain_greedy(sp: SamplingParams) -> bool:
-    """Whether sampling `sp` is the argmax of the raw logits and nothing else is asked of the sampler."""
+def samples_argmax(sp: SamplingParams) -> bool:
+    """Whether sampling `sp` reads nothing but the argmax of the raw logits (over a grammar's allowed tokens for a
+    constrained request) once no min_tokens mask applies: greedy, no logprobs, penalties, allowed-token list or bias."""
     return bool(sp.greedy and sp.logprobs is None and not sp.presence_penalty and not sp.frequency_penalty
-                and sp.repetition_penalty == 1.0 and sp.allowed_token_ids is None and not sp.logit_bias
-                and not sp.min_tokens)
+                and sp.repetition_penalty == 1.0 and sp.allowed_token_ids is None and not sp.logit_bias)

@@ -568,20 +568,14 @@ class ModelRunner:
         """Per row, whether sampling reads nothing but the argmax of the raw logits (over a grammar's allowed tokens
         for a constrained row): greedy, no logprobs, no penalties, no allowed-token list or bias, no min_tokens mask."""
         ib = self.input_batch
-        out = np.empty(len(rows), dtype=bool)
         num_out = ib.num_tokens[rows] - ib.num_prompt_tokens[rows] + (0 if offsets is None else offsets)
-        for j, r in enumerate(rows):
-            p = ib.params[r]
-            out[j] = (p.greedy and p.logprobs is None and not p.presence_penalty and not p.frequency_penalty
-                      and p.repetition_penalty == 1.0 and p.allowed_token_ids is None and not p.logit_bias
-                      and not (p.min_tokens and p.structured_outputs is None and num_out[j] < p.min_tokens))
-        return out
+        return ib.argmax_sampling[rows] & (num_out >= ib.min_tokens_until[rows])
 
     def _sampling_metadata(self, rows: np.ndarray, offsets: np.ndarray | None = None) -> SamplingMetadata:
         """Sampling tensors for logits rows of input-batch `rows`; `offsets`: draft tokens (already written after
         each request's tokens) that count as outputs before each row (speculative decoding)."""
         ib = self.input_batch
-        if ib.plain_greedy[rows].all():  # the common case at large batches: argmax only, no per-row work
+        if self._argmax_only(rows, offsets).all():  # the common case at large batches: no per-row work
             n = len(rows)
             return SamplingMetadata(temperature=torch.ones(n), greedy_mask=torch.ones(n, dtype=torch.bool),
                                     all_greedy=True, top_p=None, top_k=None, min_p=None, seeds={})

@@ -33,9 +33,11 @@ class Req:
 
 
 class _RunnerMetadata:
-    """Hosts ModelRunner's own metadata code (`_sampling_metadata`, `_penalty_metadata`) on a real InputBatch."""
+    """Hosts ModelRunner's own metadata code (`_sampling_metadata`, `_penalty_metadata`, `_argmax_only`) on a real
+    InputBatch."""
 
     _sampling_metadata = ModelRunner._sampling_metadata
+    _argmax_only = ModelRunner._argmax_only
     _penalty_metadata = ModelRunner._penalty_metadata
 
     def __init__(self, vocab_size: int, max_num_reqs: int, max_model_len: int) -> None:

@@ -1,5 +1,5 @@
 """InputBatch's batched bookkeeping: one sampled token per row recorded in one pass (rows at the context limit
-count it without storing it), and the plain-greedy flag that lets a batch skip per-row sampling metadata."""
+count it without storing it), and the argmax-sampling flags that let a batch skip per-row sampling metadata."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 
 from pagemill.core.sched_output import NewRequestData
 from pagemill.sampling_params import SamplingParams
-from pagemill.worker.input_batch import InputBatch, is_plain_greedy
+from pagemill.worker.input_batch import InputBatch, samples_argmax
 
 
 def test_append_tokens_matches_append_token():
@@ -31,10 +31,12 @@ def test_plain_greedy_flag():
              "logprobs": SamplingParams(temperature=0, logprobs=2),
              "penalty": SamplingParams(temperature=0, presence_penalty=0.5),
              "min_tokens": SamplingParams(temperature=0, min_tokens=3)}
-    assert [is_plain_greedy(p) for p in cases.values()] == [True, False, False, False, False]
-    for rid in ("greedy", "penalty"):
+    assert [samples_argmax(p) for p in cases.values()] == [True, False, False, False, True]
+    for rid in ("greedy", "penalty", "min_tokens"):
         ib.add_request(NewRequestData(rid, [1, 2], 2, cases[rid], [[0]], 0))
-    assert ib.plain_greedy[ib.req_id_to_row["greedy"]] and not ib.plain_greedy[ib.req_id_to_row["penalty"]]
+    plain = ib.argmax_sampling & (ib.min_tokens_until == 0)  # argmax from the first output on
+    assert plain[ib.req_id_to_row["greedy"]] and not plain[ib.req_id_to_row["penalty"]]
+    assert not plain[ib.req_id_to_row["min_tokens"]] and ib.min_tokens_until[ib.req_id_to_row["min_tokens"]] == 3
     row = ib.req_id_to_row["greedy"]
     ib.remove_request("greedy")
-    assert not ib.plain_greedy[row]
+    assert not ib.argmax_sampling[row]
