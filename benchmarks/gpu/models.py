@@ -3,6 +3,7 @@ file (the GPU machine has neither). Used by the GPU parity checks and the throug
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -64,3 +65,25 @@ def build(kind: str, root: str, config_overrides: dict | None = None, dtype: tor
     model.save_pretrained(path)
     save_word_tokenizer(path, config.vocab_size)
     return path
+
+
+def shape_counts(cfg) -> tuple[int, int, int]:
+    """(parameters of one decoder layer's linears, the embedding table's parameters, KV elements per token over all
+    layers) of a Llama-like config: the byte counts the roofline benchmarks read per step."""
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_layer = (cfg.hidden_size * head_dim * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
+                 + cfg.num_attention_heads * head_dim * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size)
+    return per_layer, cfg.vocab_size * cfg.hidden_size, cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim
+
+
+def report(tag: str, row: dict, path: str | None) -> None:
+    """Print the result row as `TAG {json}` and save it to `path` (run.sh's summary reads the file)."""
+    print(f"{tag} " + json.dumps(row), flush=True)
+    save(row, path)
+
+
+def save(row: dict, path: str | None) -> None:
+    """Write the result row as JSON to `path` (None: nowhere)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(row, f)

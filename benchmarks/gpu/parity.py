@@ -53,8 +53,8 @@ def main() -> int:
         path = build(kind, args.root)
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
         refs = [hf_greedy(hf, p, n_out) for p in prompts]
-        paths = {"batch": dict(), "chunked": dict(max_num_batched_tokens=16),
-                 "eager": dict(enforce_eager=True), "preempt": dict(num_gpu_blocks_override=24, block_size=16, max_model_len=128)}
+        paths = {"batch": dict(), "chunked": dict(max_num_batched_tokens=16), "eager": dict(enforce_eager=True),
+                 "preempt": dict(num_gpu_blocks_override=24, block_size=16, max_model_len=128)}
         if dry:
             paths = {"chunked": paths["chunked"]}
         elif kind not in ("llama", "gemma3_text"):  # (every path on two families, the batch on the others: time)

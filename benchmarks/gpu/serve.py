@@ -15,7 +15,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models import build  # noqa: E402
+from models import build, report  # noqa: E402
 
 
 def main() -> int:
@@ -67,10 +67,7 @@ def main() -> int:
               f"output {r.get('output_throughput', 0):,.0f} tok/s", flush=True)
     ok = [x["request_rate"] for x in row["rates"] if x["p99_tpot_ms"] < args.tpot_slo_ms]
     row["best_rate"] = max(ok) if ok else None
-    print("SERVE " + json.dumps(row), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(row, f)
+    report("SERVE", row, args.json)
     return 0
 
 

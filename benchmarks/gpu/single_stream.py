@@ -1,14 +1,13 @@
 """Single-stream decode on the GPU: a random-weight Llama-3.1-8B-shaped model in bfloat16 (built on the GPU from its
 config), one request of 128 prompt tokens and 512 output tokens (ignore_eos), with CUDA graphs and without them (the
-same engine, its graphs set aside), then with async scheduling, against the HBM bound: the bytes every decode step must read (all weights but
-the embedding table, plus the request's KV) over the measured copy bandwidth. Prints one row (SINGLE ...).
-`--dry-run`: a tiny model on the CPU with the GPU worker (Triton interpreter)."""
+same engine, its graphs set aside), then with async scheduling, against the HBM bound: the bytes every decode step
+must read (all weights but the embedding table, plus the request's KV) over the measured copy bandwidth. Prints one
+row (SINGLE ...). `--dry-run`: a tiny model on the CPU with the GPU worker (Triton interpreter)."""
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 import time
@@ -16,18 +15,14 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models import build  # noqa: E402
+from models import build, report, shape_counts  # noqa: E402
 from throughput import measure_bandwidth  # noqa: E402
 
 
 def decode_bytes(cfg, context: int) -> int:
     """Bytes one decode step reads at `context` tokens: every weight but the embedding table (bf16) and the KV."""
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    per_layer = (cfg.hidden_size * head_dim * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
-                 + cfg.num_attention_heads * head_dim * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size)
-    weights = cfg.num_hidden_layers * per_layer + cfg.vocab_size * cfg.hidden_size  # (+ the LM head)
-    kv = context * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim
-    return 2 * (weights + kv)
+    per_layer, lm_head, kv_elems = shape_counts(cfg)
+    return 2 * (cfg.num_hidden_layers * per_layer + lm_head + context * kv_elems)
 
 
 def time_decode(llm, prompt: dict, n_out: int, label: str) -> tuple[float, float]:
@@ -105,10 +100,7 @@ def main() -> int:
         print(f"HBM {bw / 1e9:,.0f} GB/s: bound {bound_ms:.2f} ms/token; graphs at {row['graphs_pct_of_bound']:.1%}, "
               f"eager at {row['eager_pct_of_bound']:.1%}, graphs + async at {row['async_pct_of_bound']:.1%}",
               flush=True)
-    print("SINGLE " + json.dumps(row), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(row, f)
+    report("SINGLE", row, args.json)
     return 0
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 import time
@@ -17,7 +16,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models import build  # noqa: E402
+from models import build, report, save, shape_counts  # noqa: E402
 
 
 def measure_bandwidth() -> float:
@@ -125,14 +124,10 @@ def main() -> int:
         from transformers import AutoConfig
 
         cfg = AutoConfig.from_pretrained(path)
-        head_dim = cfg.hidden_size // cfg.num_attention_heads
-        emb = cfg.vocab_size * cfg.hidden_size
-        per_layer = (cfg.hidden_size * head_dim * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
-                     + cfg.num_attention_heads * head_dim * cfg.hidden_size + 3 * cfg.hidden_size
-                     * cfg.intermediate_size)
+        per_layer, emb, kv_elems = shape_counts(cfg)
         params_n = emb + cfg.num_hidden_layers * per_layer  # (tied head: read once per step as the LM head)
         weight_bytes = 2 * params_n
-        kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 2
+        kv_per_token = 2 * kv_elems
         bw, flops = measure_bandwidth(), measure_gemm()
         floor = roofline_seconds(ins, outs, weight_bytes, kv_per_token, bw, params_n, flops)
         roof = sum(outs) / floor
@@ -140,13 +135,12 @@ def main() -> int:
                    pct_of_roofline=results["graphs"]["tok_s"] / roof)
         print(f"HBM {bw / 1e9:,.0f} GB/s, bf16 GEMM {flops / 1e12:,.0f} TFLOP/s: roofline {roof:,.0f} tok/s; "
               f"pagemill at {results['graphs']['tok_s'] / roof:.1%} of it", flush=True)
-        _save(row, args.json)  # (kept if HF's run fails)
+        save(row, args.json)  # (kept if HF's run fails)
         try:
             row["hf_tok_s"] = hf_generate(path, ins, outs, args.hf_subset, vocab)
         except Exception as exc:  # noqa: BLE001 (the table says so; pagemill's numbers stand)
             print(f"HF generate failed: {type(exc).__name__}: {exc}", flush=True)
-    print("THROUGHPUT " + json.dumps(row), flush=True)
-    _save(row, args.json)
+    report("THROUGHPUT", row, args.json)
     return 0
 
 
@@ -169,12 +163,6 @@ def profile(llm, prompts: list[dict]) -> None:
     gpu = sum(e.self_device_time_total for e in events) / 1e6
     print(f"profile: wall {wall * 1e3:.0f} ms, GPU kernels {gpu * 1e3:.0f} ms ({gpu / wall:.0%} busy)", flush=True)
     print(events.table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=60), flush=True)
-
-
-def _save(row: dict, path: str | None) -> None:
-    if path:
-        with open(path, "w") as f:
-            json.dump(row, f)
 
 
 def hf_generate(path: str, ins: list[int], outs: list[int], subset: int, vocab: int) -> float:

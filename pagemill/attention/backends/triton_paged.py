@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -180,7 +181,7 @@ class TritonAttentionMetadata:
     common: CommonAttentionMetadata
     _tensors: dict = field(default_factory=dict)
 
-    @property
+    @cached_property
     def single_token(self) -> bool:
         """Whether every request has one query token this step (a decode batch: tile = token, no tile table)."""
         md = self.common
@@ -234,8 +235,8 @@ class TritonPagedAttention(AttentionBackend):
 
     def kv_splits(self, num_tokens: int, num_kv_heads: int, device: torch.device | None = None) -> int:
         """Splits per query tile's keys (`num_tokens`: the step's tiles): 1 for a big step, up to max_kv_splits (a
-        power of two) for a small one. It depends on the step's shape only, never on its lengths, so a CUDA graph captured for a decode bucket keeps
-        it (a short context simply leaves some splits empty)."""
+        power of two) for a small one. It depends on the step's shape only, never on its lengths, so a CUDA graph
+        captured for a decode bucket keeps it (a short context simply leaves some splits empty)."""
         if self.num_kv_splits is not None:
             return self.num_kv_splits
         if device is not None and device.type == "cpu":  # the interpreter: more programs only cost time
@@ -280,7 +281,7 @@ class TritonPagedAttention(AttentionBackend):
             BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=d_pad)
         gqa = q.shape[1] // num_kv_heads
         hq = q.shape[1]
-        g_pad = 1 << (gqa - 1).bit_length()
+        g_pad = _pad(gqa, 1)
         precision = self._precision(q)
         # float32 (exactness checks, not speed): smaller tiles, which compile several times faster
         half = precision != "ieee"
