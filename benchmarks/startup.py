@@ -29,7 +29,7 @@ import functools, json, resource, sys, time
 t0 = time.perf_counter()
 import pagemill
 from pagemill import LLM
-import pagemill.engine.llm_engine as le, pagemill.loader.model_files as mf, pagemill.worker.model_runner as mr
+import pagemill.engine.llm_engine as le, pagemill.engine.arg_utils as mf, pagemill.worker.model_runner as mr
 import pagemill.models.weights as mw
 phases = {"import": time.perf_counter() - t0}
 def timed(mod, name, label):
@@ -43,7 +43,7 @@ def timed(mod, name, label):
             phases[label] = phases.get(label, 0.0) + time.perf_counter() - t
     setattr(mod, name, g)
 timed(mf, "resolve_model", "config")
-timed(le, "load_tokenizer", "tokenizer")
+timed(le, "load_engine_tokenizer", "tokenizer")
 timed(mr, "load_model", "model")
 timed(mw, "process_weights_after_loading", "linear_packing")
 t1 = time.perf_counter()

@@ -8,7 +8,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from pagemill.config import EngineConfig
@@ -25,6 +25,7 @@ from pagemill.request import Request, RequestStatus
 from pagemill.spec_decode.backoff import SpeculativeBackoff
 from pagemill.structured_output.manager import StructuredOutputManager
 from pagemill.worker.executor_factory import executor_class
+from pagemill.worker.launched_step import LaunchedStep
 from pagemill.worker.step_queue import StepFuture
 
 logger = logging.getLogger(__name__)
@@ -61,12 +62,13 @@ class EngineCore:
         micro_batches = config.parallel_config.pipeline_micro_batching
         self.batch_queue_size = (MAX_STEPS_IN_FLIGHT if self.async_scheduling
                                  else self.executor.max_concurrent_batches if micro_batches else 1)
-        self.batch_queue: deque[tuple[Future[ModelRunnerOutput] | StepFuture, SchedulerOutput]] | None = None
+        self.batch_queue: deque[tuple[Future[ModelRunnerOutput] | StepFuture | LaunchedStep, SchedulerOutput]] | None
+        self.batch_queue = None
         if self.batch_queue_size > 1:
             self.batch_queue = deque()
             if not self.async_scheduling:
                 self.scheduler.max_concurrent_batches = self.batch_queue_size
-        if (self.async_scheduling and config.device_config.device == "cuda"
+        if (self.async_scheduling and config.device_config.device == "cuda" and not self.executor.launches_steps
                 and sys.getswitchinterval() > ASYNC_SWITCH_INTERVAL_S):
             # On a GPU the step thread waits for the device, then needs the GIL for a moment to start the next
             # step; with Python's 5 ms default it can wait that long behind the engine thread's scheduling, the
@@ -161,7 +163,11 @@ class EngineCore:
         """Async scheduling: wait until no step is in flight (outputs, or a step's error, stay queued for step()),
         for calls that touch the workers' state. (Pipeline micro-batches: the executor orders such calls itself.)"""
         if self.async_scheduling and self.batch_queue:
-            wait([future for future, _ in self.batch_queue])
+            for future, _ in self.batch_queue:
+                try:
+                    future.result()  # (a launched step records its tokens; both keep an error for step())
+                except Exception:
+                    pass
 
     def _schedule(self) -> SchedulerOutput:
         """Plan one step and start its structured-output bitmask."""

@@ -18,6 +18,7 @@ from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.lora.request import LoRARequest
+from pagemill.worker.launched_step import LaunchedStep
 from pagemill.worker.step_queue import InFlightSteps, StepFuture
 from pagemill.worker.worker_base import WorkerBase, worker_class
 
@@ -37,6 +38,12 @@ class Executor(ABC):
 
     kv_cache_config: KVCacheConfig  # the KV cache every worker allocated (blocks, swap blocks, block size)
     _step_thread: ThreadPoolExecutor | None = None  # async scheduling: runs the steps, one at a time, in order
+
+    @property
+    def launches_steps(self) -> bool:
+        """Whether async steps are launched from the engine's thread (the worker queues device work and returns)
+        rather than run in a step thread."""
+        return False
 
     @property
     def max_concurrent_batches(self) -> int:
@@ -63,13 +70,20 @@ class Executor(ABC):
         """Run one step on the workers; the sampled tokens (and the runner's section timings) come back, or with
         `non_block` a future of them (vLLM's interface)."""
 
-    def execute_model_async(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
-        """Start a step and return at once (async scheduling): the steps run one after the other, in submission
-        order, in the executor's step thread (the forward in this process for `uni`, a wait on the worker process or
-        actor for `mp` / `ray`), so the engine can schedule the next step meanwhile."""
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput] | LaunchedStep:
+        """Start a step and return at once (async scheduling): launched on the device from this thread where the
+        worker can (`launches_steps`: the GPU worker), else run one after the other, in submission order, in the
+        executor's step thread (the forward in this process for `uni`, a wait on the worker process or actor for
+        `mp` / `ray`), so the engine can schedule the next step meanwhile."""
+        if self.launches_steps:
+            return self._launch(scheduler_output)
         if self._step_thread is None:
             self._step_thread = ThreadPoolExecutor(1, thread_name_prefix="pagemill-step")
         return self._step_thread.submit(self.execute_model, scheduler_output)
+
+    def _launch(self, scheduler_output: SchedulerOutput) -> LaunchedStep:
+        """Launch a step on the worker (executors whose `launches_steps` is true)."""
+        raise NotImplementedError
 
     def stop_step_thread(self) -> None:
         """End the async-scheduling step thread (after the steps submitted so far)."""
@@ -115,6 +129,15 @@ class UniProcExecutor(Executor):
     def model_runner(self) -> Any:
         """The worker's model runner (tests and benchmarks inspect it)."""
         return self.driver_worker.model_runner
+
+    @property
+    def launches_steps(self) -> bool:
+        """The worker's: whether it queues a step on its device and returns (the GPU worker)."""
+        return self.driver_worker.launches_steps
+
+    def _launch(self, scheduler_output: SchedulerOutput) -> LaunchedStep:
+        """The worker's launch_model."""
+        return self.driver_worker.launch_model(scheduler_output)
 
     def collective_rpc(self, method: str, args: tuple = (), timeout: float | None = None) -> list[Any]:
         """worker.method(*args) on the one worker."""

@@ -2,7 +2,8 @@
 live on `config.device_config.device`; step inputs go through persistent buffers (pinned staging + non_blocking
 copies on CUDA: step_buffers.py); layer ops and attention are pagemill's Triton kernels; sampling runs on the device with one
 device-to-host copy of the sampled ids per step (seeded rows draw the same SplitMix64 uniforms as the CPU path:
-sample/draws.py); decode batches replay CUDA graphs on CUDA (cuda_graphs.py; `enforce_eager` turns them off).
+sample/draws.py); decode batches replay CUDA graphs on CUDA (cuda_graphs.py; `enforce_eager` turns them off); with async scheduling a
+step is launched before the previous one's tokens reach the host (launch_model, launched_step.py).
 
 On `device="cpu"` with attention_backend="triton" the same step runs on the CPU through Triton's interpreter: that is
 how CI tests this runner (tests/worker/test_gpu_runner.py). Nothing CUDA-specific runs unless the device is CUDA.
@@ -20,13 +21,14 @@ from pagemill.attention.metadata import CommonAttentionMetadata
 from pagemill.attention.selector import get_attn_backend
 from pagemill.config import EngineConfig
 from pagemill.core.kv_cache_utils import KVCacheConfig
-from pagemill.core.sched_output import NewRequestData, SchedulerOutput
+from pagemill.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pagemill.distributed.parallel_state import ParallelContext
 from pagemill.kernels.ops import select_layer_ops
 from pagemill.platforms.cuda import CudaPlatform
 from pagemill.sample.metadata import SamplingMetadata
 from pagemill.sample.sampler import Sampler
 from pagemill.sampling_params import SamplingParams
+from pagemill.worker.launched_step import DeviceTokens, LaunchedStep, PendingTokens
 from pagemill.worker.model_runner import ModelRunner, StepInputs
 from pagemill.worker.step_buffers import StepBuffers, bucket_for, decode_buckets
 from pagemill.worker.step_timer import StepTimer
@@ -60,6 +62,13 @@ class GpuModelRunner(ModelRunner):
         self.kv_dtype = resolve_kv_cache_dtype(cc.kv_cache_dtype, mc.dtype, self.backend)
         self.profiler = StepTimer(config.profile)
         self.graphs = None  # cuda_graphs.DecodeGraphs once captured (CUDA, not enforce_eager)
+        # Async scheduling (launch_model): the last launched step's tokens on the device, the step they feed, the
+        # step whose tokens are on their way to the host, and what the step being launched defers.
+        self._device_tokens: DeviceTokens | None = None
+        self._inputs_from: DeviceTokens | None = None
+        self._in_flight: LaunchedStep | None = None
+        self._deferred: PendingTokens | None = None
+        self._launching = False
 
     @property
     def is_cuda(self) -> bool:
@@ -95,6 +104,10 @@ class GpuModelRunner(ModelRunner):
         self.buffers = StepBuffers(self.device, max(sc.max_num_batched_tokens, sc.max_num_seqs), sc.max_num_seqs,
                                    self.input_batch.max_blocks, len(self.kv_groups))
         self.buckets = decode_buckets(sc.max_num_seqs)
+        # two pinned landing buffers for sampled tokens: a launched step's copy never overwrites the one in flight
+        self._host_tokens = [torch.empty(sc.max_num_seqs, dtype=torch.int64, pin_memory=self.is_cuda)
+                             for _ in range(2)]
+        self._host_flip = 0
         if self.is_cuda and not self.config.device_config.enforce_eager and not getattr(self, "_profiling", False):
             from pagemill.worker.cuda_graphs import DecodeGraphs
 
@@ -122,6 +135,12 @@ class GpuModelRunner(ModelRunner):
                 m.num_actual_tokens = tokens
         ids, pos = buf.views(tokens)
         self._padded_tokens = tokens
+        if self._inputs_from is not None:  # launched behind a step whose tokens are still on the device only
+            ib = self.input_batch
+            waiting = np.nonzero(computed + counts > ib.num_tokens[rows])[0]
+            if len(waiting):
+                at = torch.from_numpy(cu[waiting] - 1).to(ids.device, non_blocking=True)
+                ids[at] = self._inputs_from.gather(rows[waiting], ib.row_epoch)
         return md, ids, pos, cu
 
     def _graphable(self, counts: np.ndarray) -> bool:
@@ -138,6 +157,97 @@ class GpuModelRunner(ModelRunner):
             return self.graphs.replay(self._padded_tokens)[:n]
         hidden = super()._forward(step, metadata, embeds)
         return hidden[:int(step.counts.sum())]
+
+    # ---- async scheduling without a step thread ----
+    def launch_model(self, so: SchedulerOutput) -> LaunchedStep:
+        """Queue a step's work on the device and return before its sampled tokens reach the host: they stay on the
+        device as the next launched step's inputs, and `result()` of the returned step records them."""
+        self._inputs_from, self._device_tokens = self._device_tokens, None
+        self._launching = True
+        try:
+            out = self._execute(so)
+        finally:
+            self._launching, self._inputs_from = False, None
+        out.timings = self.profiler.take()
+        pending, self._deferred = self._deferred, None
+        if pending is None:
+            return LaunchedStep(out, None)
+
+        def finish(output: ModelRunnerOutput) -> None:
+            if self._in_flight is step:
+                self._in_flight = None
+            self._finish_tokens(pending, output)
+
+        step = LaunchedStep(out, finish)
+        self._in_flight = step
+        return step
+
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """One step, waited for (after recording a launched step's tokens, if one is in flight)."""
+        self._settle_in_flight()
+        self._device_tokens = None
+        return super().execute_model(so)
+
+    def _settle_in_flight(self) -> None:
+        """Record the launched step's tokens now (its output keeps them for the engine)."""
+        step, self._in_flight = self._in_flight, None
+        if step is not None:
+            try:
+                step.result()
+            except Exception:  # raised again when the engine takes the step's output
+                pass
+            self._inputs_from = None  # (every token is on the host now)
+
+    def _prepare(self, so: SchedulerOutput) -> StepInputs:
+        """The base's inputs; a request whose sampling reads its earlier outputs (penalties, seeds, min_tokens)
+        first waits for the tokens in flight."""
+        if self._in_flight is not None and self.input_batch.reads_history.any():
+            self._settle_in_flight()
+        return super()._prepare(so)
+
+    def _record_sampled(self, out: ModelRunnerOutput, tokens: torch.Tensor, raw_lp: torch.Tensor | None,
+                        sample_idx: np.ndarray, sample_rows: np.ndarray, req_ids: list[str]) -> None:
+        """Launching: keep the tokens on the device for the next step and start their copy to the host; else the
+        base's (wait for them)."""
+        if not self._launching:
+            return super()._record_sampled(out, tokens, raw_lp, sample_idx, sample_rows, req_ids)
+        ib = self.input_batch
+        index_of_row = np.full(ib.max_num_reqs, -1, dtype=np.int64)
+        index_of_row[sample_rows] = np.arange(len(sample_rows))
+        epochs = ib.row_epoch[sample_rows].copy()
+        self._device_tokens = DeviceTokens(tokens, index_of_row, epochs)
+        event = None
+        host = tokens
+        if self.is_cuda:
+            host = self._host_tokens[self._host_flip][:len(tokens)]
+            self._host_flip ^= 1
+            host.copy_(tokens, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        self._deferred = PendingTokens(tokens, host, event, raw_lp, sample_idx, sample_rows, epochs, req_ids)
+
+    def _finish_tokens(self, pending: PendingTokens, out: ModelRunnerOutput) -> None:
+        """A launched step's tokens on the host: into its output, and into the input-batch rows still held by the
+        requests that sampled them (with their logprobs)."""
+        with self.profiler.section("sample"):
+            token_list = pending.wait()
+            req_ids, sample_idx = pending.req_ids, pending.sample_idx
+            out.sampled.update(zip([req_ids[i] for i in sample_idx.tolist()], [[t] for t in token_list]))
+            ib = self.input_batch
+            live = ib.row_epoch[pending.sample_rows] == pending.epochs
+            tokens_np = np.asarray(token_list, dtype=np.int64)
+            raw_lp, tokens = pending.raw_logprobs, pending.tokens
+            if not live.all():
+                keep = torch.from_numpy(live).to(tokens.device)
+                tokens_np, sample_idx = tokens_np[live], sample_idx[live]
+                tokens = tokens[keep]
+                raw_lp = raw_lp[keep] if raw_lp is not None else None
+            rows = pending.sample_rows[live]
+            ib.append_tokens(rows, tokens_np)
+            if raw_lp is not None and len(rows):
+                self._sample_logprobs(out, raw_lp, tokens, sample_idx, rows, req_ids)
+        for name, seconds in self.profiler.take().items():
+            out.timings[name] = out.timings.get(name, 0.0) + seconds
 
     def _sampling_metadata(self, rows: np.ndarray, offsets: np.ndarray | None = None) -> SamplingMetadata:
         """The base's sampling tensors, on the device (seeded rows' uniforms stay host-made: the same draws)."""

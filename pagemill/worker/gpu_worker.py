@@ -14,10 +14,12 @@ import time
 import torch
 
 from pagemill.core.kv_cache_utils import KVCacheConfig
+from pagemill.core.sched_output import SchedulerOutput
 from pagemill.distributed.parallel_state import ParallelContext, init_distributed
 from pagemill.platforms import current_platform
 from pagemill.worker.cpu_worker import CpuWorker
 from pagemill.worker.gpu_model_runner import GpuModelRunner, kv_cache_bytes_from_profile, log_kv_sizing
+from pagemill.worker.launched_step import LaunchedStep
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +28,7 @@ class GpuWorker(CpuWorker):
     """A rank on one GPU (or, for tests, the CPU): the GPU runner driven through WorkerBase's lifecycle."""
 
     model_runner: GpuModelRunner
+    launches_steps = True  # async scheduling launches a step behind the one in flight (one thread)
 
     @property
     def is_cuda(self) -> bool:
@@ -52,6 +55,10 @@ class GpuWorker(CpuWorker):
             raise ValueError("runner='pooling' is not available on the GPU worker yet.")
         self.model_runner = GpuModelRunner(self.config, self.parallel)
         self.model_runner.load_model()
+
+    def launch_model(self, scheduler_output: SchedulerOutput) -> LaunchedStep:
+        """Queue one step on the device; its tokens reach the host in the returned step's `result()`."""
+        return self.model_runner.launch_model(scheduler_output)
 
     def determine_num_available_blocks(self) -> int:
         """`num_gpu_blocks_override`, else `kv_cache_memory` when given (the CPU worker's rule), else (CUDA) what

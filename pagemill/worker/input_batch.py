@@ -32,6 +32,10 @@ class InputBatch:
         # rows whose sampling reads only the argmax (samples_argmax), once their outputs reach min_tokens_until
         self.argmax_sampling = np.zeros(max_num_reqs, dtype=bool)
         self.min_tokens_until = np.zeros(max_num_reqs, dtype=np.int64)
+        # rows whose sampling reads their earlier outputs or their count (reads_output_history)
+        self.reads_history = np.zeros(max_num_reqs, dtype=bool)
+        # bumped each time a row is freed: a step's deferred tokens land only in rows still held by their requests
+        self.row_epoch = np.zeros(max_num_reqs, dtype=np.int64)
         self.req_id_to_row: dict[str, int] = {}
         self.lora_ids = np.zeros(max_num_reqs, dtype=np.int64)  # each row's adapter id (0: the base model)
         self.lora_requests: dict[int, LoRARequest] = {}  # adapter id -> its request (to reload an evicted adapter)
@@ -61,6 +65,7 @@ class InputBatch:
         if sp.seed is not None and not sp.greedy:  # (its draws are keyed by output position: preemption-proof)
             self.seeds[row] = sp.seed
         self.argmax_sampling[row] = samples_argmax(sp)
+        self.reads_history[row] = reads_output_history(sp)
         # (a structured-output request ends where its grammar does: its mask alone decides when EOS may come)
         self.min_tokens_until[row] = sp.min_tokens if sp.structured_outputs is None else 0
         return row
@@ -71,7 +76,9 @@ class InputBatch:
         if row is None:
             return
         self.params[row] = None
+        self.row_epoch[row] += 1
         self.argmax_sampling[row] = False
+        self.reads_history[row] = False
         self.lora_ids[row] = 0
         self.seeds.pop(row, None)
         self._free_rows.append(row)
@@ -104,3 +111,11 @@ def samples_argmax(sp: SamplingParams) -> bool:
     constrained request) once no min_tokens mask applies: greedy, no logprobs, penalties, allowed-token list or bias."""
     return bool(sp.greedy and sp.logprobs is None and not sp.presence_penalty and not sp.frequency_penalty
                 and sp.repetition_penalty == 1.0 and sp.allowed_token_ids is None and not sp.logit_bias)
+
+
+def reads_output_history(sp: SamplingParams) -> bool:
+    """Whether sampling `sp` reads the request's earlier output tokens or their count (penalties, seeded draws keyed
+    by output position, a min_tokens mask): its step needs the previous step's token on the host."""
+    return bool(sp.presence_penalty or sp.frequency_penalty or sp.repetition_penalty != 1.0
+                or (sp.seed is not None and not sp.greedy)
+                or (sp.min_tokens and sp.structured_outputs is None))

@@ -381,7 +381,6 @@ class ModelRunner:
     def _sample_one(self, out: ModelRunnerOutput, hidden: torch.Tensor, step: StepInputs, sample_idx: np.ndarray,
                     grammar: Any = None) -> None:
         """A step without draft tokens: one token for each request that reached the end of its tokens."""
-        ib = self.input_batch
         prof = self.profiler
         req_ids, rows, cu = step.req_ids, step.rows, step.cu
         sample_rows = rows[sample_idx]
@@ -395,11 +394,16 @@ class ModelRunner:
                 if mask is not None:
                     smd.token_bitmask, smd.bitmask_rows = mask
                 tokens, raw_lp = self.sampler(logits, smd)
-            token_list = tokens.cpu().tolist()  # (.cpu() waits for the device with the GIL released)
-            out.sampled.update(zip([req_ids[i] for i in sample_idx.tolist()], [[t] for t in token_list]))
-            ib.append_tokens(sample_rows, np.asarray(token_list, dtype=np.int64))
-            if raw_lp is not None:
-                self._sample_logprobs(out, raw_lp, tokens, sample_idx, sample_rows, req_ids)
+            self._record_sampled(out, tokens, raw_lp, sample_idx, sample_rows, req_ids)
+
+    def _record_sampled(self, out: ModelRunnerOutput, tokens: torch.Tensor, raw_lp: torch.Tensor | None,
+                        sample_idx: np.ndarray, sample_rows: np.ndarray, req_ids: list[str]) -> None:
+        """The step's sampled tokens to the host: into the output and the input batch, with their logprobs."""
+        token_list = tokens.cpu().tolist()  # (.cpu() waits for the device with the GIL released)
+        out.sampled.update(zip([req_ids[i] for i in sample_idx.tolist()], [[t] for t in token_list]))
+        self.input_batch.append_tokens(sample_rows, np.asarray(token_list, dtype=np.int64))
+        if raw_lp is not None:
+            self._sample_logprobs(out, raw_lp, tokens, sample_idx, sample_rows, req_ids)
 
     def _grammar_bitmask(self, grammar: Any, first_row: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Wait for the step's bitmask (filled during the forward): (bitmask, the logits row of each of its rows),

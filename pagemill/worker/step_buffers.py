@@ -51,6 +51,9 @@ class StepBuffers:
             self.host[name] = host
             self.dev[name] = host if self.on_host else torch.zeros(shape, dtype=dtype, device=device)
         self.np = {name: t.numpy() for name, t in self.host.items()}
+        # CUDA: recorded after a step's copies; the next step's staging waits for it before writing the pinned
+        # buffers (with async scheduling a step is staged while the previous one's copies may still be queued)
+        self.copied: torch.cuda.Event | None = None
 
     def stage(self, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray, token_req: np.ndarray,
               tables: np.ndarray, pad_to: int | None = None) -> tuple[int, int]:
@@ -61,6 +64,8 @@ class StepBuffers:
             raise ValueError(f"a step of {n} tokens / {b} requests exceeds the runner's buffers "
                              f"({self.max_tokens} / {self.max_reqs})")
         t = pad_to or n
+        if self.copied is not None:
+            self.copied.synchronize()
         h = self.np
         h["input_ids"][:n] = input_ids
         h["positions"][:n] = positions
@@ -82,6 +87,8 @@ class StepBuffers:
             self.dev["slot_mapping"][:, :t].copy_(self.host["slot_mapping"][:, :t], non_blocking=True)
             rows = max(t, b)
             self.dev["block_table"][:, :rows, :mb].copy_(self.host["block_table"][:, :rows, :mb], non_blocking=True)
+            self.copied = torch.cuda.Event()
+            self.copied.record()
         return t, max(t if pad_to else b, b)
 
     def views(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,7 @@ from pagemill.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagemill.lora.request import LoRARequest
 from pagemill.platforms import current_platform
 from pagemill.utils.import_utils import resolve_obj_by_qualname
+from pagemill.worker.launched_step import LaunchedStep
 
 # The start-up steps every executor runs on every worker, in this order (the third's result sets the fourth's).
 LIFECYCLE = ("init_device", "load_model", "determine_num_available_blocks", "initialize_cache")
@@ -32,6 +33,8 @@ class WorkerBase(ABC):
     """One rank: sets up its device, owns its model runner, sizes and allocates its KV cache, runs steps."""
 
     kv_cache_config: KVCacheConfig  # set by initialize_cache
+    # Whether `launch_model` queues a step without waiting for its tokens (async scheduling with no step thread).
+    launches_steps: bool = False
 
     def __init__(self, config: EngineConfig, rank: int = 0, distributed_init_method: str | None = None,
                  cores: list[int] | None = None) -> None:
@@ -64,6 +67,10 @@ class WorkerBase(ABC):
                       sampled: dict[str, list[int]] | None = None) -> ModelRunnerOutput | None:
         """One step. `sampled`: the engine's tokens of the previous step, for a rank that did not sample them itself
         (tensor / pipeline parallelism). The output on the driver rank, None on the others."""
+
+    def launch_model(self, scheduler_output: SchedulerOutput) -> LaunchedStep:
+        """Queue one step and return before its tokens are on the host (workers with `launches_steps`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not launch steps without waiting for them")
 
     # ---- what the executors and the engine core call between steps ----
     @property

@@ -1,7 +1,7 @@
 """On a CUDA GPU (skipped elsewhere; benchmarks/gpu/run.sh runs these): the CUDA platform picks the GPU worker, the
 KV cache is sized from gpu_memory_utilization after a profiled forward, decode batches replay CUDA graphs, and greedy
 tokens equal HF transformers float32 on CUDA with graphs and with enforce_eager (batch, chunked prefill, prefix hits,
-preemption). Tiny random models built from a config (benchmarks/gpu/models.py): no hub, no SmolLM2 file needed."""
+preemption, async scheduling with steps launched ahead). Tiny random models built from a config (benchmarks/gpu/models.py): no hub, no SmolLM2 file needed."""
 
 from __future__ import annotations
 
@@ -81,7 +81,8 @@ def test_greedy_equals_hf_with_graphs_and_eager(tiny, hf_refs, monkeypatch):
     original = DecodeGraphs.replay
     monkeypatch.setattr(DecodeGraphs, "replay", lambda self, size: replays.append(size) or original(self, size))
     prompts = _prompts(12)
-    for over in ({}, {"enforce_eager": True}, {"max_num_batched_tokens": 16}, {"num_gpu_blocks_override": 40}):
+    for over in ({}, {"enforce_eager": True}, {"max_num_batched_tokens": 16}, {"num_gpu_blocks_override": 40},
+                 {"async_scheduling": True}, {"async_scheduling": True, "num_gpu_blocks_override": 40}):
         llm = LLM(tiny, dtype="float32", max_model_len=512, kv_cache_memory="64MiB", max_num_seqs=16, **over)
         tokens, _ = _greedy(llm, prompts)
         assert tokens == hf_refs, over
@@ -89,6 +90,8 @@ def test_greedy_equals_hf_with_graphs_and_eager(tiny, hf_refs, monkeypatch):
             assert replays, "decode steps should replay CUDA graphs"
             tokens, outs = _greedy(llm, prompts)  # prefix-cache hits
             assert tokens == hf_refs and sum(o.num_cached_tokens for o in outs) > 0
+        if over.get("async_scheduling"):  # launched from the engine's thread: no step thread
+            assert llm.llm_engine.engine_core.executor._step_thread is None
         if over.get("enforce_eager"):
             assert llm.llm_engine.engine_core.executor.driver_worker.model_runner.graphs is None
         del llm
