@@ -138,3 +138,63 @@ def load_qwen_vl_hf(path: str):
 
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
     return model, _qwen2_vl_hf_processor(AutoTokenizer.from_pretrained(path), AutoImageProcessor.from_pretrained(path))
+
+
+GEMMA3_TOKENS_PER_IMAGE = 16
+GEMMA3_IMAGE = "<start_of_image>"  # what a prompt holds per image (the processor expands it to 16 soft tokens + 4)
+
+
+def build_tiny_gemma3(path) -> str:
+    """A tiny random Gemma 3 with images saved under `path`: SigLIP (32x32 images, patch 4: 64 patches pooled 2x2
+    to 16 tokens) + a 3-layer Gemma 3 decoder (sliding window 24 on layers 0 and 2); SmolLM2's tokenizer with
+    Gemma's image tokens added (boi / image / eoi as the tokenizer's extra special tokens), HF's Gemma3Processor."""
+    import json
+
+    from transformers import (AutoTokenizer, Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor,
+                              Gemma3TextConfig, SiglipVisionConfig)
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    from pagemill.benchmarks.model_path import load_hf_tokenizer
+
+    tok = load_hf_tokenizer(default_model_path())
+    specials = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
+    tok.add_special_tokens({"additional_special_tokens": list(specials.values())})
+    tok.save_pretrained(path)
+    with open(f"{path}/tokenizer_config.json") as f:
+        tok_config = json.load(f)
+    tok_config["extra_special_tokens"] = specials  # tokenizer.boi_token etc., which Gemma3Processor reads
+    with open(f"{path}/tokenizer_config.json", "w") as f:
+        json.dump(tok_config, f)
+    tok = AutoTokenizer.from_pretrained(path)
+    torch.manual_seed(0)
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                image_size=32, patch_size=4, vision_use_head=False)
+    text = Gemma3TextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=24,
+                            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                            query_pre_attn_scalar=8, max_position_embeddings=512, initializer_range=0.2,
+                            bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE,
+                          boi_token_index=tok.boi_token_id, eoi_token_index=tok.eoi_token_id,
+                          image_token_index=tok.image_token_id, initializer_range=0.2)
+    model = Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():  # random images must move the logits
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, 0.5)
+    model.save_pretrained(path)
+    Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=tok,
+                    image_seq_length=GEMMA3_TOKENS_PER_IMAGE).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3(tmp_path_factory) -> str:
+    return build_tiny_gemma3(tmp_path_factory.mktemp("tiny_gemma3"))
+
+
+@pytest.fixture(scope="session")
+def gemma3_hf(tiny_gemma3):
+    """(HF model float32, HF Gemma3Processor) of the tiny Gemma 3."""
+    from transformers import AutoProcessor, Gemma3ForConditionalGeneration
+
+    model = Gemma3ForConditionalGeneration.from_pretrained(tiny_gemma3, dtype=torch.float32).eval()
+    return model, AutoProcessor.from_pretrained(tiny_gemma3)

@@ -57,7 +57,8 @@ class TorchAttentionMetadata:
             idx = torch.from_numpy(_slots(md.block_table[i : i + 1], seq, md.block_size)[0].astype(np.int64))
             qpos = ctx + np.arange(seq - ctx)[:, None]
             kpos = np.arange(seq)[None, :]
-            allowed = kpos <= qpos
+            limits = md.span_limits(i)
+            allowed = kpos <= qpos if limits is None else kpos < limits[:, None]
             if window is not None:
                 allowed &= kpos > qpos - window
             self._prefill[key] = (idx, torch.from_numpy(allowed))
@@ -68,7 +69,7 @@ class TorchPagedAttention(AttentionBackend):
     """Pure-torch paged attention backend (decodes batched in one SDPA call, prefills one by one)."""
 
     name = "torch"
-    capabilities = AttentionCapabilities(kv_cache_dtypes=FLOAT_AND_QUANT_KV_DTYPES)
+    capabilities = AttentionCapabilities(kv_cache_dtypes=FLOAT_AND_QUANT_KV_DTYPES, key_limits=True)
     batch_order = (0, 1, 1)  # decodes first; chunks and prefills in any order
 
     @staticmethod
@@ -132,7 +133,7 @@ class TorchPagedAttention(AttentionBackend):
         for i in range(d, md.num_reqs):
             s, e = int(qsl[i]), int(qsl[i + 1])
             qi = q[s:e].transpose(0, 1).unsqueeze(0)
-            if md.num_computed_tokens[i] == 0 and window is None:
+            if md.num_computed_tokens[i] == 0 and window is None and md.span_limits(i) is None:
                 ki = k[s:e].transpose(0, 1).unsqueeze(0)
                 vi = v[s:e].transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scale, enable_gqa=True)
