@@ -178,7 +178,10 @@ def build_tiny_gemma3(path) -> str:
                           boi_token_index=tok.boi_token_id, eoi_token_index=tok.eoi_token_id,
                           image_token_index=tok.image_token_id, initializer_range=0.2)
     model = Gemma3ForConditionalGeneration(config)
-    with torch.no_grad():  # random images must move the logits
+    with torch.no_grad():  # small decoder weights, large projector: greedy tokens vary and hang on the image mask
+        for name, p in model.model.language_model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.03)
         model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, 0.5)
     model.save_pretrained(path)
     Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=tok,

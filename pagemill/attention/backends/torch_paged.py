@@ -95,8 +95,9 @@ class TorchPagedAttention(AttentionBackend):
         v_cache.index_copy_(0, md.slot_mapping, v[:n].to(v_cache.dtype))
         if k_cache.dtype != q.dtype:  # reduced-precision cache: attend to what was stored, widened back
             k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)
-        return self._attend(layer, q, k, v, lambda idx: k_cache[idx].to(q.dtype), lambda idx: v_cache[idx].to(q.dtype),
-                            metadata)
+        # (named, not self._attend: the cpu backend's bfloat16 / float16 fallback lands here with its own _attend)
+        return TorchPagedAttention._attend(layer, q, k, v, lambda idx: k_cache[idx].to(q.dtype),
+                                           lambda idx: v_cache[idx].to(q.dtype), metadata)
 
     def _forward_quantized(self, layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            kv_cache: torch.Tensor, metadata: TorchAttentionMetadata) -> torch.Tensor:
@@ -111,8 +112,8 @@ class TorchPagedAttention(AttentionBackend):
         k_rows.index_copy_(0, md.slot_mapping, k_new)
         v_rows.index_copy_(0, md.slot_mapping, v_new)
         k, v = unpack_rows(k_new, dtype, q.dtype), unpack_rows(v_new, dtype, q.dtype)
-        return self._attend(layer, q, k, v, lambda idx: unpack_rows(k_rows[idx], dtype, q.dtype),
-                            lambda idx: unpack_rows(v_rows[idx], dtype, q.dtype), metadata)
+        return TorchPagedAttention._attend(layer, q, k, v, lambda idx: unpack_rows(k_rows[idx], dtype, q.dtype),
+                                           lambda idx: unpack_rows(v_rows[idx], dtype, q.dtype), metadata)
 
     @staticmethod
     def _attend(layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, read_k: Callable, read_v: Callable,
