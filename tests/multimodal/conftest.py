@@ -201,3 +201,54 @@ def gemma3_hf(tiny_gemma3):
 
     model = Gemma3ForConditionalGeneration.from_pretrained(tiny_gemma3, dtype=torch.float32).eval()
     return model, AutoProcessor.from_pretrained(tiny_gemma3)
+
+
+IDEFICS3_TOKENS_PER_TILE = 16
+
+
+def build_tiny_idefics3(path) -> str:
+    """A tiny random SmolVLM / Idefics3 saved under `path`: SigLIP-like tower over 32x32 tiles (patch 4: 64 patches,
+    pixel shuffle 2 -> 16 tokens a tile), a 2-layer Llama decoder; images resized to a longest edge of 64 and split
+    into up to 2x2 tiles plus a global one (HF's Idefics3Processor, SmolLM2's tokenizer with the image tokens)."""
+    from transformers import (Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor,
+                              Idefics3VisionConfig, LlamaConfig)
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    from pagemill.benchmarks.model_path import load_hf_tokenizer
+
+    tok = load_hf_tokenizer(default_model_path())
+    tok.add_special_tokens({"additional_special_tokens": [
+        "<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
+        *(f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6))]})
+    torch.manual_seed(0)
+    vision = Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  image_size=32, patch_size=4, initializer_range=0.2)
+    text = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                       initializer_range=0.2, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                       pad_token_id=2)
+    config = Idefics3Config(vision_config=vision, text_config=text, scale_factor=2,
+                            image_token_id=tok.convert_tokens_to_ids("<image>"), tie_word_embeddings=False)
+    model = Idefics3ForConditionalGeneration(config)
+    with torch.no_grad():  # random images must move the logits
+        model.model.connector.modality_projection.proj.weight.normal_(0, 0.5)
+    model.save_pretrained(path)
+    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32},
+                                                do_image_splitting=True)
+    Idefics3Processor(image_processor=image_processor, tokenizer=tok,
+                      image_seq_len=IDEFICS3_TOKENS_PER_TILE).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_idefics3(tmp_path_factory) -> str:
+    return build_tiny_idefics3(tmp_path_factory.mktemp("tiny_idefics3"))
+
+
+@pytest.fixture(scope="session")
+def idefics3_hf(tiny_idefics3):
+    """(HF model float32, HF Idefics3Processor) of the tiny Idefics3."""
+    from transformers import AutoProcessor, Idefics3ForConditionalGeneration
+
+    model = Idefics3ForConditionalGeneration.from_pretrained(tiny_idefics3, dtype=torch.float32).eval()
+    return model, AutoProcessor.from_pretrained(tiny_idefics3)
