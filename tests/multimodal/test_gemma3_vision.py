@@ -158,3 +158,18 @@ def test_prefix_hit_ending_inside_an_image(tiny_gemma3, gemma3_hf):
     start = ids.index(gemma3_hf[0].config.image_token_id)
     assert start < out.num_cached_tokens < start + GEMMA3_TOKENS_PER_IMAGE
     assert _runner(llm).encoder_cache.num_encoded == 2
+
+
+def test_chat_with_image_part_matches_hf(tiny_gemma3, gemma3_hf):
+    from tests.multimodal.test_llava_server import data_url
+
+    llm = LLM(tiny_gemma3, kv_cache_memory="16MiB", max_model_len=256, block_size=8)
+    image = make_image(5)
+    conversation = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(image)}},
+                                                 {"type": "text", "text": "Describe it."}]}]
+    out = llm.chat(conversation, GREEDY, use_tqdm=False)[0]
+    text = gemma3_hf[1].tokenizer.apply_chat_template([{"role": "user", "content": f"{IMG}\nDescribe it."}],
+                                                      tokenize=False, add_generation_prompt=True)
+    ids, ref = hf_llava_greedy(gemma3_hf, text, [image], MAX_TOKENS, add_special_tokens=False)
+    assert out.prompt_token_ids == ids
+    assert out.outputs[0].token_ids == ref

@@ -107,3 +107,18 @@ def test_prefix_cache_no_cross_talk_and_hits(tiny_idefics3, idefics3_hf):
     last = len(out.prompt_token_ids) - 1 - out.prompt_token_ids[::-1].index(idefics3_hf[0].config.image_token_id)
     assert again.num_cached_tokens >= last // 4 * 4
     assert _runner(llm).encoder_cache.num_encoded == 10  # 5 tiles each for a and b; none for the full hit
+
+
+def test_chat_with_image_part_matches_hf(tiny_idefics3, idefics3_hf):
+    from tests.multimodal.test_llava_server import data_url
+
+    llm = LLM(tiny_idefics3, kv_cache_memory="16MiB", max_model_len=512, block_size=8)
+    image = make_image(5)
+    conversation = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(image)}},
+                                                 {"type": "text", "text": "Describe it."}]}]
+    out = llm.chat(conversation, GREEDY, use_tqdm=False)[0]
+    text = idefics3_hf[1].tokenizer.apply_chat_template([{"role": "user", "content": "<image>\nDescribe it."}],
+                                                        tokenize=False, add_generation_prompt=True)
+    ids, ref = hf_llava_greedy(idefics3_hf, text, [image], MAX_TOKENS, add_special_tokens=False)
+    assert out.prompt_token_ids == ids
+    assert out.outputs[0].token_ids == ref
