@@ -74,6 +74,7 @@ def test_alone_matches_hf(tiny_gemma3, references, i, backend):
     assert _runner(llm).encoder_cache.num_encoded == CASES[i][1]
 
 
+@pytest.mark.slow
 def test_bfloat16_cpu_backend_equals_torch_reference(tiny_gemma3, references):
     # a bfloat16 model on the cpu backend takes the torch reference path (it crashed there before), images included
     outs = []
@@ -83,6 +84,18 @@ def test_bfloat16_cpu_backend_equals_torch_reference(tiny_gemma3, references):
         outs.append(_outputs(llm, references, [2, 0, 1]))
     assert outs[0] == outs[1]
     assert all(len(o) == MAX_TOKENS for o in outs[0])
+
+
+@pytest.mark.slow
+def test_quantized_kv_cache_cpu_backend_equals_torch_reference(tiny_gemma3, references):
+    # an int8 KV cache: the cpu backend's image requests dequantize the kernel's layout, the torch reference its own;
+    # 20-token steps put images in context chunks
+    outs = []
+    for backend in ("cpu", "torch"):
+        llm = LLM(tiny_gemma3, kv_cache_memory="16MiB", max_model_len=256, block_size=8, kv_cache_dtype="int8",
+                  attention_backend=backend, max_num_batched_tokens=20, enable_prefix_caching=False)
+        outs.append(_outputs(llm, references, [2, 1, 4]))
+    assert outs[0] == outs[1]
 
 
 def test_batch_mixed_with_text_only(tiny_gemma3, references):

@@ -182,16 +182,23 @@ class CpuPagedAttention(TorchPagedAttention):
                      md: CommonAttentionMetadata, i: int, out: torch.Tensor) -> None:
         """Request i's attention under its key limits, over the K/V its blocks hold (K blocks stored transposed,
         [kv_heads, head_dim, block_size]; the step's K/V already written)."""
-        if is_quantized(k_cache.dtype):
-            raise ValueError("kv_cache_dtype: a quantized KV cache does not take image tokens that attend to their "
-                             "whole image (Gemma 3) on the cpu attention backend yet; use a float cache.")
         s, e = int(md.query_start_loc[i]), int(md.query_start_loc[i + 1])
-        seq, bs = int(md.seq_lens[i]), k_cache.shape[1]
-        hk, hd = layer.num_kv_heads, layer.head_dim
+        seq, nb, bs = int(md.seq_lens[i]), k_cache.shape[0], k_cache.shape[1]
+        hk, hd, dtype = layer.num_kv_heads, layer.head_dim, k_cache.dtype
         nblk = -(-seq // bs)
         blocks = torch.from_numpy(md.block_table[i, :nblk].astype(np.int64))
-        ki = k_cache.view(k_cache.shape[0], hk, hd, bs)[blocks].permute(1, 0, 3, 2).reshape(hk, nblk * bs, hd)
-        vi = v_cache.view(v_cache.shape[0], bs, hk, hd)[blocks].reshape(nblk * bs, hk, hd).transpose(0, 1)
+        if is_quantized(dtype):  # (the layouts _write_quantized writes)
+            raw = k_cache.view(torch.uint8).view(nb, -1)[blocks]
+            codes = raw[:, : hk * hd * bs].contiguous().view(dtype).view(nblk, hk, hd, bs)
+            scales = raw[:, hk * hd * bs :].contiguous().view(torch.float32).view(nblk, hk, 1, bs)
+            kb = codes.float() * scales
+            slots = (blocks[:, None] * bs + torch.arange(bs)).reshape(-1)
+            v_rows = v_cache.view(torch.uint8).view(-1, hk, row_width(hd, dtype))[slots]
+            vi = unpack_rows(v_rows, dtype, q.dtype).transpose(0, 1)
+        else:
+            kb = k_cache.view(nb, hk, hd, bs)[blocks]
+            vi = v_cache.view(nb, bs, hk, hd)[blocks].reshape(nblk * bs, hk, hd).transpose(0, 1)
+        ki = kb.permute(1, 0, 3, 2).reshape(hk, nblk * bs, hd)
         limits = md.span_limits(i)
         kpos = np.arange(seq)[None, :]
         allowed = kpos < limits[:, None]
