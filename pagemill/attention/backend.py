@@ -42,6 +42,7 @@ class AttentionCapabilities:
     fused_dtypes: tuple[torch.dtype, ...] = ()  # query / RoPE-table dtypes forward_fused() takes
     qk_norm_hook: bool = False  # forward_fused() can apply a per-head QK norm before RoPE
     sliding_window: bool = True
+    key_limits: bool = False  # reads CommonAttentionMetadata.key_limits (image tokens that see their whole image)
     kv_cache_dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 
 

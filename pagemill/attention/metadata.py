@@ -31,3 +31,15 @@ class CommonAttentionMetadata:
     # (block table int32 [B, max_blocks], token's request int32 [T], token's position int32 [T]) already on the
     # model's device, in the GPU runner's persistent buffers (backends that need them read these, else make them)
     device_tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # [T] keys [0, limit) each new token attends to, where a token sees past its own position: a placeholder token
+    # of a model whose image tokens attend bidirectionally sees its whole image (None: causal, limit = position + 1)
+    key_limits: np.ndarray | None = None
+
+    def span_limits(self, i: int) -> np.ndarray | None:
+        """Request i's key limits if any of its new tokens sees past its own position, else None (causal)."""
+        if self.key_limits is None:
+            return None
+        s, e = int(self.query_start_loc[i]), int(self.query_start_loc[i + 1])
+        limits = self.key_limits[s:e]
+        causal = int(self.num_computed_tokens[i]) + 1 + np.arange(e - s)
+        return None if np.array_equal(limits, causal) else limits

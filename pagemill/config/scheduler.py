@@ -23,6 +23,9 @@ class SchedulerConfig:
     async_scheduling: bool = False  # engine/core.py step_with_batch_queue
     # An image larger than the budget still runs when it is the step's first.
     max_num_encoder_input_tokens: int | None = None
+    # An image's placeholder run is computed in one step, never split over two (vLLM's disable_chunked_mm_input):
+    # set for models whose image tokens attend bidirectionally within their image (Gemma 3).
+    disable_chunked_mm_input: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_encoder_input_tokens is not None and self.max_num_encoder_input_tokens < 1:

@@ -212,17 +212,21 @@ class Scheduler:
         self.running.remove(victim)
         return victim
 
-    @staticmethod
-    def _encoder_inputs(req: Request, start: int, num_new: int, encoder_budget: int,
+    def _encoder_inputs(self, req: Request, start: int, num_new: int, encoder_budget: int,
                         encoder_full: int) -> tuple[int, int, int]:
         """(tokens to schedule, encoder tokens they start, images scheduled so far after them) for a chunk of
         `num_new` tokens of `req` from `start`: the chunk stops before an image whose encoder run the step's
-        encoder budget has no room for (an image over the whole budget still runs first in a step)."""
+        encoder budget has no room for (an image over the whole budget still runs first in a step), and, with
+        disable_chunked_mm_input, before an image whose placeholder run it would split (none if it starts inside
+        one it cannot finish: it waits for a step with room)."""
         cost, images = 0, req.num_images_scheduled
+        whole = self.config.disable_chunked_mm_input
         for j in range(req.num_images_scheduled, len(req.mm_features)):
             f = req.mm_features[j]
             if f.offset >= start + num_new:
                 break
+            if whole and start < f.offset + f.length and f.offset + f.length > start + num_new:
+                return max(0, f.offset - start), cost, images
             if f.offset + f.length > start:  # (an image before `start` was a prefix-cache hit: never encoded)
                 if cost + f.length > encoder_budget and not (cost == 0 and encoder_budget == encoder_full):
                     return max(0, f.offset - start), cost, images

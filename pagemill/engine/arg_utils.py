@@ -315,6 +315,7 @@ class EngineArgs:
             max_passed_over=self.scheduling_max_passed_over,
             staging_size=self.scheduling_staging_size,
             async_scheduling=self.async_scheduling,
+            disable_chunked_mm_input=_whole_image_steps(mm_hf_config, max_batched),
         )
         if spec_config is not None and spec_config.method == "draft_model" and spec_config.model is not None:
             draft = EngineArgs(model=spec_config.model, dtype=str(model_config.dtype).removeprefix("torch."),
@@ -523,6 +524,23 @@ JSON_FIELD_VALIDATORS: dict[str, Callable[[dict[str, Any]], object]] = {
     "kv_transfer_config": KVTransferConfig.from_user,
     "structured_outputs_config": _check_structured_outputs_config,
 }
+
+
+def _whole_image_steps(mm_hf_config: Any, max_batched: int) -> bool:
+    """Whether the model's image tokens attend bidirectionally within their image (Gemma 3), so the scheduler must
+    compute each image's placeholder run in one step; then one image must fit the step's token budget."""
+    if mm_hf_config is None:
+        return False
+    from pagemill.models.registry import get_model_class
+
+    if not getattr(get_model_class(mm_hf_config), "bidirectional_image_attention", False):
+        return False
+    per_image = int(getattr(mm_hf_config, "mm_tokens_per_image", 0) or 0)
+    if max_batched < per_image:
+        raise ValueError(f"max_num_batched_tokens ({max_batched}) must be >= the {per_image} placeholder tokens of "
+                         "one image: this model's image tokens attend to their whole image, so an image is never "
+                         "split over two steps.")
+    return True
 
 
 def _limit_mm_per_prompt(value: dict[str, Any] | str | None) -> dict[str, int] | None:

@@ -8,6 +8,8 @@ from torch import nn
 
 from pagemill.models.bert import BertForSequenceClassification, BertModel
 from pagemill.models.gemma3 import Gemma3ForCausalLM
+from pagemill.models.gemma3_mm import Gemma3ForConditionalGeneration
+from pagemill.models.idefics3 import Idefics3ForConditionalGeneration
 from pagemill.models.llama import LlamaForCausalLM
 from pagemill.models.llava import LlavaForConditionalGeneration
 from pagemill.models.mistral import MistralForCausalLM
@@ -40,6 +42,10 @@ MODEL_FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("Phi-3", Phi3ForCausalLM, "Phi3ForCausalLM", "phi3"),
     ModelFamily("LLaVA (CLIP + Llama; images in)", LlavaForConditionalGeneration, "LlavaForConditionalGeneration",
                 "llava"),
+    ModelFamily("Gemma 3 (SigLIP + Gemma 3, bidirectional image attention; images in)", Gemma3ForConditionalGeneration,
+                "Gemma3ForConditionalGeneration", "gemma3"),
+    ModelFamily("SmolVLM / Idefics3 (SigLIP tiles + pixel shuffle + Llama; images in)",
+                Idefics3ForConditionalGeneration, "Idefics3ForConditionalGeneration", "idefics3"),
     ModelFamily("Qwen2-VL (ViT + Qwen2, M-RoPE; images in)", Qwen2VLForConditionalGeneration,
                 "Qwen2VLForConditionalGeneration", "qwen2_vl"),
     ModelFamily("Qwen2.5-VL (window-attention ViT + Qwen2, M-RoPE; images in)", Qwen2_5_VLForConditionalGeneration,

@@ -110,7 +110,10 @@ class MultiModalProcessor:
             grids = [[int(v) for v in g] for g in np.asarray(out["image_grid_thw"])]
             ends = np.cumsum([int(np.prod(g)) for g in grids])
             pixels = np.split(pixels, ends[:-1])
-        spans = placeholder_spans(ids, self.image_token_id, len(images))
+        elif pixels.ndim == 5:  # Idefics3's tiles [1, tiles, C, H, W]: each tile its own feature (its own run)
+            pixels = pixels[0]
+            grids = [None] * len(pixels)
+        spans = placeholder_spans(ids, self.image_token_id, len(grids))
         features = []
         for (offset, length), pv, grid in zip(spans, pixels, grids):
             pv = np.ascontiguousarray(pv)

@@ -75,3 +75,19 @@ class EncoderCache:
         index = torch.cat([torch.arange(t, t + b - a) for _, a, b, t in pieces])
         rows = torch.cat([self.outputs[key][a:b] for key, a, b, _ in pieces])
         return index, rows
+
+    def key_limits(self, req_ids: list[str], computed: np.ndarray, counts: np.ndarray,
+                   starts: np.ndarray) -> np.ndarray | None:
+        """Per step token, the keys [0, limit) it attends to when image tokens see their whole image: position + 1,
+        or the end of its image's placeholder run for a placeholder token. None if the step computes none."""
+        limits = None
+        for i, rid in enumerate(req_ids):
+            first, end = int(computed[i]), int(computed[i] + counts[i])
+            for f in self.features.get(rid, ()):
+                s, e = max(first, f.offset), min(end, f.offset + f.length)
+                if s < e:
+                    if limits is None:
+                        limits = np.concatenate([np.arange(c + 1, c + n + 1) for c, n in zip(computed, counts)])
+                    t = int(starts[i]) - first
+                    limits[t + s:t + e] = f.offset + f.length
+        return limits

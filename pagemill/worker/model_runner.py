@@ -78,6 +78,7 @@ class ModelRunner:
         # A multimodal model's image embeddings, encoded once per (request, image).
         self.encoder_cache = EncoderCache() if mc.is_multimodal else None
         self.mrope: MRopeState | None = None  # set in load_model for an M-RoPE model (Qwen2-VL family)
+        self.image_spans = False  # set in load_model: the model's image tokens attend to their whole image
 
     def load_model(self) -> None:
         """Load the model (this rank's share), wrap it for batch invariance and LoRA, group its KV layers."""
@@ -86,6 +87,10 @@ class ModelRunner:
         self.model = load_model(mc, ops, self.backend, self.parallel)
         if getattr(self.model, "uses_mrope", False):
             self.mrope = MRopeState(self.model)
+        self.image_spans = bool(getattr(self.model, "bidirectional_image_attention", False))
+        if self.image_spans and not self.backend.capabilities.key_limits:
+            raise ValueError(f"attention_backend: {type(self.model).__name__}'s image tokens attend to their whole "
+                             f"image, which the {self.backend.name} backend cannot do (the cpu and torch ones can).")
         if config.batch_invariant:
             logger.info("Batch-invariant mode: %d linear layers on fixed-order kernels",
                         make_batch_invariant(self.model, ops.kernels))
@@ -239,6 +244,10 @@ class ModelRunner:
             return ModelRunnerOutput({})
         with prof.section("prepare"):
             step = self._prepare(so)
+        if self.encoder_cache and self.image_spans:  # image tokens that see their whole image
+            limits = self.encoder_cache.key_limits(step.req_ids, step.computed, step.counts, step.starts)
+            for md in step.attn_metadata:
+                md.key_limits = limits
         metadata = [self.backend.build_metadata(md) for md in step.attn_metadata]
         start = time.perf_counter()
         if self.encoder_cache:  # the step's image placeholders: their embeddings merged into the inputs

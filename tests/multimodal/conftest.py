@@ -138,3 +138,117 @@ def load_qwen_vl_hf(path: str):
 
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
     return model, _qwen2_vl_hf_processor(AutoTokenizer.from_pretrained(path), AutoImageProcessor.from_pretrained(path))
+
+
+GEMMA3_TOKENS_PER_IMAGE = 16
+GEMMA3_IMAGE = "<start_of_image>"  # what a prompt holds per image (the processor expands it to 16 soft tokens + 4)
+
+
+def build_tiny_gemma3(path) -> str:
+    """A tiny random Gemma 3 with images saved under `path`: SigLIP (32x32 images, patch 4: 64 patches pooled 2x2
+    to 16 tokens) + a 3-layer Gemma 3 decoder (sliding window 24 on layers 0 and 2); SmolLM2's tokenizer with
+    Gemma's image tokens added (boi / image / eoi as the tokenizer's extra special tokens), HF's Gemma3Processor."""
+    import json
+
+    from transformers import (AutoTokenizer, Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor,
+                              Gemma3TextConfig, SiglipVisionConfig)
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    from pagemill.benchmarks.model_path import load_hf_tokenizer
+
+    tok = load_hf_tokenizer(default_model_path())
+    specials = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
+    tok.add_special_tokens({"additional_special_tokens": list(specials.values())})
+    tok.save_pretrained(path)
+    with open(f"{path}/tokenizer_config.json") as f:
+        tok_config = json.load(f)
+    tok_config["extra_special_tokens"] = specials  # tokenizer.boi_token etc., which Gemma3Processor reads
+    with open(f"{path}/tokenizer_config.json", "w") as f:
+        json.dump(tok_config, f)
+    tok = AutoTokenizer.from_pretrained(path)
+    torch.manual_seed(0)
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                image_size=32, patch_size=4, vision_use_head=False)
+    text = Gemma3TextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=24,
+                            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                            query_pre_attn_scalar=8, max_position_embeddings=512, initializer_range=0.2,
+                            bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE,
+                          boi_token_index=tok.boi_token_id, eoi_token_index=tok.eoi_token_id,
+                          image_token_index=tok.image_token_id, initializer_range=0.2)
+    model = Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():  # small decoder weights, large projector: greedy tokens vary and hang on the image mask
+        for name, p in model.model.language_model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.03)
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, 0.5)
+    model.save_pretrained(path)
+    Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=tok,
+                    image_seq_length=GEMMA3_TOKENS_PER_IMAGE).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3(tmp_path_factory) -> str:
+    return build_tiny_gemma3(tmp_path_factory.mktemp("tiny_gemma3"))
+
+
+@pytest.fixture(scope="session")
+def gemma3_hf(tiny_gemma3):
+    """(HF model float32, HF Gemma3Processor) of the tiny Gemma 3."""
+    from transformers import AutoProcessor, Gemma3ForConditionalGeneration
+
+    model = Gemma3ForConditionalGeneration.from_pretrained(tiny_gemma3, dtype=torch.float32).eval()
+    return model, AutoProcessor.from_pretrained(tiny_gemma3)
+
+
+IDEFICS3_TOKENS_PER_TILE = 16
+
+
+def build_tiny_idefics3(path) -> str:
+    """A tiny random SmolVLM / Idefics3 saved under `path`: SigLIP-like tower over 32x32 tiles (patch 4: 64 patches,
+    pixel shuffle 2 -> 16 tokens a tile), a 2-layer Llama decoder; images resized to a longest edge of 64 and split
+    into up to 2x2 tiles plus a global one (HF's Idefics3Processor, SmolLM2's tokenizer with the image tokens)."""
+    from transformers import (Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor,
+                              Idefics3VisionConfig, LlamaConfig)
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    from pagemill.benchmarks.model_path import load_hf_tokenizer
+
+    tok = load_hf_tokenizer(default_model_path())
+    tok.add_special_tokens({"additional_special_tokens": [
+        "<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
+        *(f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6))]})
+    torch.manual_seed(0)
+    vision = Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  image_size=32, patch_size=4, initializer_range=0.2)
+    text = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                       initializer_range=0.2, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                       pad_token_id=2)
+    config = Idefics3Config(vision_config=vision, text_config=text, scale_factor=2,
+                            image_token_id=tok.convert_tokens_to_ids("<image>"), tie_word_embeddings=False)
+    model = Idefics3ForConditionalGeneration(config)
+    with torch.no_grad():  # random images must move the logits
+        model.model.connector.modality_projection.proj.weight.normal_(0, 0.5)
+    model.save_pretrained(path)
+    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32},
+                                                do_image_splitting=True)
+    Idefics3Processor(image_processor=image_processor, tokenizer=tok,
+                      image_seq_len=IDEFICS3_TOKENS_PER_TILE).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_idefics3(tmp_path_factory) -> str:
+    return build_tiny_idefics3(tmp_path_factory.mktemp("tiny_idefics3"))
+
+
+@pytest.fixture(scope="session")
+def idefics3_hf(tiny_idefics3):
+    """(HF model float32, HF Idefics3Processor) of the tiny Idefics3."""
+    from transformers import AutoProcessor, Idefics3ForConditionalGeneration
+
+    model = Idefics3ForConditionalGeneration.from_pretrained(tiny_idefics3, dtype=torch.float32).eval()
+    return model, AutoProcessor.from_pretrained(tiny_idefics3)

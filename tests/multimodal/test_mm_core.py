@@ -60,6 +60,30 @@ def test_an_image_over_the_encoder_budget_still_runs_first():
     assert s.schedule().num_scheduled_tokens == {"a": 30}
 
 
+def test_disable_chunked_mm_input_never_splits_an_image():
+    # 20-token steps: a's chunk stops before its image (8..24) rather than inside it; the next step takes the image
+    # whole; b (admitted in the same step) stops at its image's start, and waits while its image does not fit
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=20, max_model_len=256, disable_chunked_mm_input=True),
+                  CacheConfig(block_size=4, enable_prefix_caching=False), KVCacheConfig(64, 4))
+    s.add_request(make_request("a", 40, [(8, 16)]))
+    s.add_request(make_request("b", 40, [(14, 16)]))
+    steps = []
+    for _ in range(4):
+        out = s.schedule()
+        steps.append(out.num_scheduled_tokens)
+    assert steps[0] == {"a": 8, "b": 12}
+    assert steps[1] == {"a": 20}  # the image (8..24) and 4 tokens after it; b's image does not fit behind it
+    assert steps[2] == {"a": 12, "b": 2}  # a's last 12 tokens; b up to its image start
+    assert steps[3] == {"b": 20}  # b's image whole
+    for rid, spans in (("a", (8, 24)), ("b", (14, 30))):
+        ends = set()
+        total = 0
+        for st in steps:
+            total += st.get(rid, 0)
+            ends.add(total)
+        assert not any(spans[0] < e < spans[1] for e in ends)
+
+
 def test_placeholder_spans():
     ids = [1, IMG, IMG, 2, IMG, IMG, IMG, IMG, 3]
     assert placeholder_spans(ids, IMG, 2) == [(1, 2), (4, 4)]

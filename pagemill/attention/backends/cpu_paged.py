@@ -27,6 +27,16 @@ class CpuAttentionMetadata(TorchAttentionMetadata):
     block_table: torch.Tensor | None = None  # [num_kernel_reqs, max_blocks]
     query_start_loc: torch.Tensor | None = None  # [num_kernel_reqs + 1]
     context_lens: torch.Tensor | None = None  # [num_kernel_reqs] tokens cached before the step
+    _span_reqs: list[int] | None = None
+
+    def span_reqs(self) -> list[int]:
+        """The requests with a new token that sees past its own position (an image token that sees its whole
+        image): attended from the cache in torch after the kernel, over its causal result."""
+        if self._span_reqs is None:
+            md = self.common
+            self._span_reqs = ([] if md.key_limits is None else
+                               [i for i in range(md.num_reqs) if md.span_limits(i) is not None])
+        return self._span_reqs
 
 
 class CpuPagedAttention(TorchPagedAttention):
@@ -42,7 +52,8 @@ class CpuPagedAttention(TorchPagedAttention):
 
     name = "cpu"
     capabilities = AttentionCapabilities(fused_rope_cache_write=True, fused_dtypes=(torch.float32,),
-                                         qk_norm_hook=True, kv_cache_dtypes=FLOAT_AND_QUANT_KV_DTYPES)
+                                         qk_norm_hook=True, kv_cache_dtypes=FLOAT_AND_QUANT_KV_DTYPES,
+                                         key_limits=True)
     batch_order = (0, 1, 2)  # decodes, context chunks, fresh prefills
 
     def __init__(self) -> None:
@@ -163,3 +174,38 @@ class CpuPagedAttention(TorchPagedAttention):
                 mask = (idx[None, :] <= idx[:, None]) & (idx[None, :] > idx[:, None] - layer.sliding_window)
                 o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=layer.scale, enable_gqa=True)
             out[s:e] = o[0].transpose(0, 1)
+        for i in metadata.span_reqs():
+            self._attend_span(layer, q, k_cache, v_cache, md, i, out)
+
+    @staticmethod
+    def _attend_span(layer, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     md: CommonAttentionMetadata, i: int, out: torch.Tensor) -> None:
+        """Request i's attention under its key limits, over the K/V its blocks hold (K blocks stored transposed,
+        [kv_heads, head_dim, block_size]; the step's K/V already written)."""
+        s, e = int(md.query_start_loc[i]), int(md.query_start_loc[i + 1])
+        seq, nb, bs = int(md.seq_lens[i]), k_cache.shape[0], k_cache.shape[1]
+        hk, hd, dtype = layer.num_kv_heads, layer.head_dim, k_cache.dtype
+        nblk = -(-seq // bs)
+        blocks = torch.from_numpy(md.block_table[i, :nblk].astype(np.int64))
+        if is_quantized(dtype):  # (the layouts _write_quantized writes)
+            raw = k_cache.view(torch.uint8).view(nb, -1)[blocks]
+            codes = raw[:, : hk * hd * bs].contiguous().view(dtype).view(nblk, hk, hd, bs)
+            scales = raw[:, hk * hd * bs :].contiguous().view(torch.float32).view(nblk, hk, 1, bs)
+            kb = codes.float() * scales
+            slots = (blocks[:, None] * bs + torch.arange(bs)).reshape(-1)
+            v_rows = v_cache.view(torch.uint8).view(-1, hk, row_width(hd, dtype))[slots]
+            vi = unpack_rows(v_rows, dtype, q.dtype).transpose(0, 1)
+        else:
+            kb = k_cache.view(nb, hk, hd, bs)[blocks]
+            vi = v_cache.view(nb, bs, hk, hd)[blocks].reshape(nblk * bs, hk, hd).transpose(0, 1)
+        ki = kb.permute(1, 0, 3, 2).reshape(hk, nblk * bs, hd)
+        limits = md.span_limits(i)
+        kpos = np.arange(seq)[None, :]
+        allowed = kpos < limits[:, None]
+        if layer.sliding_window is not None:
+            qpos = int(md.num_computed_tokens[i]) + np.arange(e - s)
+            allowed &= kpos > qpos[:, None] - layer.sliding_window
+        o = F.scaled_dot_product_attention(q[s:e].transpose(0, 1).unsqueeze(0), ki[:, :seq].to(q.dtype).unsqueeze(0),
+                                           vi[:, :seq].to(q.dtype).unsqueeze(0), attn_mask=torch.from_numpy(allowed),
+                                           scale=layer.scale, enable_gqa=True)
+        out[s:e] = o[0].transpose(0, 1).to(out.dtype)

@@ -57,7 +57,8 @@ class TorchAttentionMetadata:
             idx = torch.from_numpy(_slots(md.block_table[i : i + 1], seq, md.block_size)[0].astype(np.int64))
             qpos = ctx + np.arange(seq - ctx)[:, None]
             kpos = np.arange(seq)[None, :]
-            allowed = kpos <= qpos
+            limits = md.span_limits(i)
+            allowed = kpos <= qpos if limits is None else kpos < limits[:, None]
             if window is not None:
                 allowed &= kpos > qpos - window
             self._prefill[key] = (idx, torch.from_numpy(allowed))
@@ -68,7 +69,7 @@ class TorchPagedAttention(AttentionBackend):
     """Pure-torch paged attention backend (decodes batched in one SDPA call, prefills one by one)."""
 
     name = "torch"
-    capabilities = AttentionCapabilities(kv_cache_dtypes=FLOAT_AND_QUANT_KV_DTYPES)
+    capabilities = AttentionCapabilities(kv_cache_dtypes=FLOAT_AND_QUANT_KV_DTYPES, key_limits=True)
     batch_order = (0, 1, 1)  # decodes first; chunks and prefills in any order
 
     @staticmethod
@@ -94,8 +95,9 @@ class TorchPagedAttention(AttentionBackend):
         v_cache.index_copy_(0, md.slot_mapping, v[:n].to(v_cache.dtype))
         if k_cache.dtype != q.dtype:  # reduced-precision cache: attend to what was stored, widened back
             k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)
-        return self._attend(layer, q, k, v, lambda idx: k_cache[idx].to(q.dtype), lambda idx: v_cache[idx].to(q.dtype),
-                            metadata)
+        # (named, not self._attend: the cpu backend's bfloat16 / float16 fallback lands here with its own _attend)
+        return TorchPagedAttention._attend(layer, q, k, v, lambda idx: k_cache[idx].to(q.dtype),
+                                           lambda idx: v_cache[idx].to(q.dtype), metadata)
 
     def _forward_quantized(self, layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            kv_cache: torch.Tensor, metadata: TorchAttentionMetadata) -> torch.Tensor:
@@ -110,8 +112,8 @@ class TorchPagedAttention(AttentionBackend):
         k_rows.index_copy_(0, md.slot_mapping, k_new)
         v_rows.index_copy_(0, md.slot_mapping, v_new)
         k, v = unpack_rows(k_new, dtype, q.dtype), unpack_rows(v_new, dtype, q.dtype)
-        return self._attend(layer, q, k, v, lambda idx: unpack_rows(k_rows[idx], dtype, q.dtype),
-                            lambda idx: unpack_rows(v_rows[idx], dtype, q.dtype), metadata)
+        return TorchPagedAttention._attend(layer, q, k, v, lambda idx: unpack_rows(k_rows[idx], dtype, q.dtype),
+                                           lambda idx: unpack_rows(v_rows[idx], dtype, q.dtype), metadata)
 
     @staticmethod
     def _attend(layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, read_k: Callable, read_v: Callable,
@@ -132,7 +134,7 @@ class TorchPagedAttention(AttentionBackend):
         for i in range(d, md.num_reqs):
             s, e = int(qsl[i]), int(qsl[i + 1])
             qi = q[s:e].transpose(0, 1).unsqueeze(0)
-            if md.num_computed_tokens[i] == 0 and window is None:
+            if md.num_computed_tokens[i] == 0 and window is None and md.span_limits(i) is None:
                 ki = k[s:e].transpose(0, 1).unsqueeze(0)
                 vi = v[s:e].transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scale, enable_gqa=True)
