@@ -11,19 +11,24 @@ quantization reads the corpus paragraphs with prompt logprobs against the float3
                                         [--chunk 64] [--dither-seed 0]
     python benchmarks/quant_accuracy.py --int8-activations [--model FILE.gguf | --gemma3]
     python benchmarks/quant_accuracy.py --kv-cache-dtype int8 fp8 [--model FILE.gguf | --gemma3]
+    python benchmarks/quant_accuracy.py --compressed-tensors W8A8 W4A16 [--gemma3]
 
 --int8-activations measures linear_dtype="int8" (int8 activations x the GGUF's own records) against the exact
 float32 default on the GGUF file itself; --kv-cache-dtype does the same for each quantized (or float16) KV cache
 (prefills in chunks of --chunk tokens, so every chunk after the first reads the quantized cache through the kernel).
+--compressed-tensors writes each preset's checkpoint of the dithered float model with the `compressed-tensors`
+package (tests/loader/quant_checkpoints.py: W8A8 = int8 weights per channel + dynamic per-token int8 activations)
+and measures it against the float32 engine on that float model.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 
-from pagemill.benchmarks.quant_accuracy import gguf_grids, load_gguf_as_hf, measure, save_hf_dir
+from pagemill.benchmarks.quant_accuracy import gguf_grids, load_gguf_as_hf, measure, measure_checkpoints, save_hf_dir
 from pagemill.loader.default_model import default_model_path
 
 
@@ -51,6 +56,34 @@ def hf_dirs(args: argparse.Namespace, tmp: str) -> dict[str, str]:
     return dirs
 
 
+def measure_compressed_tensors(args: argparse.Namespace) -> None:
+    """One row per preset: its checkpoint (written by the compressed-tensors package) against the float model."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests.loader.quant_checkpoints import write_compressed_tensors
+
+    path = gguf_path(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        model, tok = load_gguf_as_hf(path)
+        reference = save_hf_dir(model, tok, os.path.join(tmp, "float"), dither_seed=args.dither_seed,
+                                grids=gguf_grids(path))
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        checkpoints = {}
+        for preset in args.compressed_tensors:
+            dithered = AutoModelForCausalLM.from_pretrained(reference, dtype="float32")
+            if dithered.config.tie_word_embeddings:  # (safetensors refuses shared tensors: the head saved apart)
+                dithered.lm_head.weight = torch.nn.Parameter(dithered.lm_head.weight.detach().clone())
+                dithered.config.tie_word_embeddings = False
+            group = 128 if preset == "W8A16" else 32
+            checkpoints[preset] = write_compressed_tensors(dithered, tok, os.path.join(tmp, preset), preset, group)
+        print(f"{'model':<24} {'checkpoint':<12} {'positions':>9} {'top-1 agree':>11} {'mean |dlp|':>10} "
+              f"{'max |dlp|':>9} {'missing':>7}")
+        for a in measure_checkpoints(reference, checkpoints, chunk=args.chunk):
+            print(f"{os.path.basename(path)[:24]:<24} {a.name:<12} {a.positions:>9} {a.top1_agreement:>11.4f} "
+                  f"{a.mean_abs_dlogprob:>10.4f} {a.max_abs_dlogprob:>9.3f} {a.missing:>7}", flush=True)
+
+
 def main() -> None:
     """Print one table row per (weights, quantization)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -69,7 +102,13 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", nargs="+", default=None, metavar="DTYPE",
                         help="KV-cache dtypes (fp8, fp8_e4m3, fp8_e5m2, int8, float16) against the exact default "
                              "on the GGUF file itself")
+    parser.add_argument("--compressed-tensors", nargs="+", default=None, metavar="PRESET",
+                        choices=("W8A8", "W4A16", "W8A16", "FP8_DYNAMIC"),
+                        help="compressed-tensors checkpoints of the dithered float model against that float model")
     args = parser.parse_args()
+    if args.compressed_tensors:
+        measure_compressed_tensors(args)
+        return
     if args.int8_activations or args.kv_cache_dtype:
         path = gguf_path(args)
         file_variants = {f"kv {d}": {"kv_cache_dtype": d} for d in args.kv_cache_dtype or []}

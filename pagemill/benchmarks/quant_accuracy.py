@@ -196,3 +196,11 @@ def measure(model: str, variants: dict[str, dict[str, Any]] | None = None, chunk
     ref = prompt_topk(model, token_lists, chunk)
     return [compare(name, ref, prompt_topk(model, token_lists, chunk, **kwargs))
             for name, kwargs in (variants or DEFAULT_VARIANTS).items()]
+
+
+def measure_checkpoints(reference: str, checkpoints: dict[str, str], chunk: int = 64) -> list[Agreement]:
+    """Each quantized checkpoint directory (name -> path: GPTQ, AWQ, compressed-tensors, ...) against the float32
+    engine on the `reference` directory it was made from, over the corpus paragraphs."""
+    token_lists = [corpus_tokenizer(reference).encode(p) for p in corpus_paragraphs()]
+    ref = prompt_topk(reference, token_lists, chunk)
+    return [compare(name, ref, prompt_topk(path, token_lists, chunk)) for name, path in checkpoints.items()]
