@@ -6,11 +6,15 @@ import os
 import shlex
 import shutil
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 from pagemill.loader.default_model import default_model_path
+
+if TYPE_CHECKING:
+    from pagemill.kernels.ops import KernelLayerOps
 
 SMOL_PROMPTS = [
     "The capital of France is",
@@ -49,6 +53,14 @@ def require_kernels() -> ModuleType:
     pytest.fail(f"pagemill's CPU kernels are missing although a C++ compiler is installed ({cxx}): {reason}. "
                 "Build them with `make kernels` (python -m pagemill.kernels.build --strict shows the full error).",
                 pytrace=False)
+
+
+def require_kernel_ops() -> KernelLayerOps:
+    """The compiled kernels' layer-ops table (what the quantization methods and layers are given), as
+    require_kernels: fails where they should exist, skips where they cannot."""
+    from pagemill.kernels.ops import KernelLayerOps
+
+    return KernelLayerOps(require_kernels())
 
 
 @pytest.fixture
