@@ -1,10 +1,10 @@
 """Build (once, at install) and load pagemill's compiled CPU extensions: the kernels and the shared-memory
 communicator.
 
-The kernels in `csrc/variant/` are compiled once per ISA variant with that variant's explicit flags (never
-`-march=native`), into objects linked with the torch bindings (`csrc/bindings.cpp`, `csrc/packing.cpp`, baseline
+The kernels in `csrc/cpu/variant/` are compiled once per ISA variant with that variant's explicit flags (never
+`-march=native`), into objects linked with the torch bindings (`bindings.cpp`, `packing.cpp` beside them, baseline
 flags) as one extension module. The module picks the best variant the CPU runs when it is imported;
-`PAGEMILL_CPU_ISA=<variant>` forces one. The tensor-parallel ranks' shared-memory all-reduce (`csrc/shm_comm.cpp`)
+`PAGEMILL_CPU_ISA=<variant>` forces one. The tensor-parallel ranks' shared-memory all-reduce (`csrc/shm/shm_comm.cpp`)
 is its own small extension (`pagemill_shm`, baseline flags), with its own cache key: a kernel change does not
 rebuild it, nor the reverse. A process only loads a built module: it never compiles. When a build failed (no
 compiler, say), that is remembered and reported in one line, and the torch (gloo) paths are used.
@@ -32,6 +32,8 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(__file__)), "csrc")
+_CPU_SRC = os.path.join(_CSRC, "cpu")  # the CPU kernels (csrc/cuda/ is the CUDA platform's room)
+_SHM_SRC = os.path.join(_CSRC, "shm")  # the shared-memory communicator extension
 MODULE_NAME = "pagemill_kernels"
 SHM_MODULE_NAME = "pagemill_shm"
 ISA_ENV = "PAGEMILL_CPU_ISA"
@@ -60,42 +62,40 @@ def variant_flags(machine: str | None = None) -> dict[str, list[str]]:
 
 
 def _variant_sources() -> list[str]:
-    return sorted(glob.glob(os.path.join(_CSRC, "variant", "*.cpp")))
+    return sorted(glob.glob(os.path.join(_CPU_SRC, "variant", "*.cpp")))
 
 
 def _binding_sources() -> list[str]:
-    return [os.path.join(_CSRC, name) for name in ("bindings.cpp", "packing.cpp", "gguf_rows.cpp")]
+    return [os.path.join(_CPU_SRC, name) for name in ("bindings.cpp", "packing.cpp", "gguf_rows.cpp")]
 
 
 def _shm_sources() -> list[str]:
-    return [os.path.join(_CSRC, "shm_comm.cpp")]
+    return [os.path.join(_SHM_SRC, "shm_comm.cpp")]
 
 
-def _cache_dir(prefix: str, paths: list[str], flags: str) -> str:
-    """A build directory keyed by a hash of `paths` (relative names and contents), flags, torch, Python and the
-    machine type."""
+def _cache_dir(prefix: str, base: str, paths: list[str], flags: str) -> str:
+    """A build directory keyed by a hash of `paths` (names relative to `base`, and contents), flags, torch, Python
+    and the machine type."""
     import torch
 
     digest = hashlib.sha256(f"{torch.__version__}|{sys.version_info[:2]}|{platform.machine()}|{flags}".encode())
     for path in sorted(paths):
         with open(path, "rb") as f:
-            digest.update(os.path.relpath(path, _CSRC).encode() + f.read())
+            digest.update(os.path.relpath(path, base).encode() + f.read())
     root = os.environ.get("PAGEMILL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pagemill"))
     return os.path.join(root, f"{prefix}_{digest.hexdigest()[:12]}")
 
 
 def build_dir() -> str:
-    """Where this source tree's kernel build lives: a hash of the kernel sources (csrc/ but the shm extension's),
-    flags, torch, Python and the machine type."""
-    shm = set(_shm_sources())
-    paths = [p for p in glob.glob(os.path.join(_CSRC, "**", "*"), recursive=True) if os.path.isfile(p)
-             and p not in shm]
-    return _cache_dir("kernels", paths, f"{variant_flags()}|{_VARIANT_CFLAGS}")
+    """Where this source tree's kernel build lives: a hash of the kernel sources (csrc/cpu/), flags, torch, Python
+    and the machine type."""
+    paths = [p for p in glob.glob(os.path.join(_CPU_SRC, "**", "*"), recursive=True) if os.path.isfile(p)]
+    return _cache_dir("kernels", _CPU_SRC, paths, f"{variant_flags()}|{_VARIANT_CFLAGS}")
 
 
 def shm_build_dir() -> str:
     """Where the shared-memory communicator's build lives: a hash of its sources and the same environment."""
-    return _cache_dir("shm", _shm_sources(), "|".join(_SHM_CFLAGS + _SYSTEM_LIBS))
+    return _cache_dir("shm", _SHM_SRC, _shm_sources(), "|".join(_SHM_CFLAGS + _SYSTEM_LIBS))
 
 
 def module_path(directory: str | None = None) -> str:
@@ -160,7 +160,7 @@ def build(verbose: bool = False) -> str:
         ext_dir = os.path.join(directory, "ext")
         os.makedirs(ext_dir, exist_ok=True)
         load(name=MODULE_NAME, sources=_binding_sources(), build_directory=ext_dir, extra_cflags=["-O3"],
-             extra_ldflags=[*objects, "-fopenmp"], extra_include_paths=[_CSRC], verbose=verbose)
+             extra_ldflags=[*objects, "-fopenmp"], extra_include_paths=[_CPU_SRC], verbose=verbose)
 
     directory = build_dir()
     return _build_once(directory, module_path(directory), compile_into)
@@ -189,7 +189,7 @@ def cross_check(cxx: str) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         compile_variants(cxx, {"generic": []}, tmp)
-        includes = [f"-I{p}" for p in (*include_paths(), sysconfig.get_paths()["include"], _CSRC)]
+        includes = [f"-I{p}" for p in (*include_paths(), sysconfig.get_paths()["include"], _CPU_SRC)]
         for src, module in [(s, MODULE_NAME) for s in _binding_sources()] + [(s, SHM_MODULE_NAME)
                                                                              for s in _shm_sources()]:
             obj = os.path.join(tmp, os.path.basename(src) + ".o")
