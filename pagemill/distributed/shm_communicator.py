@@ -1,6 +1,6 @@
 """A shared-memory all-reduce / all-gather for the tensor-parallel ranks of one host (vLLM's CPU backend has one too).
 
-The collectives themselves are C++ (`csrc/shm_comm.cpp`: per-rank slots, sequence counters, spin-then-yield waits).
+The collectives themselves are C++ (`csrc/shm/shm_comm.cpp`: per-rank slots, sequence counters, spin-then-yield waits).
 Here the ranks agree, over their gloo group, on whether to use it: every rank must want it (its own extension,
 `pagemill_shm`, is built; `PAGEMILL_CPU_SHM_ALLREDUCE` is not 0), run on the same host, and open the segment group
 rank 0 created and see the others' processes. Rank 0 then removes the segment's name at once, so nothing is left

@@ -4,7 +4,7 @@ the other rows, so a request's hidden states and logits do not depend on the bat
 The default paths choose a kernel by the number of rows M, and the kernels round differently: the records GEMV's
 direct path up to 16 rows, its fp32 panels above; MKL's sgemm (F.linear) for float weights
 computes a row one way at M = 1, another at M = 2-3, and the last M mod 4 rows of a small M another. Here every
-layer takes the weight-streaming kernels' direct path for any M (csrc/variant/gemv.cpp, `direct_only`): rows in
+layer takes the weight-streaming kernels' direct path for any M (csrc/cpu/variant/gemv.cpp, `direct_only`): rows in
 chunks of 16, each row summed per k block into its own accumulators, so its result depends on neither M nor its
 place among the rows:
 

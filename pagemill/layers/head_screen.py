@@ -1,5 +1,5 @@
 """The LM head for greedy rows: int8 logits screened, then every token that could be a row's maximum recomputed
-exactly in float32 (csrc/variant/head_screen.cpp has the bound). The argmax is float32's, bit for bit in which token
+exactly in float32 (csrc/cpu/variant/head_screen.cpp has the bound). The argmax is float32's, bit for bit in which token
 wins; the other logits are approximate, so only rows that need nothing but the argmax may use it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The shared-memory all-reduce / all-gather (csrc/shm_comm.cpp) between real processes, against torch.distributed's
+"""The shared-memory all-reduce / all-gather (csrc/shm/shm_comm.cpp) between real processes, against torch.distributed's
 gloo results: random tensors of several sizes and dtypes, many collectives in a row, the gloo fallback for large
 tensors, a dead or stuck peer turned into an error, and no segment left in /dev/shm.
 

@@ -320,7 +320,7 @@ class ShmComm {
 // Its own extension module (pagemill_shm; pagemill/kernels/build.py builds it beside the kernels).
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<ShmComm>(m, "ShmComm",
-                      "Shared-memory all-reduce / all-gather between the processes of one host (csrc/shm_comm.cpp)")
+                      "Shared-memory all-reduce / all-gather between the processes of one host (csrc/shm/shm_comm.cpp)")
       .def(py::init<const std::string&, int64_t, int64_t, int64_t, bool, uint64_t, double>(), py::arg("name"),
            py::arg("rank"), py::arg("world"), py::arg("slot_bytes"), py::arg("create"), py::arg("token"),
            py::arg("timeout_s"))

@@ -4,7 +4,7 @@ Every matmul reads records laid out from the file's blocks by re-arranging bits,
 bit-plane records (4-bit codes for Q4_0 / Q4_1 / Q4_K and, in 4-bit records, Q2_K / Q3_K; 5-bit for Q5_0 / Q5_1 /
 Q5_K; 6-bit for Q6_K) with the file's scales, int8 tiles for Q8_0 and for fused layers whose parts mix record kinds.
 They hold exactly the file's dequantized float32 weights, and they are the only copy of them: up to 16 rows the
-kernels (csrc/variant/gemv.cpp) stream the records inside the dot products, more rows (batched decode, prefill)
+kernels (csrc/cpu/variant/gemv.cpp) stream the records inside the dot products, more rows (batched decode, prefill)
 dequantize k blocks of a tile into cache-resident fp32 panels, as fast as oneDNN's fp32 GEMM on a float copy from
 17 to 512 rows (benchmarks/README.md) at a quarter or less of the memory.
 """
