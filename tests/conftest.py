@@ -73,6 +73,24 @@ def kernels_required() -> ModuleType:
 requires_kernels = pytest.mark.usefixtures("kernels_required")
 
 
+@pytest.fixture
+def shm_comm_required() -> ModuleType:
+    """The shared-memory communicator extension (built beside the kernels); fails naming why where a C++ compiler
+    exists, skips where none is installed."""
+    from pagemill.kernels.build import load_shm_comm
+
+    module, reason = load_shm_comm()
+    if module is not None:
+        return module
+    if cxx_compiler() is None:
+        pytest.skip("no C++ compiler installed: the TP ranks use gloo")
+    pytest.fail(f"pagemill's shm communicator extension is missing although a C++ compiler is installed: {reason}",
+                pytrace=False)
+
+
+requires_shm_comm = pytest.mark.usefixtures("shm_comm_required")
+
+
 def kernel_isas() -> list[str]:
     """Kernel variants to test: the forced one (PAGEMILL_CPU_ISA), else every one this CPU runs; [] if not built."""
     from pagemill.kernels import load_kernels

@@ -21,9 +21,9 @@ import traceback
 import pytest
 import torch
 
-from tests.conftest import requires_kernels
+from tests.conftest import requires_kernels, requires_shm_comm
 
-pytestmark = requires_kernels
+pytestmark = [requires_kernels, requires_shm_comm]
 
 SIZES = [4 << 10, 64 << 10, 1 << 20]  # bytes per rank
 ODD_NUMELS = [1, 3, 1023]
