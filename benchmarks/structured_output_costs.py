@@ -66,11 +66,11 @@ def record_steps(llm: LLM, steps: int) -> tuple[list[list[int]], list[tuple[torc
 def head_costs(llm: LLM, recorded: list, repeats: int) -> dict[str, float]:
     """ms per step: exact head + mask + argmax vs the masked screen (tokens checked equal)."""
     runner = llm.llm_engine.engine_core.executor.model_runner
-    screen, kernels = runner.head_screen, runner.ops.kernels
+    screen, ops = runner.head_screen, runner.ops
 
     def exact(hidden, bitmask):
         logits = runner.model.compute_logits(hidden).float().contiguous()
-        apply_token_bitmask(logits, bitmask, torch.arange(ROWS), kernels)
+        apply_token_bitmask(logits, bitmask, torch.arange(ROWS), ops)
         return logits.max(-1).indices
 
     exact_s, screen_s = [], []

@@ -6,11 +6,15 @@ import os
 import shlex
 import shutil
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 from pagemill.loader.default_model import default_model_path
+
+if TYPE_CHECKING:
+    from pagemill.kernels.ops import KernelLayerOps
 
 SMOL_PROMPTS = [
     "The capital of France is",
@@ -51,6 +55,14 @@ def require_kernels() -> ModuleType:
                 pytrace=False)
 
 
+def require_kernel_ops() -> KernelLayerOps:
+    """The compiled kernels' layer-ops table (what the quantization methods and layers are given), as
+    require_kernels: fails where they should exist, skips where they cannot."""
+    from pagemill.kernels.ops import KernelLayerOps
+
+    return KernelLayerOps(require_kernels())
+
+
 @pytest.fixture
 def kernels_required() -> ModuleType:
     """Fixture form of require_kernels (used through the `requires_kernels` mark)."""
@@ -59,6 +71,24 @@ def kernels_required() -> ModuleType:
 
 # The one rule for kernel tests: `pytestmark = requires_kernels` or `@requires_kernels`.
 requires_kernels = pytest.mark.usefixtures("kernels_required")
+
+
+@pytest.fixture
+def shm_comm_required() -> ModuleType:
+    """The shared-memory communicator extension (built beside the kernels); fails naming why where a C++ compiler
+    exists, skips where none is installed."""
+    from pagemill.kernels.build import load_shm_comm
+
+    module, reason = load_shm_comm()
+    if module is not None:
+        return module
+    if cxx_compiler() is None:
+        pytest.skip("no C++ compiler installed: the TP ranks use gloo")
+    pytest.fail(f"pagemill's shm communicator extension is missing although a C++ compiler is installed: {reason}",
+                pytrace=False)
+
+
+requires_shm_comm = pytest.mark.usefixtures("shm_comm_required")
 
 
 def kernel_isas() -> list[str]:

@@ -1,7 +1,7 @@
 // Micro-benchmark of the GEMV kernels' many-row path (17-64 rows: fp32 panels + micro-kernel) on synthetic weights
-// (only the bytes and shapes matter): compiles csrc/variant/gemv.cpp itself with one variant's flags, e.g.
+// (only the bytes and shapes matter): compiles csrc/cpu/variant/gemv.cpp itself with one variant's flags, e.g.
 //   g++ -O3 -std=c++17 -fopenmp -ffast-math -fno-exceptions -DPAGEMILL_ISA=avx512_vbmi -mavx512f -mavx512bw \
-//     -mavx512vl -mavx512dq -mavx512vbmi -mgfni -mavx512vnni -mavx2 -mfma -mf16c -Ipagemill/csrc \
+//     -mavx512vl -mavx512dq -mavx512vbmi -mgfni -mavx512vnni -mavx2 -mfma -mf16c -Ipagemill/csrc/cpu \
 //     benchmarks/kernels/gemv_panel.cpp -o /tmp/gemv_panel && /tmp/gemv_panel 32 640 4096 1
 // (flags per variant: pagemill/kernels/build.py). Arguments: M K N threads. Prints the best of 200 calls per format
 // and the micro-kernel alone ("nodeq": the panel is not refilled).

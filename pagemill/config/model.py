@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-# int8: the speed preset of csrc/variant/gemv_i8.cpp; the exact float32 default keeps HF parity.
+# int8: the speed preset of csrc/cpu/variant/gemv_i8.cpp; the exact float32 default keeps HF parity.
 LINEAR_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 WEIGHT_ONLY_QUANTIZATIONS = ("int8", "int4")  # float checkpoints quantized at load (layers/quantization/weight_only.py)
 # quantized checkpoints, named by their quantization_config.quant_method (layers/quantization/prequantized.py)

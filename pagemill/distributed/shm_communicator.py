@@ -1,9 +1,10 @@
 """A shared-memory all-reduce / all-gather for the tensor-parallel ranks of one host (vLLM's CPU backend has one too).
 
-The collectives themselves are C++ (`csrc/shm_comm.cpp`: per-rank slots, sequence counters, spin-then-yield waits).
-Here the ranks agree, over their gloo group, on whether to use it: every rank must want it (the kernels are built,
-`PAGEMILL_CPU_SHM_ALLREDUCE` is not 0), run on the same host, and open the segment group rank 0 created and see the
-others' processes. Rank 0 then removes the segment's name at once, so nothing is left behind, even after a crash.
+The collectives themselves are C++ (`csrc/shm/shm_comm.cpp`: per-rank slots, sequence counters, spin-then-yield waits).
+Here the ranks agree, over their gloo group, on whether to use it: every rank must want it (its own extension,
+`pagemill_shm`, is built; `PAGEMILL_CPU_SHM_ALLREDUCE` is not 0), run on the same host, and open the segment group
+rank 0 created and see the others' processes. Rank 0 then removes the segment's name at once, so nothing is left
+behind, even after a crash.
 """
 
 from __future__ import annotations
@@ -103,14 +104,12 @@ def create_shm_communicator(group: Any, rank: int, world_size: int,
                             timeout_s: float = 600.0) -> ShmCommunicator | None:
     """Collective over `group` (gloo): a ShmCommunicator on every rank, or None on every rank when some rank cannot
     use one (the reason is logged)."""
-    from pagemill.kernels import load_kernels
+    from pagemill.kernels.build import load_shm_comm
 
-    kernels, reason = None, f"disabled by {ENABLE_ENV}=0"
+    shm, reason = None, f"disabled by {ENABLE_ENV}=0"
     if shm_enabled():
-        kernels = load_kernels()
-        reason = "the kernels are not built" if kernels is None else None
-        if kernels is not None and not hasattr(kernels, "ShmComm"):
-            kernels, reason = None, "the kernel build predates it"
+        shm, reason = load_shm_comm()
+        reason = None if shm is not None else f"the shm communicator extension is unavailable: {reason}"
     slot = max_bytes()
     infos = _all_gather_object((reason, socket.gethostname(), slot), group, world_size)
     reasons = [info[0] for info in infos if info[0] is not None]
@@ -128,7 +127,7 @@ def create_shm_communicator(group: Any, rank: int, world_size: int,
         if rank == 0:
             name, token = f"/{SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(6)}", secrets.randbits(63)
             try:
-                comm = kernels.ShmComm(name, 0, world_size, slot, True, token, timeout_s)
+                comm = shm.ShmComm(name, 0, world_size, slot, True, token, timeout_s)
             except RuntimeError as e:
                 error = str(e)
             setup = [(name, token, error)]
@@ -136,7 +135,7 @@ def create_shm_communicator(group: Any, rank: int, world_size: int,
         name, token, error = setup[0]
         if rank != 0 and error is None:
             try:
-                comm = kernels.ShmComm(name, rank, world_size, slot, False, token, timeout_s)
+                comm = shm.ShmComm(name, rank, world_size, slot, False, token, timeout_s)
             except RuntimeError as e:
                 error = str(e)
         opened = _all_gather_object((error, os.getpid()), group, world_size)

@@ -1,10 +1,13 @@
-"""Build (once, at install) and load pagemill's compiled CPU kernels.
+"""Build (once, at install) and load pagemill's compiled CPU extensions: the kernels and the shared-memory
+communicator.
 
-The kernels in `csrc/variant/` are compiled once per ISA variant with that variant's explicit flags (never
-`-march=native`), into objects linked with the torch bindings (`csrc/bindings.cpp`, `csrc/packing.cpp`, baseline
+The kernels in `csrc/cpu/variant/` are compiled once per ISA variant with that variant's explicit flags (never
+`-march=native`), into objects linked with the torch bindings (`bindings.cpp`, `packing.cpp` beside them, baseline
 flags) as one extension module. The module picks the best variant the CPU runs when it is imported;
-`PAGEMILL_CPU_ISA=<variant>` forces one. A process only loads the built module: it never compiles. When the
-build failed (no compiler, say), that is remembered and reported in one line, and the torch paths are used.
+`PAGEMILL_CPU_ISA=<variant>` forces one. The tensor-parallel ranks' shared-memory all-reduce (`csrc/shm/shm_comm.cpp`)
+is its own small extension (`pagemill_shm`, baseline flags), with its own cache key: a kernel change does not
+rebuild it, nor the reverse. A process only loads a built module: it never compiles. When a build failed (no
+compiler, say), that is remembered and reported in one line, and the torch (gloo) paths are used.
 
 `python -m pagemill.kernels.build` builds; `--strict` exits non-zero on failure (CI), `--cross-check CXX` also
 compiles the portable variant with another compiler (e.g. aarch64-linux-gnu-g++) to prove it builds there.
@@ -23,12 +26,16 @@ import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(__file__)), "csrc")
+_CPU_SRC = os.path.join(_CSRC, "cpu")  # the CPU kernels (csrc/cuda/ is the CUDA platform's room)
+_SHM_SRC = os.path.join(_CSRC, "shm")  # the shared-memory communicator extension
 MODULE_NAME = "pagemill_kernels"
+SHM_MODULE_NAME = "pagemill_shm"
 ISA_ENV = "PAGEMILL_CPU_ISA"
 # Explicit flags per variant, best first. Each needs exactly the CPU features the bindings check at run time.
 X86_VARIANTS: dict[str, list[str]] = {
@@ -40,9 +47,12 @@ X86_VARIANTS: dict[str, list[str]] = {
 }
 _SYSTEM_LIBS = ["-lrt"] if sys.platform.startswith("linux") else []  # shm_open on glibc < 2.34
 _VARIANT_CFLAGS = ["-O3", "-fPIC", "-std=c++17", "-fopenmp", "-ffast-math", "-fno-exceptions", "-Wall"]
+_SHM_CFLAGS = ["-O3"]
 
 _module: ModuleType | None = None
 _failed = False
+_shm_module: ModuleType | None = None
+_shm_failed = False
 
 
 def variant_flags(machine: str | None = None) -> dict[str, list[str]]:
@@ -52,30 +62,50 @@ def variant_flags(machine: str | None = None) -> dict[str, list[str]]:
 
 
 def _variant_sources() -> list[str]:
-    return sorted(glob.glob(os.path.join(_CSRC, "variant", "*.cpp")))
+    return sorted(glob.glob(os.path.join(_CPU_SRC, "variant", "*.cpp")))
 
 
 def _binding_sources() -> list[str]:
-    return [os.path.join(_CSRC, name) for name in ("bindings.cpp", "packing.cpp", "gguf_rows.cpp", "shm_comm.cpp")]
+    return [os.path.join(_CPU_SRC, name) for name in ("bindings.cpp", "packing.cpp", "gguf_rows.cpp")]
+
+
+def _shm_sources() -> list[str]:
+    return [os.path.join(_SHM_SRC, "shm_comm.cpp")]
+
+
+def _cache_dir(prefix: str, base: str, paths: list[str], flags: str) -> str:
+    """A build directory keyed by a hash of `paths` (names relative to `base`, and contents), flags, torch, Python
+    and the machine type."""
+    import torch
+
+    digest = hashlib.sha256(f"{torch.__version__}|{sys.version_info[:2]}|{platform.machine()}|{flags}".encode())
+    for path in sorted(paths):
+        with open(path, "rb") as f:
+            digest.update(os.path.relpath(path, base).encode() + f.read())
+    root = os.environ.get("PAGEMILL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pagemill"))
+    return os.path.join(root, f"{prefix}_{digest.hexdigest()[:12]}")
 
 
 def build_dir() -> str:
-    """Where this source tree's build lives: a hash of the sources, flags, torch, Python and the machine type."""
-    import torch
+    """Where this source tree's kernel build lives: a hash of the kernel sources (csrc/cpu/), flags, torch, Python
+    and the machine type."""
+    paths = [p for p in glob.glob(os.path.join(_CPU_SRC, "**", "*"), recursive=True) if os.path.isfile(p)]
+    return _cache_dir("kernels", _CPU_SRC, paths, f"{variant_flags()}|{_VARIANT_CFLAGS}")
 
-    flags = f"{variant_flags()}|{_VARIANT_CFLAGS}"
-    digest = hashlib.sha256(f"{torch.__version__}|{sys.version_info[:2]}|{platform.machine()}|{flags}".encode())
-    for path in sorted(glob.glob(os.path.join(_CSRC, "**", "*"), recursive=True)):
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
-                digest.update(os.path.relpath(path, _CSRC).encode() + f.read())
-    root = os.environ.get("PAGEMILL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pagemill"))
-    return os.path.join(root, f"kernels_{digest.hexdigest()[:12]}")
+
+def shm_build_dir() -> str:
+    """Where the shared-memory communicator's build lives: a hash of its sources and the same environment."""
+    return _cache_dir("shm", _SHM_SRC, _shm_sources(), "|".join(_SHM_CFLAGS + _SYSTEM_LIBS))
 
 
 def module_path(directory: str | None = None) -> str:
-    """The built extension's path (it may not exist)."""
+    """The built kernel extension's path (it may not exist)."""
     return os.path.join(directory or build_dir(), "ext", f"{MODULE_NAME}.so")
+
+
+def shm_module_path(directory: str | None = None) -> str:
+    """The built shared-memory communicator's path (it may not exist)."""
+    return os.path.join(directory or shm_build_dir(), "ext", f"{SHM_MODULE_NAME}.so")
 
 
 def _error_path(directory: str) -> str:
@@ -104,29 +134,50 @@ def compile_variants(cxx: str, variants: dict[str, list[str]], out_root: str) ->
         return [obj for job in jobs for obj in job.result()]
 
 
-def build(verbose: bool = False) -> str:
-    """Build the extension for this machine (all its variants) and return its path; raises on failure."""
-    from torch.utils.cpp_extension import load
-
-    directory = build_dir()
-    if os.path.exists(module_path(directory)):
-        return module_path(directory)
+def _build_once(directory: str, path: str, compile_into: Callable[[str], None]) -> str:
+    """`path` when built, else `compile_into(directory)` (a failure is written to the directory's error file, so
+    no later process tries again) and `path`."""
+    if os.path.exists(path):
+        return path
     os.makedirs(directory, exist_ok=True)
     if os.path.exists(_error_path(directory)):
         os.remove(_error_path(directory))
-    cxx = os.environ.get("CXX", "c++")
     try:
-        objects = compile_variants(cxx, variant_flags(), os.path.join(directory, "variants"))
-        ext_dir = os.path.join(directory, "ext")
-        os.makedirs(ext_dir, exist_ok=True)
-        load(name=MODULE_NAME, sources=_binding_sources(), build_directory=ext_dir,
-             extra_cflags=["-O3"], extra_ldflags=[*objects, "-fopenmp", *_SYSTEM_LIBS], extra_include_paths=[_CSRC],
-             verbose=verbose)
-    except Exception as e:  # remembered, so no later process tries again
+        compile_into(directory)
+    except Exception as e:
         with open(_error_path(directory), "w", encoding="utf-8") as f:
             f.write(f"{type(e).__name__}: {e}\n")
         raise
-    return module_path(directory)
+    return path
+
+
+def build(verbose: bool = False) -> str:
+    """Build the kernel extension for this machine (all its variants) and return its path; raises on failure."""
+    from torch.utils.cpp_extension import load
+
+    def compile_into(directory: str) -> None:
+        objects = compile_variants(os.environ.get("CXX", "c++"), variant_flags(), os.path.join(directory, "variants"))
+        ext_dir = os.path.join(directory, "ext")
+        os.makedirs(ext_dir, exist_ok=True)
+        load(name=MODULE_NAME, sources=_binding_sources(), build_directory=ext_dir, extra_cflags=["-O3"],
+             extra_ldflags=[*objects, "-fopenmp"], extra_include_paths=[_CPU_SRC], verbose=verbose)
+
+    directory = build_dir()
+    return _build_once(directory, module_path(directory), compile_into)
+
+
+def build_shm(verbose: bool = False) -> str:
+    """Build the shared-memory communicator extension and return its path; raises on failure."""
+    from torch.utils.cpp_extension import load
+
+    def compile_into(directory: str) -> None:
+        ext_dir = os.path.join(directory, "ext")
+        os.makedirs(ext_dir, exist_ok=True)
+        load(name=SHM_MODULE_NAME, sources=_shm_sources(), build_directory=ext_dir, extra_cflags=_SHM_CFLAGS,
+             extra_ldflags=_SYSTEM_LIBS, verbose=verbose)
+
+    directory = shm_build_dir()
+    return _build_once(directory, shm_module_path(directory), compile_into)
 
 
 def cross_check(cxx: str) -> None:
@@ -138,10 +189,11 @@ def cross_check(cxx: str) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         compile_variants(cxx, {"generic": []}, tmp)
-        includes = [f"-I{p}" for p in (*include_paths(), sysconfig.get_paths()["include"], _CSRC)]
-        for src in _binding_sources():
+        includes = [f"-I{p}" for p in (*include_paths(), sysconfig.get_paths()["include"], _CPU_SRC)]
+        for src, module in [(s, MODULE_NAME) for s in _binding_sources()] + [(s, SHM_MODULE_NAME)
+                                                                             for s in _shm_sources()]:
             obj = os.path.join(tmp, os.path.basename(src) + ".o")
-            cmd = [cxx, "-c", "-O1", "-fPIC", "-std=c++17", *includes, f"-DTORCH_EXTENSION_NAME={MODULE_NAME}",
+            cmd = [cxx, "-c", "-O1", "-fPIC", "-std=c++17", *includes, f"-DTORCH_EXTENSION_NAME={module}",
                    "-DTORCH_API_INCLUDE_EXTENSION_H", src, "-o", obj]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
@@ -152,10 +204,10 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "unknown error"
 
 
-def _import(path: str) -> ModuleType:
+def _import(path: str, name: str = MODULE_NAME) -> ModuleType:
     import torch  # noqa: F401  (the extension links against libtorch)
 
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -195,8 +247,26 @@ def load_kernels() -> ModuleType | None:
     return None
 
 
+def load_shm_comm() -> tuple[ModuleType | None, str | None]:
+    """(the built shared-memory communicator extension, None) or (None, why it is unavailable); never compiles."""
+    global _shm_module, _shm_failed
+    if _shm_module is None and not _shm_failed:
+        directory = shm_build_dir()
+        if os.path.exists(shm_module_path(directory)):
+            _shm_module = _import(shm_module_path(directory), SHM_MODULE_NAME)
+        _shm_failed = _shm_module is None
+    if _shm_module is not None:
+        return _shm_module, None
+    error = _error_path(shm_build_dir())
+    if os.path.exists(error):
+        with open(error, encoding="utf-8") as f:
+            return None, f"its build failed: {_first_line(f.read())}"
+    return None, "it was never built for this source tree (python -m pagemill.kernels.build)"
+
+
 def kernel_info() -> dict:
-    """What `pagemill env` reports about the kernels: active variant, compiled and supported ones, build error."""
+    """What `pagemill env` reports about the kernels: active variant, compiled and supported ones, build error, and
+    the shm communicator extension."""
     module = load_kernels()
     directory = build_dir()
     error = None
@@ -210,25 +280,40 @@ def kernel_info() -> dict:
         "forced": os.environ.get(ISA_ENV) or None,
         "build_error": error if module is None else None,
         "path": module_path(directory) if module else None,
+        "shm_comm": _shm_line(),
     }
 
 
+def _shm_line() -> str:
+    """The shm communicator extension's path, or why it is unavailable."""
+    module, reason = load_shm_comm()
+    return module.__file__ if module is not None else f"unavailable: {reason}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Build the kernels (`make install` runs this)."""
+    """Build the kernels and the shm communicator (`make install` runs this)."""
     parser = argparse.ArgumentParser(prog="python -m pagemill.kernels.build", description=__doc__.split("\n")[0])
     parser.add_argument("--strict", action="store_true", help="exit non-zero when the build fails (CI)")
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--cross-check", metavar="CXX", help="also compile the portable variant with this compiler")
     args = parser.parse_args(argv)
+    failures = []
+    try:
+        shm_path = build_shm(verbose=args.verbose)
+    except Exception as e:
+        failures.append(f"shm communicator ({_first_line(str(e))}; gloo will be used; {_error_path(shm_build_dir())})")
     try:
         path = build(verbose=args.verbose)
     except Exception as e:
-        print(f"pagemill kernels: build failed ({_first_line(str(e))}); the torch reference paths will be used. "
-              f"Details: {_error_path(build_dir())}", file=sys.stderr)
+        failures.insert(0, f"kernels ({_first_line(str(e))}; the torch reference paths will be used; "
+                           f"{_error_path(build_dir())})")
+    if failures:  # one line, whatever failed
+        print(f"pagemill kernels: build failed: {'; '.join(failures)}", file=sys.stderr)
         return 1 if args.strict else 0
     module = _import(path)
     print(f"pagemill kernels: {path}\n  compiled: {', '.join(module.compiled_isas())}\n"
-          f"  this CPU runs: {', '.join(module.supported_isas())} (active: {module.isa()})")
+          f"  this CPU runs: {', '.join(module.supported_isas())} (active: {module.isa()})\n"
+          f"pagemill shm communicator: {shm_path}")
     if args.cross_check:
         if shutil.which(args.cross_check) is None:
             print(f"pagemill kernels: cross compiler {args.cross_check} not found", file=sys.stderr)

@@ -6,12 +6,18 @@ init and calls its methods (no per-call lookup in a registry), and engines with 
 in one process.
 
 `out_dtype` is the dtype the consumer (usually the next matmul) reads, so the cast is fused into the op.
+
+The linear ops the quantization methods, the quantized embedding, the greedy head screen and the sampler's bitmask
+need (`LINEAR_KERNELS`: GEMV over GGUF records / int8 tiles / packed fp16 and fp32 weights, their packers, GGUF row
+decoding, the head screen) exist only as compiled kernels: `KernelLayerOps` binds the module's functions themselves
+as instance attributes (no Python frame, no lookup per call: the decode path calls the pybind function directly),
+the other tables raise a ValueError naming the op (`linear_kernels` False: the quant configs check it first).
 """
 
 from __future__ import annotations
 
 from types import ModuleType
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import torch
 import torch.nn.functional as F
@@ -23,12 +29,22 @@ from pagemill.utils.import_utils import resolve_obj_by_qualname
 if TYPE_CHECKING:
     from pagemill.platforms.interface import Platform
 
+# The compiled-only ops a table exposes by name (KernelLayerOps binds each to the module's function).
+LINEAR_KERNELS = ("gemv_records", "gemv_int8", "gemv_f16", "gemv_f32", "pack_gemv_weight_f16", "pack_gemv_weight_q4",
+                  "gguf_rows", "pack_head_screen", "head_screen", "apply_token_bitmask")
+
+
+def _needs_kernels(op: str) -> NoReturn:
+    raise ValueError(f"{op} runs in pagemill's compiled CPU kernels, which this engine's layer ops do not have "
+                     "(attention_backend='torch' or 'triton', or the kernels are not built: `pagemill env` says why).")
+
 
 class TorchLayerOps:
     """The reference: each op in plain torch, computed as HF transformers computes it."""
 
     kernels: ModuleType | None = None  # the compiled module behind the ops (none here)
     fused_rotary: ClassVar[bool] = False  # whether the table has `rotary` (RoPE of q and k in one kernel)
+    linear_kernels: ClassVar[bool] = False  # whether the LINEAR_KERNELS ops run (the quantized linear methods' need)
 
     @classmethod
     def create(cls) -> TorchLayerOps | None:
@@ -65,12 +81,81 @@ class TorchLayerOps:
         for a, b, s in runs.tolist():
             y[a:b].addmm_(torch.mm(x[a:b], lora_a[s]), lora_b[s])
 
+    # The linear ops below are compiled-only: here they raise (KernelLayerOps binds the kernels' functions).
+    def has_kernel(self, op: str) -> bool:
+        """Whether the compiled op `op` (one of LINEAR_KERNELS) runs with this table."""
+        return False
+
+    def isa(self) -> str:
+        """The active kernel variant ("" without compiled kernels)."""
+        return ""
+
+    def gemv_records(self, out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, format: str,
+                     bias: torch.Tensor | None = None, direct_only: bool = False,
+                     int8_activations: bool = False) -> None:
+        """out = x @ W^T + bias over GGUF bit-plane records `packed` of kind `format` (gguf_records.py)."""
+        _needs_kernels("gemv_records")
+
+    def gemv_int8(self, out: torch.Tensor, x: torch.Tensor, packed_q: torch.Tensor, scales: torch.Tensor,
+                  bias: torch.Tensor | None = None, mins: torch.Tensor | None = None, direct_only: bool = False,
+                  int8_activations: bool = False) -> None:
+        """out = x @ W^T + bias over int8 tiles (q, scales, optional mins)."""
+        _needs_kernels("gemv_int8")
+
+    def gemv_f16(self, out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> None:
+        """out = x @ W^T + bias, W packed by pack_gemv_weight_f16."""
+        _needs_kernels("gemv_f16")
+
+    def gemv_f32(self, out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> None:
+        """out = x @ W^T + bias in a fixed reduction order (the batch-invariant dense path), W float32 tiles."""
+        _needs_kernels("gemv_f32")
+
+    def pack_gemv_weight_f16(self, w: torch.Tensor) -> torch.Tensor:
+        """A [N, K] weight packed for gemv_f16."""
+        _needs_kernels("pack_gemv_weight_f16")
+
+    def pack_gemv_weight_q4(self, w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, Any]:
+        """(Q4_1 records of a float [N, K] weight for gemv_records' q4 kind, the fit's relative max error)."""
+        _needs_kernels("pack_gemv_weight_q4")
+
+    def gguf_rows(self, out: torch.Tensor, blocks: torch.Tensor, ggml_type: int, ids: torch.Tensor) -> None:
+        """out[i] = row ids[i] of a GGUF block-quantized matrix, decoded to float32."""
+        _needs_kernels("gguf_rows")
+
+    def pack_head_screen(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, float]:
+        """The int8 screen of an LM head [N, K]: (q, scales, offsets, max weight error, max weight norm)."""
+        _needs_kernels("pack_head_screen")
+
+    def head_screen(self, logits: torch.Tensor, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
+                    offsets: torch.Tensor, table: torch.Tensor, weight_error: float, weight_norm: float,
+                    argmax: torch.Tensor | None = None, bitmask: torch.Tensor | None = None,
+                    mask_rows: torch.Tensor | None = None, table_ggml_type: int = 0) -> int:
+        """Greedy-exact LM head logits (int8 screen, exact float32 recheck); returns the logits recomputed."""
+        _needs_kernels("head_screen")
+
+    def apply_token_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+        """logits[rows[r], t] = -inf where bit t of bitmask[r] is 0, in place."""
+        _needs_kernels("apply_token_bitmask")
+
 
 class KernelLayerOps(TorchLayerOps):
     """The compiled kernels for the float32-weight ops they implement; the reference math for the rest."""
 
+    linear_kernels: ClassVar[bool] = True
+
     def __init__(self, kernels: ModuleType) -> None:
         self.kernels = kernels
+        # The module's own functions as attributes: a call through the table is the pybind call, no extra frame.
+        self.isa = kernels.isa
+        for op in LINEAR_KERNELS:
+            if hasattr(kernels, op):
+                setattr(self, op, getattr(kernels, op))
+
+    def has_kernel(self, op: str) -> bool:
+        """Whether the compiled module has `op` (one of LINEAR_KERNELS)."""
+        return hasattr(self.kernels, op)
 
     @classmethod
     def create(cls) -> KernelLayerOps | None:

@@ -4,7 +4,7 @@ the other rows, so a request's hidden states and logits do not depend on the bat
 The default paths choose a kernel by the number of rows M, and the kernels round differently: the records GEMV's
 direct path up to 16 rows, its fp32 panels above; MKL's sgemm (F.linear) for float weights
 computes a row one way at M = 1, another at M = 2-3, and the last M mod 4 rows of a small M another. Here every
-layer takes the weight-streaming kernels' direct path for any M (csrc/variant/gemv.cpp, `direct_only`): rows in
+layer takes the weight-streaming kernels' direct path for any M (csrc/cpu/variant/gemv.cpp, `direct_only`): rows in
 chunks of 16, each row summed per k block into its own accumulators, so its result depends on neither M nor its
 place among the rows:
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,12 +25,15 @@ from pagemill.layers.quantization.base import LinearMethodBase
 from pagemill.layers.quantization.dense import UnquantizedLinearMethod
 from pagemill.layers.quantization.gguf import RecordsLinearMethod
 
+if TYPE_CHECKING:
+    from pagemill.kernels.ops import TorchLayerOps
+
 GEMV_TILE = 64  # output channels per packed tile (gemv.cpp's NT)
 
 Apply = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 
 
-def make_batch_invariant(model: nn.Module, kernels: Any) -> int:
+def make_batch_invariant(model: nn.Module, ops: TorchLayerOps) -> int:
     """Give every linear layer of `model` (LM head included) its fixed-order matmul; returns how many. Raises a
     ValueError for a layer it has none for (MoE experts, an unknown linear method)."""
     from pagemill.layers.fused_moe import FusedMoE
@@ -43,7 +46,7 @@ def make_batch_invariant(model: nn.Module, kernels: Any) -> int:
         method = getattr(module, "quant_method", None)
         if not isinstance(method, LinearMethodBase):
             continue
-        apply = fixed_order_apply(method, module, kernels, name)
+        apply = fixed_order_apply(method, module, ops, name)
         # Layers call method.apply (through a bound partial set at load, or directly: the LM head, LoRA wrappers).
         method.apply = apply
         if isinstance(module.__dict__.get("forward"), functools.partial):
@@ -52,14 +55,14 @@ def make_batch_invariant(model: nn.Module, kernels: Any) -> int:
     return count
 
 
-def fixed_order_apply(method: LinearMethodBase, layer: nn.Module, kernels: Any, name: str = "") -> Apply:
+def fixed_order_apply(method: LinearMethodBase, layer: nn.Module, ops: TorchLayerOps, name: str = "") -> Apply:
     """The batch-invariant replacement of `method.apply` for `layer` (packing what it reads)."""
     if isinstance(method, RecordsLinearMethod):
         return _records_apply(method)
     if isinstance(method, UnquantizedLinearMethod) and method.input_dtype == torch.float32:
         weight = method.dequantized_weight(layer)
         layer.invariant_weight = pack_f32_tiles(weight.float())
-        return _dense_apply(kernels, layer.invariant_weight, weight.shape[0])
+        return _dense_apply(ops, layer.invariant_weight, weight.shape[0])
     raise ValueError(f"batch_invariant=True has no fixed-order matmul for {type(method).__name__} "
                      f"({method.weight_format}) in layer {name!r}; it needs float32 or GGUF / int8 / int4 weights.")
 
@@ -71,10 +74,10 @@ def _records_apply(method: RecordsLinearMethod) -> Apply:
     return apply
 
 
-def _dense_apply(kernels: Any, packed: torch.Tensor, out_features: int) -> Apply:
+def _dense_apply(ops: TorchLayerOps, packed: torch.Tensor, out_features: int) -> Apply:
     def apply(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
-        kernels.gemv_f32(out, x.to(torch.float32).contiguous(), packed, layer.bias)
+        ops.gemv_f32(out, x.to(torch.float32).contiguous(), packed, layer.bias)
         return out
 
     return apply

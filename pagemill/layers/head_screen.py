@@ -1,17 +1,20 @@
 """The LM head for greedy rows: int8 logits screened, then every token that could be a row's maximum recomputed
-exactly in float32 (csrc/variant/head_screen.cpp has the bound). The argmax is float32's, bit for bit in which token
+exactly in float32 (csrc/cpu/variant/head_screen.cpp has the bound). The argmax is float32's, bit for bit in which token
 wins; the other logits are approximate, so only rows that need nothing but the argmax may use it."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from pagemill.layers.quantization.records_cache import RecordsCache
 from pagemill.utils.memory import release_mapped_pages
+
+if TYPE_CHECKING:
+    from pagemill.kernels.ops import TorchLayerOps
 
 # Fewer greedy rows than this take the exact head when it streams quantized records (a Q8_0 table: at 1-3 rows both
 # read the same int8 bytes from memory and the screen only adds its recheck), unless one row through the screen was
@@ -30,9 +33,9 @@ class GreedyHeadScreen:
     """int8 screen of an LM head [vocab, hidden] (VNNI / AVX2 int8 dot products) whose exact rows come from its float32
     table, or from the GGUF blocks of a quantized head (`table_ggml_type`, decoded per candidate row)."""
 
-    def __init__(self, table: torch.Tensor, kernels: Any, min_rows: int = HEAD_SCREEN_MIN_ROWS,
+    def __init__(self, table: torch.Tensor, ops: TorchLayerOps, min_rows: int = HEAD_SCREEN_MIN_ROWS,
                  table_ggml_type: int = 0, in_features: int | None = None, cache: RecordsCache | None = None) -> None:
-        self.table, self.kernels, self.table_ggml_type = table, kernels, table_ggml_type
+        self.table, self.ops, self.table_ggml_type = table, ops, table_ggml_type
         self.in_features = table.shape[1] if table_ggml_type == 0 else in_features
         self.min_rows = min_rows  # fewer greedy rows take the exact head
         cached = cache.lookup(_CACHE_KEY) if cache is not None else None
@@ -41,7 +44,7 @@ class GreedyHeadScreen:
             self.q, self.scales, self.offsets = cached[1]
             self.weight_error, self.weight_norm = cache.extra(_CACHE_KEY)["error_norm"]
         elif table_ggml_type == 0:
-            self.q, self.scales, self.offsets, self.weight_error, self.weight_norm = kernels.pack_head_screen(table)
+            self.q, self.scales, self.offsets, self.weight_error, self.weight_norm = ops.pack_head_screen(table)
         else:
             self._pack_from_blocks()
             if cache is not None:
@@ -64,8 +67,8 @@ class GreedyHeadScreen:
         for r0 in range(0, n, _PACK_CHUNK_ROWS):
             r1 = min(n, r0 + _PACK_CHUNK_ROWS)
             chunk = rows[:r1 - r0]
-            self.kernels.gguf_rows(chunk, self.table, self.table_ggml_type, torch.arange(r0, r1))
-            q, scales, offsets, err, norm = self.kernels.pack_head_screen(chunk)
+            self.ops.gguf_rows(chunk, self.table, self.table_ggml_type, torch.arange(r0, r1))
+            q, scales, offsets, err, norm = self.ops.pack_head_screen(chunk)
             t0 = r0 // SCREEN_TILE
             self.q[t0:t0 + q.shape[0]] = q
             self.scales[t0:t0 + q.shape[0]] = scales
@@ -73,23 +76,23 @@ class GreedyHeadScreen:
             self.weight_error, self.weight_norm = max(self.weight_error, err), max(self.weight_norm, norm)
 
     @classmethod
-    def for_head(cls, head: nn.Module, kernels: Any) -> "GreedyHeadScreen | None":
+    def for_head(cls, head: nn.Module, ops: TorchLayerOps) -> "GreedyHeadScreen | None":
         """A screen of the head's float32 table (its own weight or the tied embedding's) or of its GGUF blocks (a
         quantized head), or None when it has neither (e.g. a float16 head, or int8 / int4 records of its own)."""
-        if (kernels is None or getattr(head, "tp_size", 1) != 1 or not hasattr(kernels, "head_screen")
+        if (getattr(head, "tp_size", 1) != 1 or not ops.has_kernel("head_screen")
                 or getattr(head, "bias", None) is not None):
             return None
         table = getattr(head, "weight", None)
         if isinstance(table, torch.Tensor):
             if table.dtype != torch.float32 or table.dim() != 2 or not table.is_contiguous() or table.shape[1] % 32:
                 return None
-            return cls(table, kernels, 1)  # a float table: quantized heads keep no float weight
+            return cls(table, ops, 1)  # a float table: quantized heads keep no float weight
         rows = getattr(head, "gguf_rows", None)
-        if rows is None or head.in_features % 32 or not hasattr(kernels, "gguf_rows"):
+        if rows is None or head.in_features % 32 or not ops.has_kernel("gguf_rows"):
             return None
         blocks, ggml_type = rows
         cache = getattr(getattr(head, "quant_method", None), "cache", None)  # the GGUF file's records cache
-        screen = cls(blocks, kernels, HEAD_SCREEN_MIN_ROWS, ggml_type, head.in_features,
+        screen = cls(blocks, ops, HEAD_SCREEN_MIN_ROWS, ggml_type, head.in_features,
                      cache.sibling("head_screen") if cache is not None else None)
         # The path one greedy row takes; the other one's mapped pages, touched by the timing, leave the resident set
         # until a batch (or a sampled row) reads them again.
@@ -135,8 +138,8 @@ class GreedyHeadScreen:
         x = hidden.to(torch.float32).contiguous()
         out = torch.empty(x.shape[0], self.table.shape[0], dtype=torch.float32)
         tokens = torch.empty(x.shape[0], dtype=torch.int64)
-        self.recomputed += self.kernels.head_screen(out, x, self.q, self.scales, self.offsets, self.table,
-                                                    self.weight_error, self.weight_norm, tokens, bitmask, mask_rows,
-                                                    table_ggml_type=self.table_ggml_type)
+        self.recomputed += self.ops.head_screen(out, x, self.q, self.scales, self.offsets, self.table,
+                                                self.weight_error, self.weight_norm, tokens, bitmask, mask_rows,
+                                                table_ggml_type=self.table_ggml_type)
         self.rows += x.shape[0]
         return out, tokens

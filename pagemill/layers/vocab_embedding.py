@@ -35,7 +35,7 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_size, self.tp_size, self.tp_group = vocab_size, ctx.tp_size, ctx.tp_group
         self.vocab_start, self.vocab_end = vocab_range(vocab_size, ctx.tp_rank, ctx.tp_size)
         self.hidden_size, self.dtype = hidden_size, ctx.dtype
-        self.kernels = ctx.ops.kernels if ctx.ops is not None else None
+        self.ops = ctx.ops  # the layer ops (the quantized table's row decoding: gguf_rows)
         self.keep_float_table = False
         self.blocks: torch.Tensor | None = None  # uint8 [rows, nb, bytes] when the table stays quantized
         self.ggml_type = 0
@@ -45,8 +45,8 @@ class VocabParallelEmbedding(nn.Module):
 
     def load_weight(self, param: str, loaded: Any, shard_id: Any = None) -> None:
         """This rank's rows of the checkpoint's [vocab, hidden] table (a GGUF block format: kept as blocks)."""
-        if (self.kernels is not None and not self.keep_float_table and self.dtype == torch.float32
-                and getattr(loaded, "format", None) is not None and hasattr(self.kernels, "gguf_rows")):
+        if (self.ops is not None and not self.keep_float_table and self.dtype == torch.float32
+                and getattr(loaded, "format", None) is not None and self.ops.has_kernel("gguf_rows")):
             self.blocks = loaded.blocks[self.vocab_start:self.vocab_end]
             self.ggml_type = loaded.tensor.ggml_type
             self.weight = None
@@ -62,7 +62,7 @@ class VocabParallelEmbedding(nn.Module):
         if self.blocks is None:
             return F.embedding(ids, self.weight)
         out = torch.empty(ids.shape[0], self.hidden_size, dtype=torch.float32)
-        self.kernels.gguf_rows(out, self.blocks, self.ggml_type, ids.to(torch.int64).contiguous())
+        self.ops.gguf_rows(out, self.blocks, self.ggml_type, ids.to(torch.int64).contiguous())
         return out
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

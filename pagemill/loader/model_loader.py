@@ -32,19 +32,19 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
     start = time.perf_counter()
     gguf = GGUFWeights(model_config.gguf_file, model_config.hf_config) if model_config.gguf_file else None
     p = parallel or ParallelContext()
-    layout = f"tp{p.tp_rank}/{p.tp_size},pp{p.pp_rank}/{p.pp_size},{getattr(ops.kernels, 'isa', str)()}"
+    layout = f"tp{p.tp_rank}/{p.tp_size},pp{p.pp_rank}/{p.pp_size},{ops.isa()}"
     records_cache = (RecordsCache.for_weight_file(model_config.gguf_file, layout)
-                     if gguf is not None and ops.kernels is not None else None)
+                     if gguf is not None and ops.linear_kernels else None)
     checkpoint = None
     if model_config.quantization in CHECKPOINT_QUANTIZATIONS:
         from pagemill.loader.quantized_checkpoint import QuantizedCheckpoint
 
         checkpoint = QuantizedCheckpoint(model_config.model, getattr(model_config.hf_config, "quantization_config",
                                                                      None))
-        if ops.kernels is not None:
+        if ops.linear_kernels:
             records_cache = checkpoint.records_cache(layout)
     quant_config = get_quant_config(model_config.linear_dtype, model_config.quantization, model_config.dtype,
-                                    ops.kernels, gguf.tensor_types() if gguf is not None else None, records_cache,
+                                    ops, gguf.tensor_types() if gguf is not None else None, records_cache,
                                     checkpoint)
     ctx = LayerContext(model_config.dtype, model_config.max_model_len, ops, quant_config, attn_backend,
                        p.tp_rank, p.tp_size, p.tp_group, p.pp_rank, p.pp_size)

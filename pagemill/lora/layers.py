@@ -8,7 +8,7 @@ int32 [R, 3] tensor of (first token, end, slot)): for each run [a, b) of slot s 
     y[a:b] += (x[a:b] @ A[s]) @ B[s]        A[s]: [in, W], B[s]: [W, out] (scaled; zero outside a part's shard)
 
 computed for all runs by one call of the layer ops' `lora_delta` per linear: the compiled kernel
-(csrc/variant/lora.cpp: register-blocked, each adapter's A and B read once per block of rows, threads over
+(csrc/cpu/variant/lora.cpp: register-blocked, each adapter's A and B read once per block of rows, threads over
 output columns) or, without it, the torch reference (two matmuls per run). Whatever the batch mixes (adapters
 and the base model): no forward per adapter, no per-token weight copies, and no work for the tokens of other
 adapters (multiplying every token by all slots' stacked A under a mask measured 1.5x slower at 32 tokens, 2x at

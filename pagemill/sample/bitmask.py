@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from pagemill.kernels.ops import TorchLayerOps
 
 _SHIFTS = torch.arange(32, dtype=torch.int32)
 
@@ -20,10 +23,11 @@ def apply_token_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor, rows:
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor,
-                        kernels: ModuleType | None = None) -> None:
-    """Mask logits rows in place with the compiled kernel when `kernels` has it (float32 rows), else in torch."""
-    if kernels is not None and hasattr(kernels, "apply_token_bitmask") and logits.dtype == torch.float32 \
+                        ops: TorchLayerOps | None = None) -> None:
+    """Mask logits rows in place with the compiled kernel when the layer ops `ops` have it (float32 rows), else in
+    torch."""
+    if ops is not None and ops.has_kernel("apply_token_bitmask") and logits.dtype == torch.float32 \
             and logits.is_contiguous():
-        kernels.apply_token_bitmask(logits, bitmask.contiguous(), rows.to(torch.int64).contiguous())
+        ops.apply_token_bitmask(logits, bitmask.contiguous(), rows.to(torch.int64).contiguous())
     else:
         apply_token_bitmask_torch(logits, bitmask, rows)

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import time
-from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 
 from pagemill.sample.bitmask import apply_token_bitmask
 from pagemill.sample.draws import inverse_cdf_sample, row_uniforms
 from pagemill.sample.metadata import SamplingMetadata
+
+if TYPE_CHECKING:
+    from pagemill.kernels.ops import TorchLayerOps
 
 
 def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
@@ -60,8 +63,8 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 class Sampler:
     """Turns a step's logits into one token per row, plus the raw logprobs the user asked for."""
 
-    def __init__(self, kernels: ModuleType | None = None) -> None:
-        self.kernels = kernels  # compiled kernels (the token-bitmask op), or None for the torch path
+    def __init__(self, ops: TorchLayerOps | None = None) -> None:
+        self.ops = ops  # the layer ops (the compiled token-bitmask op when they have it), or None: torch
         self.bitmask_seconds = 0.0  # time spent applying grammar bitmasks (the step profiler reports it)
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -101,7 +104,7 @@ class Sampler:
         if md.token_bitmask is not None:  # structured output; after the raw logprobs, which stay the model's
             start = time.perf_counter()
             logits = logits.contiguous()
-            apply_token_bitmask(logits, md.token_bitmask, md.bitmask_rows, self.kernels)
+            apply_token_bitmask(logits, md.token_bitmask, md.bitmask_rows, self.ops)
             self.bitmask_seconds += time.perf_counter() - start
         greedy = logits.max(dim=-1).indices  # same first-max tie rule as argmax, 2.5x faster on CPU
         return logits, greedy, raw_logprobs

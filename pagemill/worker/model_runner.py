@@ -93,7 +93,7 @@ class ModelRunner:
                              f"image, which the {self.backend.name} backend cannot do (the cpu and torch ones can).")
         if config.batch_invariant:
             logger.info("Batch-invariant mode: %d linear layers on fixed-order kernels",
-                        make_batch_invariant(self.model, ops.kernels))
+                        make_batch_invariant(self.model, ops))
         # LoRA: the model's linears wrapped with stacked adapter slots (before a draft model shares the layers).
         self.lora_manager = (LoRAModelManager(self.model, config.lora_config, ops)
                              if config.lora_config else None)
@@ -109,11 +109,10 @@ class ModelRunner:
         # loaded here, its KV tensors come with the target's (initialize_kv_cache).
         self.proposer: DraftProposer | None = (make_proposer(config.speculative_config, self)
                                                if config.speculative_config else None)
-        self.sampler = Sampler(ops.kernels)
+        self.sampler = Sampler(ops)
         self.head_screen = None
         if config.greedy_head_screen:
-            self.head_screen = GreedyHeadScreen.for_head(getattr(self.model, "lm_head", None),
-                                                        getattr(ops, "kernels", None))
+            self.head_screen = GreedyHeadScreen.for_head(getattr(self.model, "lm_head", None), ops)
             if self.head_screen is not None:
                 logger.info("Greedy head screen: int8 copy of the LM head, %.1f MiB",
                             self.head_screen.nbytes / 2**20)

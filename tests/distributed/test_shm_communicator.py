@@ -1,4 +1,4 @@
-"""The shared-memory all-reduce / all-gather (csrc/shm_comm.cpp) between real processes, against torch.distributed's
+"""The shared-memory all-reduce / all-gather (csrc/shm/shm_comm.cpp) between real processes, against torch.distributed's
 gloo results: random tensors of several sizes and dtypes, many collectives in a row, the gloo fallback for large
 tensors, a dead or stuck peer turned into an error, and no segment left in /dev/shm.
 
@@ -21,9 +21,9 @@ import traceback
 import pytest
 import torch
 
-from tests.conftest import requires_kernels
+from tests.conftest import requires_kernels, requires_shm_comm
 
-pytestmark = requires_kernels
+pytestmark = [requires_kernels, requires_shm_comm]
 
 SIZES = [4 << 10, 64 << 10, 1 << 20]  # bytes per rank
 ODD_NUMELS = [1, 3, 1023]

@@ -119,3 +119,14 @@ CROSS = "aarch64-linux-gnu-g++"
 @pytest.mark.skipif(shutil.which(CROSS) is None, reason=f"{CROSS} not installed (.ci/run installs it)")
 def test_portable_variant_compiles_for_aarch64():
     build.cross_check(CROSS)
+
+
+@requires_kernels
+def test_shm_communicator_is_its_own_extension():
+    """The shm all-reduce is a separate module with its own cache key (a kernel edit does not rebuild it); the
+    kernel module no longer carries it."""
+    shm, reason = build.load_shm_comm()
+    assert shm is not None, reason
+    assert hasattr(shm, "ShmComm") and not hasattr(kernels, "ShmComm")
+    assert os.path.dirname(build.shm_module_path()) != os.path.dirname(build.module_path())
+    assert shm.__name__ == build.SHM_MODULE_NAME and kernels.__name__ == build.MODULE_NAME

@@ -1,4 +1,4 @@
-"""The one-row kernels over 4-bit records that multiply in integers (csrc/variant/gemv_i8.cpp, records_decode): on
+"""The one-row kernels over 4-bit records that multiply in integers (csrc/cpu/variant/gemv_i8.cpp, records_decode): on
 AVX2 the exact path splits x into three int8 levels per block of 32 and must stay within float32 noise of the true
 product, as the float kernel does, also where a block mixes an outlier with tiny values; the int8 preset's rows take
 the same kernel with one level."""

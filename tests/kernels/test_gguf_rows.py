@@ -1,4 +1,4 @@
-"""GGUF rows decoded straight from the file's blocks (csrc/gguf_rows.cpp): gguf.quants' float32 values bit for bit,
+"""GGUF rows decoded straight from the file's blocks (csrc/cpu/gguf_rows.cpp): gguf.quants' float32 values bit for bit,
 for every kept block format; and the greedy head screen rechecking its candidates from such blocks."""
 
 from __future__ import annotations

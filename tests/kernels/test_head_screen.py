@@ -1,4 +1,4 @@
-"""The greedy LM-head screen (csrc/variant/head_screen.cpp): int8 logits within their error bound, and every row's
+"""The greedy LM-head screen (csrc/cpu/variant/head_screen.cpp): int8 logits within their error bound, and every row's
 argmax exactly float32's, on each ISA variant (the kernels conftest runs every test once per variant)."""
 
 from __future__ import annotations

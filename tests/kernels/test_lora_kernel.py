@@ -1,4 +1,4 @@
-"""The multi-LoRA delta kernel (csrc/variant/lora.cpp) against the torch reference (two matmuls per run), on each
+"""The multi-LoRA delta kernel (csrc/cpu/variant/lora.cpp) against the torch reference (two matmuls per run), on each
 ISA variant (the kernels conftest runs every test once per variant), and its argument checks."""
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pagemill.kernels import load_kernels
+from pagemill.kernels.ops import KernelLayerOps
 from pagemill.sample.bitmask import apply_token_bitmask, apply_token_bitmask_torch
 from tests.conftest import requires_kernels
 
@@ -21,7 +22,7 @@ def test_apply_token_bitmask_matches_torch(vocab: int, words: int) -> None:
     bitmask[1, : words // 2] = 0  # a run of forbidden words
     rows = torch.tensor([5, 0, 2, 3])
     ours, ref = logits.clone(), logits.clone()
-    apply_token_bitmask(ours, bitmask, rows, load_kernels())
+    apply_token_bitmask(ours, bitmask, rows, KernelLayerOps(load_kernels()))
     apply_token_bitmask_torch(ref, bitmask, rows)
     assert torch.equal(ours, ref)
     untouched = [1, 4]  # rows without a mask stay as they were

@@ -16,7 +16,7 @@ def layer_context(kernels: bool = True, linear_dtype: str = "auto", quantization
                   tp_rank: int = 0, tp_size: int = 1) -> LayerContext:
     """A LayerContext with the kernel ops (or the torch reference) and the quant config the options choose."""
     ops = KernelLayerOps(require_kernels()) if kernels else TorchLayerOps()
-    quant = get_quant_config(linear_dtype, quantization, dtype, ops.kernels, gguf_tensor_types)
+    quant = get_quant_config(linear_dtype, quantization, dtype, ops, gguf_tensor_types)
     return LayerContext(dtype, 256, ops, quant, TorchPagedAttention(), tp_rank, tp_size)
 
 

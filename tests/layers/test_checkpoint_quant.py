@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from pagemill.attention.backends.torch_paged import TorchPagedAttention
 from pagemill.config import resolve_quantization
-from pagemill.kernels.ops import KernelLayerOps
+from pagemill.kernels.ops import TorchLayerOps
 from pagemill.layers.context import LayerContext
 from pagemill.layers.linear import ColumnParallelLinear, QKVParallelLinear
 from pagemill.layers.quantization.checkpoint_formats import (CheckpointQuant, QuantCodes, decode_linear,
@@ -17,7 +17,7 @@ from pagemill.layers.quantization.checkpoint_formats import (CheckpointQuant, Qu
 from pagemill.layers.quantization.dense import DenseQuantConfig
 from pagemill.layers.quantization.prequantized import (CheckpointQuantConfig, PrequantizedLinearMethod,
                                                        quantize_tokens_int8)
-from tests.conftest import require_kernels, requires_kernels
+from tests.conftest import require_kernel_ops, requires_kernels
 from tests.loader.quant_checkpoints import dequantize, pack_awq, pack_gptq, quantize_groups
 
 pytestmark = requires_kernels
@@ -25,9 +25,9 @@ NAME = "model.layers.0.mlp.down_proj"
 
 
 def _context(spec: CheckpointQuant, names: set[str], linear_dtype: torch.dtype = torch.float32) -> LayerContext:
-    kernels = require_kernels()
-    quant = CheckpointQuantConfig(spec, names, DenseQuantConfig(linear_dtype, torch.float32, kernels))
-    return LayerContext(torch.float32, 256, KernelLayerOps(kernels), quant, TorchPagedAttention(), 0, 1)
+    ops = require_kernel_ops()
+    quant = CheckpointQuantConfig(spec, names, DenseQuantConfig(linear_dtype, torch.float32, ops))
+    return LayerContext(torch.float32, 256, ops, quant, TorchPagedAttention(), 0, 1)
 
 
 def _layer(spec: CheckpointQuant, codes: QuantCodes, bias: torch.Tensor | None = None) -> ColumnParallelLinear:
@@ -265,9 +265,9 @@ def test_engine_refuses_what_the_records_cannot_run():
 
     spec = parse_checkpoint_quant({"quant_method": "awq", "bits": 4, "group_size": 128})
     with pytest.raises(ValueError, match="quantization='awq'.*kernels"):
-        checkpoint_quant_config(spec, set(), DenseQuantConfig(torch.float32, torch.float32, None))
+        checkpoint_quant_config(spec, set(), DenseQuantConfig(torch.float32, torch.float32, TorchLayerOps()))
     with pytest.raises(ValueError, match="linear_dtype resolves to bfloat16"):
-        checkpoint_quant_config(spec, set(), DenseQuantConfig(torch.bfloat16, torch.float32, require_kernels()))
+        checkpoint_quant_config(spec, set(), DenseQuantConfig(torch.bfloat16, torch.float32, require_kernel_ops()))
 
 
 def test_q4_records_are_pack_planes_of_the_q4_1_blocks():
@@ -294,7 +294,7 @@ def test_batch_invariant_path_keeps_the_order_and_token_quantization():
     codes, scale, zeros = quantize_groups(torch.randn(64, 128), 4, 32, True, g_idx)
     spec = parse_checkpoint_quant({"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True})
     lin = _layer(spec, decode_linear(spec, NAME, pack_gptq(codes, scale, zeros, 4, g_idx)))
-    apply = fixed_order_apply(lin.quant_method, lin, require_kernels())
+    apply = fixed_order_apply(lin.quant_method, lin, require_kernel_ops())
     x = torch.randn(40, 128)
     y = apply(lin, x)
     torch.testing.assert_close(y, F.linear(x, dequantize(codes, scale, zeros, g_idx)), rtol=1e-5, atol=1e-4)
@@ -306,7 +306,7 @@ def test_batch_invariant_path_keeps_the_order_and_token_quantization():
                                         "input_activations": {"num_bits": 8, "type": "int", "strategy": "token",
                                                               "dynamic": True}}}})
     lin8 = _layer(spec8, decode_linear(spec8, NAME, w8))
-    apply8 = fixed_order_apply(lin8.quant_method, lin8, require_kernels())
+    apply8 = fixed_order_apply(lin8.quant_method, lin8, require_kernel_ops())
     ref = F.linear(quantize_tokens_int8(x), lin8.quant_method.dequantized_weight(lin8))
     torch.testing.assert_close(apply8(lin8, x), ref, rtol=1e-5, atol=1e-4)
 

@@ -8,8 +8,9 @@ import torch
 
 from pagemill import LLM, SamplingParams
 from pagemill.benchmarks.quant_accuracy import compare, corpus_paragraphs, corpus_tokenizer, prompt_topk
+from pagemill.kernels.ops import TorchLayerOps
 from pagemill.layers.quantization import get_quant_config
-from tests.conftest import SMOL_PROMPTS, require_kernels, requires_kernels
+from tests.conftest import SMOL_PROMPTS, require_kernel_ops, requires_kernels
 
 pytestmark = requires_kernels
 
@@ -18,22 +19,22 @@ def test_records_methods_take_int8_activations():
     """GGUF records and weight-only layers get int8 activations; the LM head of weight-only stays float."""
     from pagemill.layers.quantization.gguf import GGUFQuantConfig
 
-    kernels = require_kernels()
-    gguf = get_quant_config("int8", "gguf", torch.float32, kernels, gguf_tensor_types={"a.weight": 12})
+    ops = require_kernel_ops()
+    gguf = get_quant_config("int8", "gguf", torch.float32, ops, gguf_tensor_types={"a.weight": 12})
     assert isinstance(gguf, GGUFQuantConfig)
     assert gguf.get_linear_method(["a.weight"], 256).int8_activations  # Q4_K
-    assert not get_quant_config("auto", "gguf", torch.float32, kernels,
+    assert not get_quant_config("auto", "gguf", torch.float32, ops,
                                 gguf_tensor_types={"a.weight": 12}).get_linear_method(["a.weight"], 256).int8_activations
-    weight_only = get_quant_config("int8", "int4", torch.float32, kernels)
+    weight_only = get_quant_config("int8", "int4", torch.float32, ops)
     assert weight_only.get_linear_method(["model.layers.0.mlp.down_proj.weight"], 64).int8_activations
     assert not hasattr(weight_only.get_linear_method(["lm_head.weight"], 64), "int8_activations")
 
 
 def test_float_checkpoint_or_no_kernels_is_refused():
     with pytest.raises(ValueError, match="linear_dtype='int8'.*quantization='none'"):
-        get_quant_config("int8", "none", torch.float32, require_kernels())
+        get_quant_config("int8", "none", torch.float32, require_kernel_ops())
     with pytest.raises(ValueError, match="linear_dtype='int8'.*no kernels"):
-        get_quant_config("int8", "gguf", torch.float32, None)
+        get_quant_config("int8", "gguf", torch.float32, TorchLayerOps())
 
 
 def test_smollm2_close_to_the_exact_path(smol_path):

@@ -12,10 +12,11 @@ import torch.nn.functional as F
 from pagemill import LLM, SamplingParams
 from pagemill.config import check_linear_options, resolve_quantization
 from pagemill.layers.linear import ColumnParallelLinear, QKVParallelLinear
+from pagemill.kernels.ops import TorchLayerOps
 from pagemill.layers.quantization import get_quant_config
 from pagemill.layers.quantization.dense import UnquantizedLinearMethod
 from pagemill.layers.quantization.weight_only import WeightOnlyLinearMethod
-from tests.conftest import SMOL_PROMPTS, require_kernels, requires_kernels
+from tests.conftest import SMOL_PROMPTS, require_kernel_ops, requires_kernels
 from tests.layers.helpers import engine_model, layer_context
 
 pytestmark = requires_kernels
@@ -98,7 +99,7 @@ def test_qkv_shards_are_quantized_as_one_weight():
 
 def test_lm_head_and_unaligned_layers_stay_float():
     """The LM head (tied or not) keeps the dense method; so does a layer whose inputs are not whole groups."""
-    config = get_quant_config("auto", "int4", torch.float32, require_kernels())
+    config = get_quant_config("auto", "int4", torch.float32, require_kernel_ops())
     for names, k in ((["lm_head.weight"], 64), (["model.embed_tokens.weight"], 64), (["a.weight"], 48)):
         assert type(config.get_linear_method(names, k)) is UnquantizedLinearMethod, names
     assert isinstance(config.get_linear_method(["model.layers.0.mlp.down_proj.weight"], 64), WeightOnlyLinearMethod)
@@ -113,11 +114,11 @@ def test_bad_options_name_the_field(smol_path):
     with pytest.raises(ValueError, match="quantization='int4'.*GGUF"):
         LLM(smol_path, quantization="int4")
     with pytest.raises(ValueError, match="quantization='int8'.*kernels"):
-        get_quant_config("auto", "int8", torch.float32, None)
+        get_quant_config("auto", "int8", torch.float32, TorchLayerOps())
     with pytest.raises(ValueError, match="linear_dtype resolves to bfloat16"):
-        get_quant_config("bfloat16", "int8", torch.float32, require_kernels())
+        get_quant_config("bfloat16", "int8", torch.float32, require_kernel_ops())
     with pytest.raises(ValueError, match="quantization='int8'.*GGUF"):
-        get_quant_config("auto", "int8", torch.float32, require_kernels(), gguf_tensor_types={})
+        get_quant_config("auto", "int8", torch.float32, require_kernel_ops(), gguf_tensor_types={})
     assert resolve_quantization("int4", from_gguf=False) == "int4"
 
 

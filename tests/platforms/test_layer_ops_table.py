@@ -1,17 +1,19 @@
 """The per-device layer-ops table: the platform names the tables each attention backend gets (by import path),
 `select_layer_ops` builds the first available one, the runners use it, and layers reach the compiled CPU kernels
-only through it (`ops.kernels`; None -> their torch paths)."""
+only through it: the quantization methods, the quantized embedding, the head screen and the sampler call the table's
+linear ops (`LINEAR_KERNELS`), which the compiled table binds to the module's functions themselves."""
 
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 
 import pytest
 import torch
 
 from pagemill.kernels import load_kernels
-from pagemill.kernels.ops import KernelLayerOps, TorchLayerOps, select_layer_ops
+from pagemill.kernels.ops import LINEAR_KERNELS, KernelLayerOps, TorchLayerOps, select_layer_ops
 from pagemill.platforms.cpu import KERNEL_OPS, TORCH_OPS, CpuPlatform
 from pagemill.platforms.cuda import TRITON_OPS, CudaPlatform
 from pagemill.utils.import_utils import resolve_obj_by_qualname
@@ -78,3 +80,47 @@ def test_layers_reach_compiled_kernels_only_through_the_table():
                     offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert not offenders, offenders
 
+
+
+def test_no_layer_reaches_into_the_tables_module():
+    """Outside kernels/ (and the CPU attention backend, which is the compiled kernel itself), nothing reads an
+    `x.kernels` attribute: every compiled op is a method of the layer-ops table."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith("kernels/") or rel == "attention/backends/cpu_paged.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "kernels":
+                offenders.append(f"{rel}:{node.lineno}")
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize("op", LINEAR_KERNELS)
+def test_torch_table_has_no_linear_kernels(op):
+    """The reference table says so (linear_kernels, has_kernel) and a call raises a ValueError naming the op."""
+    ops = TorchLayerOps()
+    assert not ops.linear_kernels and not ops.has_kernel(op) and ops.isa() == ""
+    with pytest.raises(ValueError, match=op):
+        fn = getattr(ops, op)
+        fn(*[None] * len(inspect.signature(fn).parameters))
+
+
+def test_kernel_table_binds_the_module_functions():
+    """A call through the compiled table is the pybind call itself: no Python frame in between (the decode path)."""
+    kernels = load_kernels()
+    if kernels is None:
+        pytest.skip("the compiled kernels are not built here")
+    ops = KernelLayerOps(kernels)
+    assert ops.linear_kernels and ops.isa is kernels.isa and ops.isa() == kernels.isa()
+    for op in LINEAR_KERNELS:
+        assert ops.has_kernel(op) and getattr(ops, op) is getattr(kernels, op)
+
+
+def test_quant_methods_need_the_compiled_table():
+    """int4 / int8 / GPTQ-style methods run compiled kernels: the torch table gets a ValueError naming the option."""
+    from pagemill.layers.quantization import get_quant_config
+
+    for quantization in ("int4", "int8"):
+        with pytest.raises(ValueError, match=f"quantization='{quantization}'"):
+            get_quant_config("auto", quantization, torch.float32, TorchLayerOps())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -10,28 +10,31 @@ from pagemill.config import CHECKPOINT_QUANTIZATIONS, WEIGHT_ONLY_QUANTIZATIONS,
 from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig
 from pagemill.layers.quantization.dense import DenseQuantConfig
 
+if TYPE_CHECKING:
+    from pagemill.kernels.ops import TorchLayerOps
+
 __all__ = ["LinearMethodBase", "QuantConfig", "get_quant_config"]
 
 
-def get_quant_config(linear_dtype: str, quantization: str, model_dtype: torch.dtype, kernels: Any,
+def get_quant_config(linear_dtype: str, quantization: str, model_dtype: torch.dtype, ops: TorchLayerOps,
                      gguf_tensor_types: dict[str, int] | None = None, records_cache: Any = None,
                      checkpoint: Any = None) -> QuantConfig:
-    """The chooser of every linear layer's method, from the engine options and (GGUF) the file's tensor table and
-    its records cache (records_cache.RecordsCache, or None), or (a GPTQ / AWQ / compressed-tensors / FP8 checkpoint)
-    the loader's QuantizedCheckpoint."""
+    """The chooser of every linear layer's method (run with the layer-ops table `ops`), from the engine options and
+    (GGUF) the file's tensor table and its records cache (records_cache.RecordsCache, or None), or (a GPTQ / AWQ /
+    compressed-tensors / FP8 checkpoint) the loader's QuantizedCheckpoint."""
     check_linear_options(linear_dtype, quantization)
     if quantization in WEIGHT_ONLY_QUANTIZATIONS and gguf_tensor_types is not None:
         raise ValueError(f"quantization={quantization!r} quantizes a float checkpoint; a GGUF file is already "
                          "quantized.")
     int8_activations = linear_dtype == "int8"
-    if int8_activations and (kernels is None or quantization not in ("gguf", *WEIGHT_ONLY_QUANTIZATIONS,
+    if int8_activations and (not ops.linear_kernels or quantization not in ("gguf", *WEIGHT_ONLY_QUANTIZATIONS,
                                                                    *CHECKPOINT_QUANTIZATIONS)):
         raise ValueError("linear_dtype='int8' multiplies int8 activations with quantized weights in pagemill's "
                          "compiled kernels: it needs a GGUF model, a GPTQ / AWQ / compressed-tensors checkpoint or "
                          "quantization='int8' / 'int4', and the kernels "
-                         f"(got quantization={quantization!r}{', no kernels' if kernels is None else ''}).")
+                         f"(got quantization={quantization!r}{'' if ops.linear_kernels else ', no kernels'}).")
     dtype = model_dtype if linear_dtype in ("auto", "int8") else getattr(torch, linear_dtype)
-    dense = DenseQuantConfig(dtype, model_dtype, kernels, prepack=quantization == "gguf",
+    dense = DenseQuantConfig(dtype, model_dtype, ops, prepack=quantization == "gguf",
                              int8_activations=int8_activations)
     if quantization == "gguf":
         from pagemill.layers.quantization.gguf import GGUFQuantConfig

@@ -9,13 +9,16 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig, copy_into
+
+if TYPE_CHECKING:
+    from pagemill.kernels.ops import TorchLayerOps
 
 logger = logging.getLogger(__name__)
 
@@ -53,16 +56,16 @@ class UnquantizedLinearMethod(LinearMethodBase):
 class PrepackedLinearMethod(UnquantizedLinearMethod):
     """W in `dtype`, reordered for oneDNN once at load; float16 W also packed for the few-row GEMV kernel."""
 
-    def __init__(self, dtype: torch.dtype, kernels: Any) -> None:
+    def __init__(self, dtype: torch.dtype, ops: TorchLayerOps) -> None:
         super().__init__(dtype)
-        self.kernels = kernels
+        self.ops = ops
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """The oneDNN copy (and the fp16 GEMV tiles)."""
         layer.mkldnn_weight = mkldnn_pack(layer.weight)
         layer.gemv_weight = None
-        if self.input_dtype == torch.float16 and self.kernels is not None:
-            layer.gemv_weight = self.kernels.pack_gemv_weight_f16(layer.weight)
+        if self.input_dtype == torch.float16 and self.ops.linear_kernels:
+            layer.gemv_weight = self.ops.pack_gemv_weight_f16(layer.weight)
             layer.gemv_bias = None if layer.bias is None else layer.bias.float()
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -70,7 +73,7 @@ class PrepackedLinearMethod(UnquantizedLinearMethod):
         x = x.to(self.input_dtype)
         if layer.gemv_weight is not None and x.dim() == 2 and x.shape[0] <= F16_GEMV_MAX_ROWS:
             out = torch.empty(x.shape[0], layer.weight.shape[0], dtype=self.input_dtype)
-            self.kernels.gemv_f16(out, x.contiguous(), layer.gemv_weight, layer.gemv_bias)
+            self.ops.gemv_f16(out, x.contiguous(), layer.gemv_weight, layer.gemv_bias)
             return out
         if layer.mkldnn_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(x, layer.mkldnn_weight, layer.bias, "none", [], "")
@@ -95,15 +98,15 @@ class DenseQuantConfig(QuantConfig):
     whose records path needs the oneDNN copy beyond the GEMV's rows, set it); prepacking needs the kernels engine.
     """
 
-    def __init__(self, linear_dtype: torch.dtype, model_dtype: torch.dtype, kernels: Any, prepack: bool = False,
+    def __init__(self, linear_dtype: torch.dtype, model_dtype: torch.dtype, ops: TorchLayerOps, prepack: bool = False,
                  int8_activations: bool = False):
-        self.linear_dtype, self.model_dtype, self.kernels = linear_dtype, model_dtype, kernels
+        self.linear_dtype, self.model_dtype, self.ops = linear_dtype, model_dtype, ops
         # linear_dtype="int8": the records methods quantize activations to int8 (the dense layers stay float)
         self.int8_activations = int8_activations
-        self.prepack = kernels is not None and (prepack or linear_dtype != model_dtype)
+        self.prepack = ops.linear_kernels and (prepack or linear_dtype != model_dtype)
 
     def get_linear_method(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:
         """The same method for every layer."""
         if self.prepack:
-            return PrepackedLinearMethod(self.linear_dtype, self.kernels)
+            return PrepackedLinearMethod(self.linear_dtype, self.ops)
         return UnquantizedLinearMethod(self.linear_dtype)

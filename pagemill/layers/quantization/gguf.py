@@ -4,14 +4,14 @@ Every matmul reads records laid out from the file's blocks by re-arranging bits,
 bit-plane records (4-bit codes for Q4_0 / Q4_1 / Q4_K and, in 4-bit records, Q2_K / Q3_K; 5-bit for Q5_0 / Q5_1 /
 Q5_K; 6-bit for Q6_K) with the file's scales, int8 tiles for Q8_0 and for fused layers whose parts mix record kinds.
 They hold exactly the file's dequantized float32 weights, and they are the only copy of them: up to 16 rows the
-kernels (csrc/variant/gemv.cpp) stream the records inside the dot products, more rows (batched decode, prefill)
+kernels (csrc/cpu/variant/gemv.cpp) stream the records inside the dot products, more rows (batched decode, prefill)
 dequantize k blocks of a tile into cache-resident fp32 panels, as fast as oneDNN's fp32 GEMM on a float copy from
 17 to 512 rows (benchmarks/README.md) at a quarter or less of the memory.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,9 @@ from pagemill.layers.quantization.gguf_records import (BLOCK_LENGTHS, PLANE_LAYO
                                                        unpack_planes)
 from pagemill.layers.quantization.records_cache import RecordsCache
 from pagemill.utils.memory import release_mapped_pages
+
+if TYPE_CHECKING:
+    from pagemill.kernels.ops import TorchLayerOps
 
 GGUF_FORMATS = {t: name for t, (name, _, _) in RECORD_TYPES.items()}  # ggml type -> format kept as records
 
@@ -61,8 +64,8 @@ class RecordsLinearMethod(LinearMethodBase):
     """Weights held only as GEMV records (`records` names the kind: q4, q5, q4k, q5k, q6k, int8), for every number
     of rows. Subclasses make the records at load."""
 
-    def __init__(self, records: str, weight_format: str, dtype: torch.dtype, kernels: Any) -> None:
-        self.records, self.weight_format, self.input_dtype, self.kernels = records, weight_format, dtype, kernels
+    def __init__(self, records: str, weight_format: str, dtype: torch.dtype, ops: TorchLayerOps) -> None:
+        self.records, self.weight_format, self.input_dtype, self.ops = records, weight_format, dtype, ops
         self.record_bytes = 0  # of the layer's records, once packed (the weight-format report)
         # linear_dtype="int8": x quantized per row and block of 32, integer products (4-bit records, int8 tiles;
         # the other kinds stay on the float kernels)
@@ -87,11 +90,11 @@ class RecordsLinearMethod(LinearMethodBase):
         out = torch.empty(x.shape[0], layer.out_features, dtype=self.input_dtype)
         rec = layer.gemv_records
         if self.records == "int8":
-            self.kernels.gemv_int8(out, x, rec[0], rec[1], layer.gemv_bias, rec[2] if len(rec) > 2 else None,
-                                   direct_only=direct_only, int8_activations=self.int8_activations)
+            self.ops.gemv_int8(out, x, rec[0], rec[1], layer.gemv_bias, rec[2] if len(rec) > 2 else None,
+                                direct_only=direct_only, int8_activations=self.int8_activations)
         else:
-            self.kernels.gemv_records(out, x, rec, PLANE_LAYOUTS[self.records][3], layer.gemv_bias,
-                                      direct_only=direct_only, int8_activations=self.int8_activations)
+            self.ops.gemv_records(out, x, rec, PLANE_LAYOUTS[self.records][3], layer.gemv_bias,
+                                  direct_only=direct_only, int8_activations=self.int8_activations)
         return out.view(*lead, layer.out_features)
 
     def release_resident_records(self, layer: nn.Module) -> None:
@@ -113,9 +116,9 @@ class GGUFLinearMethod(RecordsLinearMethod):
     weight_format names the file formats (q5_0, or q5_0+q8_0 for a mixed fused layer). The records hold exactly
     the file's dequantized values."""
 
-    def __init__(self, formats: set[str], dtype: torch.dtype, kernels: Any, cache: RecordsCache | None = None,
+    def __init__(self, formats: set[str], dtype: torch.dtype, ops: TorchLayerOps, cache: RecordsCache | None = None,
                  cache_key: str = "") -> None:
-        super().__init__(record_kind(formats, kernels.isa()), "+".join(sorted(formats)), dtype, kernels)
+        super().__init__(record_kind(formats, ops.isa()), "+".join(sorted(formats)), dtype, ops)
         self.formats = formats
         self.cache, self.cache_key = cache, cache_key  # the file's records cache and this layer's key in it
 
@@ -143,7 +146,7 @@ class GGUFLinearMethod(RecordsLinearMethod):
         if cached is not None:
             self.records, records = cached
         else:
-            self.records, records = pack_records([(p.format, p.blocks) for _, p in parts], self.kernels.isa())
+            self.records, records = pack_records([(p.format, p.blocks) for _, p in parts], self.ops.isa())
             if self.cache is not None:
                 self.cache.add(self.cache_key, self.records, records)
         self.set_records(layer, records)
@@ -172,11 +175,11 @@ class GGUFQuantConfig(QuantConfig):
         return method
 
     def _choose(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:
-        dtype, kernels = self.dense.linear_dtype, self.dense.kernels
+        dtype, ops = self.dense.linear_dtype, self.dense.ops
         formats = {GGUF_FORMATS.get(self.tensor_types.get(n, -1)) for n in checkpoint_names}
-        if (kernels is not None and dtype in (torch.float32, torch.float16) and None not in formats
+        if (ops.linear_kernels and dtype in (torch.float32, torch.float16) and None not in formats
                 and all(in_features % BLOCK_LENGTHS[f] == 0 for f in formats)):
-            method = GGUFLinearMethod(formats, dtype, kernels, self.records_cache, "+".join(checkpoint_names))
+            method = GGUFLinearMethod(formats, dtype, ops, self.records_cache, "+".join(checkpoint_names))
             method.int8_activations = self.dense.int8_activations
             return method
         return self.dense.get_linear_method(checkpoint_names, in_features)

@@ -1,4 +1,4 @@
-"""GGUF blocks -> the GEMV kernels' records, by bit rearrangement only (csrc/variant/gemv.cpp has the layouts).
+"""GGUF blocks -> the GEMV kernels' records, by bit rearrangement only (csrc/cpu/variant/gemv.cpp has the layouts).
 
 Each supported ggml type is read into the codes and per-group scales its dequantization multiplies
 (`gguf.quants.dequantize`: the codes are small integers, the scales fp16 values or exact fp32 products of an fp16

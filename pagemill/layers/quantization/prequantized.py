@@ -16,7 +16,7 @@ symmetric, max|x| / 127) before the int8 weights, as the checkpoint's scheme def
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -29,6 +29,9 @@ from pagemill.layers.quantization.gguf import RecordsLinearMethod
 from pagemill.layers.quantization.gguf_records import GEMV_TILE, Int8Codes, _pad_rows, _tiles
 from pagemill.layers.quantization.int8_grid import int8_tiles
 from pagemill.layers.quantization.records_cache import RecordsCache
+
+if TYPE_CHECKING:
+    from pagemill.kernels.ops import TorchLayerOps
 
 
 def _contiguous_groups(c: QuantCodes, name: str) -> tuple[QuantCodes, torch.Tensor | None]:
@@ -95,9 +98,9 @@ class PrequantizedLinearMethod(RecordsLinearMethod):
     models' q / k / v, gate / up): its decoded codes are freed at once and the layer's records are the shards'
     records stacked. Otherwise (small models) the codes wait for process_weights_after_loading."""
 
-    def __init__(self, method: str, bits: int, dtype: torch.dtype, kernels: Any, cache: RecordsCache | None = None,
-                 cache_key: str = "") -> None:
-        super().__init__("q4" if bits == 4 else "int8", method, dtype, kernels)
+    def __init__(self, method: str, bits: int, dtype: torch.dtype, ops: TorchLayerOps,
+                 cache: RecordsCache | None = None, cache_key: str = "") -> None:
+        super().__init__("q4" if bits == 4 else "int8", method, dtype, ops)
         self.cache, self.cache_key = cache, cache_key  # the checkpoint's records cache and this layer's key in it
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
@@ -219,7 +222,7 @@ class CheckpointQuantConfig(QuantConfig):
             raise ValueError(f"the checkpoint quantizes some of the fused weights {checkpoint_names} but not all; "
                              "pagemill fuses them into one layer.")
         method = PrequantizedLinearMethod(self.spec.method, self.spec.bits, self.dense.linear_dtype,
-                                          self.dense.kernels, self.records_cache, "+".join(checkpoint_names))
+                                          self.dense.ops, self.records_cache, "+".join(checkpoint_names))
         method.int8_activations = self.dense.int8_activations
         return method
 
@@ -228,7 +231,7 @@ def checkpoint_quant_config(spec: CheckpointQuant, quantized: set[str], dense: D
                             records_cache: RecordsCache | None = None) -> QuantConfig:
     """The config for a quantized checkpoint; ValueError naming the option when the engine cannot run its records."""
     if spec.integer:
-        if dense.kernels is None:
+        if not dense.ops.linear_kernels:
             raise ValueError(f"quantization={spec.method!r} runs pagemill's compiled GEMV kernels, which this engine "
                              "does not use (attention_backend='torch', or the kernels are not built).")
         if dense.linear_dtype not in (torch.float32, torch.float16):

@@ -18,7 +18,7 @@ error lands directly on the logits, and a tied head shares the embedding's table
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -27,6 +27,9 @@ from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig, cop
 from pagemill.layers.quantization.dense import DenseQuantConfig
 from pagemill.layers.quantization.gguf import RecordsLinearMethod
 from pagemill.layers.quantization.int8_grid import int8_tiles, quantize_int8
+
+if TYPE_CHECKING:
+    from pagemill.kernels.ops import TorchLayerOps
 
 WEIGHT_ONLY_FORMATS = ("int8", "int4")
 INT8_GROUP = 16  # inputs per int8 scale and min (gemv_int8 takes 16 or 32)
@@ -39,10 +42,10 @@ class WeightOnlyLinearMethod(RecordsLinearMethod):
     """A float checkpoint weight quantized at load into int8 tiles or int4 (Q4_1) records, its only copy;
     apply / dequantized_weight are the GGUF records' (same kernels, same layouts)."""
 
-    def __init__(self, weight_format: str, dtype: torch.dtype, kernels: Any) -> None:
+    def __init__(self, weight_format: str, dtype: torch.dtype, ops: TorchLayerOps) -> None:
         if weight_format not in WEIGHT_ONLY_FORMATS:
             raise ValueError(f"quantization must be one of {', '.join(WEIGHT_ONLY_FORMATS)}, got {weight_format!r}.")
-        super().__init__("int8" if weight_format == "int8" else "q4", weight_format, dtype, kernels)
+        super().__init__("int8" if weight_format == "int8" else "q4", weight_format, dtype, ops)
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
         """A float32 staging weight [out, in] that the checkpoint fills (freed once quantized)."""
@@ -64,7 +67,7 @@ class WeightOnlyLinearMethod(RecordsLinearMethod):
         if self.weight_format == "int8":
             records = int8_tiles(quantize_int8(w, INT8_GROUP, asymmetric=True, search=True))
         else:
-            records, err = self.kernels.pack_gemv_weight_q4(w, QUANT_GROUP)
+            records, err = self.ops.pack_gemv_weight_q4(w, QUANT_GROUP)
             if not math.isfinite(float(err)):  # d or m past float16's range
                 raise ValueError("quantization='int4' needs weights within float16 range (|w| <= 32768)")
         del w
@@ -77,7 +80,7 @@ class WeightOnlyQuantConfig(QuantConfig):
     def __init__(self, weight_format: str, dense: DenseQuantConfig) -> None:
         if weight_format not in WEIGHT_ONLY_FORMATS:
             raise ValueError(f"quantization must be one of {', '.join(WEIGHT_ONLY_FORMATS)}, got {weight_format!r}.")
-        if dense.kernels is None:
+        if not dense.ops.linear_kernels:
             raise ValueError(f"quantization={weight_format!r} runs pagemill's compiled GEMV kernels, which this "
                              "engine does not use (attention_backend='torch', or the kernels are not built).")
         if dense.linear_dtype not in (torch.float32, torch.float16):
@@ -91,6 +94,6 @@ class WeightOnlyQuantConfig(QuantConfig):
         head = any(n.endswith(FLOAT_LAYER_SUFFIXES) for n in checkpoint_names)
         if head or in_features % FORMAT_GROUPS[self.weight_format]:
             return self.dense.get_linear_method(checkpoint_names, in_features)
-        method = WeightOnlyLinearMethod(self.weight_format, self.dense.linear_dtype, self.dense.kernels)
+        method = WeightOnlyLinearMethod(self.weight_format, self.dense.linear_dtype, self.dense.ops)
         method.int8_activations = self.dense.int8_activations
         return method

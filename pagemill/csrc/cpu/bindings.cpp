@@ -11,10 +11,6 @@
 #include "kernels.h"
 #include "packing.h"
 
-namespace pagemill {
-void register_shm_comm(pybind11::module_& m);  // shm_comm.cpp
-}
-
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
 #define PAGEMILL_X86 1
@@ -497,7 +493,6 @@ void lora_delta(torch::Tensor y, torch::Tensor x, torch::Tensor lora_a, torch::T
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  pagemill::register_shm_comm(m);
   m.def("isa", &isa, "The active kernel variant");
   m.def("set_isa", &set_isa, "Switch the active kernel variant (one this CPU supports)", py::arg("name"));
   m.def("compiled_isas", &compiled_isas, "Kernel variants built into this module, best first");

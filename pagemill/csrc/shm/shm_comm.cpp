@@ -317,11 +317,10 @@ class ShmComm {
 
 }  // namespace
 
-namespace pagemill {
-
-void register_shm_comm(py::module_& m) {
+// Its own extension module (pagemill_shm; pagemill/kernels/build.py builds it beside the kernels).
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<ShmComm>(m, "ShmComm",
-                      "Shared-memory all-reduce / all-gather between the processes of one host (csrc/shm_comm.cpp)")
+                      "Shared-memory all-reduce / all-gather between the processes of one host (csrc/shm/shm_comm.cpp)")
       .def(py::init<const std::string&, int64_t, int64_t, int64_t, bool, uint64_t, double>(), py::arg("name"),
            py::arg("rank"), py::arg("world"), py::arg("slot_bytes"), py::arg("create"), py::arg("token"),
            py::arg("timeout_s"))
@@ -334,5 +333,3 @@ void register_shm_comm(py::module_& m) {
       .def_property_readonly("slot_bytes", &ShmComm::slot_bytes)
       .def_property_readonly("sequence", &ShmComm::sequence);
 }
-
-}  // namespace pagemill
