@@ -17,11 +17,20 @@ import torch
 import pagemill.attention.kv_quant as kv_quant
 
 
-def use_group_scales(group: int) -> None:
+def use_group_scales(group: int, scale_dtype: torch.dtype = torch.float32) -> None:
     """Make kv_quant pack and read rows with one scale per `group` channels (before the engine imports it)."""
     def pack_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         d = x.shape[-1]
-        codes, scale = kv_quant.quantize(x.reshape(*x.shape[:-1], d // group, group), dtype)
+        xg = x.float().reshape(*x.shape[:-1], d // group, group)
+        if scale_dtype == torch.float32:
+            codes, scale = kv_quant.quantize(xg, dtype)
+        else:  # the scale rounded to scale_dtype first, the codes against the rounded scale
+            qmax = kv_quant._QMAX[dtype]
+            scale = (xg.abs().amax(-1) / qmax).to(scale_dtype)
+            sf = scale.float()
+            inv = torch.where(sf > 0, 1.0 / sf, torch.zeros_like(sf))
+            codes = (xg * inv.unsqueeze(-1)).round().clamp_(-qmax, qmax).to(torch.int8).view(torch.uint8)
+            scale = scale.float()  # stored as float32 here: only the rounding matters for accuracy
         return torch.cat([codes.reshape(x.shape), scale.contiguous().view(torch.uint8).reshape(*x.shape[:-1], -1)],
                          dim=-1)
 
@@ -42,10 +51,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--group", type=int, default=16, help="channels per scale (0: one scale per row)")
     parser.add_argument("--kv-cache-dtype", default="int8")
+    parser.add_argument("--scale-dtype", default="float32", choices=["float32", "float16"])
     parser.add_argument("--gemma3", action="store_true", help="Gemma 3 270M Q4_K_M instead of SmolLM2")
     args = parser.parse_args()
     if args.group:
-        use_group_scales(args.group)
+        use_group_scales(args.group, getattr(torch, args.scale_dtype))
     from pagemill.benchmarks.quant_accuracy import measure  # (after the swap: the engine binds the new format)
 
     if args.gemma3:
@@ -56,7 +66,7 @@ def main() -> None:
         from pagemill.loader.default_model import default_model_path
 
         path = default_model_path()
-    name = f"{args.kv_cache_dtype} group {args.group or 'row'}"
+    name = f"{args.kv_cache_dtype} group {args.group or 'row'} {args.scale_dtype} scales"
     for a in measure(path, {name: {"kv_cache_dtype": args.kv_cache_dtype, "attention_backend": "torch"}}):
         print(f"{a.name}: {a.positions} positions, top-1 {a.top1_agreement:.4f}, mean |dlp| "
               f"{a.mean_abs_dlogprob:.4f}, max |dlp| {a.max_abs_dlogprob:.3f}", flush=True)
