@@ -22,10 +22,14 @@ def use_group_scales(group: int, scale_dtype: torch.dtype = torch.float32) -> No
     def pack_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         d = x.shape[-1]
         xg = x.float().reshape(*x.shape[:-1], d // group, group)
-        if scale_dtype == torch.float32:
-            codes, scale = kv_quant.quantize(xg, dtype)
+        qmax = kv_quant._QMAX[dtype]
+        if scale_dtype == torch.float32:  # (the per-row format's arithmetic, per group)
+            amax = xg.abs().amax(-1)
+            scale = amax / qmax
+            inv = torch.where(amax > 0, qmax / amax, torch.zeros_like(amax))
+            y = (xg * inv.unsqueeze(-1)).clamp_(-qmax, qmax)
+            codes = (y.round() if dtype == torch.int8 else y).to(dtype).view(torch.uint8)
         else:  # the scale rounded to scale_dtype first, the codes against the rounded scale
-            qmax = kv_quant._QMAX[dtype]
             scale = (xg.abs().amax(-1) / qmax).to(scale_dtype)
             sf = scale.float()
             inv = torch.where(sf > 0, 1.0 / sf, torch.zeros_like(sf))

@@ -74,6 +74,16 @@ def head_dim_of(width: int, dtype: torch.dtype) -> int:
     return width - _SCALE_DTYPE[dtype].itemsize
 
 
+def row_format(kv_cache_dtype: str) -> str:
+    """A tag of a kv_cache_dtype's quantized row format ("" for float caches), for keys of stored blocks: blocks
+    written in another format never match."""
+    dtype = QUANT_KV_CACHE_DTYPES.get(kv_cache_dtype)
+    if dtype is None:
+        return ""
+    group = f"g{INT8_GROUP}" if dtype == torch.int8 else "row"
+    return f"{group}-{str(_SCALE_DTYPE[dtype]).removeprefix('torch.')}"
+
+
 def quantize(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., D] -> (codes [..., D] as uint8 bytes, scales [..., D / group] in scale_dtype(dtype))."""
     d = x.shape[-1]
