@@ -2,8 +2,9 @@
 
 Every cached (token, KV head) row holds head_dim one-byte codes followed by its scales, so the scales live inside
 the cache blocks: swap, copy-on-write, draft caches and KV connectors copy whole blocks and carry them along.
-int8 rows have one float16 scale per group of INT8_GROUP (16) channels (head_dim / 16 scales, row = 1.125 head_dim
-bytes): a few outlier channels then set only their own group's scale. fp8 rows keep one float32 scale per row
+int8 rows have one float16 scale per group of INT8_GROUP (16) channels (ceil(head_dim / 16) scales, the last group
+partial when head_dim is not a multiple of 16; row = 1.125 head_dim bytes): a few outlier channels then set only
+their own group's scale. fp8 rows keep one float32 scale per row
 (e4m3 / e5m2 carry their own exponent, so groups do not help them): row = head_dim + 4 bytes.
 scale = max |x| / qmax over the group (qmax 127 for int8, 448 for e4m3, 57344 for e5m2); int8: the scale is rounded
 to float16 first and code = x / scale rounded to nearest (ties to even), clamped to +-127; fp8: code = x / scale by
@@ -46,17 +47,12 @@ def scale_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def group_size(head_dim: int, dtype: torch.dtype) -> int:
     """Channels per scale in a row of a quantized cache of `dtype`: INT8_GROUP for int8, the whole row for fp8."""
-    if dtype != torch.int8:
-        return head_dim
-    if head_dim % INT8_GROUP:
-        raise ValueError(f"kv_cache_dtype='int8' needs a head_dim that is a multiple of {INT8_GROUP} (one scale per "
-                         f"{INT8_GROUP} channels), got head_dim={head_dim}.")
-    return INT8_GROUP
+    return INT8_GROUP if dtype == torch.int8 else head_dim
 
 
 def num_scales(head_dim: int, dtype: torch.dtype) -> int:
-    """Scales per (token, KV head) row of a quantized cache of `dtype`."""
-    return head_dim // group_size(head_dim, dtype)
+    """Scales per (token, KV head) row of a quantized cache of `dtype` (int8: a partial last group counts)."""
+    return -(-head_dim // group_size(head_dim, dtype))
 
 
 def row_width(head_dim: int, dtype: torch.dtype) -> int:
@@ -68,9 +64,8 @@ def row_width(head_dim: int, dtype: torch.dtype) -> int:
 
 def head_dim_of(width: int, dtype: torch.dtype) -> int:
     """The head_dim whose quantized row is `width` bytes (the inverse of row_width)."""
-    if dtype == torch.int8:
-        per_group = INT8_GROUP + _SCALE_DTYPE[dtype].itemsize
-        return width // per_group * INT8_GROUP
+    if dtype == torch.int8:  # width = D + 2 ceil(D / 16), increasing in D: ceil(width / 18) groups
+        return width - -(-width // (INT8_GROUP + 2)) * _SCALE_DTYPE[dtype].itemsize
     return width - _SCALE_DTYPE[dtype].itemsize
 
 
@@ -87,8 +82,11 @@ def row_format(kv_cache_dtype: str) -> str:
 def quantize(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., D] -> (codes [..., D] as uint8 bytes, scales [..., D / group] in scale_dtype(dtype))."""
     d = x.shape[-1]
-    g = group_size(d, dtype)
-    xf = x.float().reshape(*x.shape[:-1], d // g, g)
+    g, ns = group_size(d, dtype), num_scales(d, dtype)
+    xf = x.float()
+    if ns * g != d:  # a partial last group: zeros do not change its max
+        xf = torch.nn.functional.pad(xf, (0, ns * g - d))
+    xf = xf.reshape(*x.shape[:-1], ns, g)
     qmax = _QMAX[dtype]
     amax = xf.abs().amax(-1)
     if dtype == torch.int8:
@@ -100,7 +98,7 @@ def quantize(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.T
         scale = amax / qmax
         inv = torch.where(amax > 0, qmax / amax, torch.zeros_like(amax))
         codes = (xf * inv.unsqueeze(-1)).clamp_(-qmax, qmax).to(dtype)
-    return codes.reshape(x.shape).view(torch.uint8), scale
+    return codes.reshape(*x.shape[:-1], ns * g)[..., :d].contiguous().view(torch.uint8), scale
 
 
 def pack_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -112,10 +110,10 @@ def pack_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def unpack_rows(rows: torch.Tensor, dtype: torch.dtype, out_dtype: torch.dtype) -> torch.Tensor:
     """Cache rows [..., row_width(D)] (uint8) -> the values they hold [..., D] in `out_dtype` (codes times scales)."""
     d = head_dim_of(rows.shape[-1], dtype)
-    g = group_size(d, dtype)
-    codes = rows[..., :d].contiguous().view(dtype).float().reshape(*rows.shape[:-1], d // g, g)
+    g, ns = group_size(d, dtype), num_scales(d, dtype)
+    codes = rows[..., :d].contiguous().view(dtype).float()
     scale = rows[..., d:].contiguous().view(_SCALE_DTYPE[dtype]).float()
-    return (codes * scale.unsqueeze(-1)).reshape(*rows.shape[:-1], d).to(out_dtype)
+    return (codes * scale.repeat_interleave(g, dim=-1)[..., :d]).to(out_dtype)
 
 
 def as_stored(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

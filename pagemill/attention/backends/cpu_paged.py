@@ -131,8 +131,7 @@ class CpuPagedAttention(TorchPagedAttention):
         v_rows = pack_rows(v[:n], dtype)
         v_cache.view(torch.uint8).view(-1, hk, row_width(hd, dtype)).index_copy_(0, slots, v_rows)
         k, v = k.clone(), v.clone()
-        groups = scale.shape[-1]
-        k[:n] = (codes.view(dtype).float().view(n, hk, groups, -1) * scale.float().unsqueeze(-1)).view(n, hk, hd)
+        k[:n] = unpack_rows(torch.cat([codes, scale.view(torch.uint8)], dim=-1), dtype, k.dtype)
         v[:n] = unpack_rows(v_rows, dtype, v.dtype)
         return k, v
 
