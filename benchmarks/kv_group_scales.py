@@ -16,6 +16,8 @@ import torch
 
 import pagemill.attention.kv_quant as kv_quant
 
+SCALE_BYTES = 4  # the study stores every scale as float32 bytes (only the rounding of float16 scales is studied)
+
 
 def use_group_scales(group: int, scale_dtype: torch.dtype = torch.float32) -> None:
     """Make kv_quant pack and read rows with one scale per `group` channels (before the engine imports it)."""
@@ -39,13 +41,13 @@ def use_group_scales(group: int, scale_dtype: torch.dtype = torch.float32) -> No
                          dim=-1)
 
     def unpack_rows(rows: torch.Tensor, dtype: torch.dtype, out_dtype: torch.dtype) -> torch.Tensor:
-        d = rows.shape[-1] * group // (group + kv_quant.SCALE_BYTES)
+        d = rows.shape[-1] * group // (group + SCALE_BYTES)
         codes = rows[..., :d].contiguous().view(dtype).float().reshape(*rows.shape[:-1], d // group, group)
         scale = rows[..., d:].contiguous().view(torch.float32)
         return (codes * scale.unsqueeze(-1)).reshape(*rows.shape[:-1], d).to(out_dtype)
 
     def row_width(head_dim: int, dtype: torch.dtype) -> int:
-        return head_dim + kv_quant.SCALE_BYTES * (head_dim // group) if kv_quant.is_quantized(dtype) else head_dim
+        return head_dim + SCALE_BYTES * (head_dim // group) if kv_quant.is_quantized(dtype) else head_dim
 
     kv_quant.pack_rows, kv_quant.unpack_rows, kv_quant.row_width = pack_rows, unpack_rows, row_width
 

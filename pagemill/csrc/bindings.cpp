@@ -162,8 +162,6 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, 
   a.k_cache = k_cache.data_ptr(), a.v_cache = v_cache.data_ptr();
   a.kv_quant = kv_quant_of(k_cache);
   a.cache_dtype = a.kv_quant == pagemill::KvQuant::NONE ? dtype_of(k_cache, "paged_attention cache") : DType::F32;
-  TORCH_CHECK(a.kv_quant != pagemill::KvQuant::INT8 || a.D % pagemill::kKvInt8Group == 0,
-              "paged_attention: an int8 cache needs head_dim a multiple of ", pagemill::kKvInt8Group);
   TORCH_CHECK(k_cache.size(3) == pagemill::kv_row_width(a.kv_quant, a.D),
               "paged_attention: cache rows must be ", pagemill::kv_row_width(a.kv_quant, a.D),
               " wide (head_dim, or a quantized row: codes + scales, attention/kv_quant.py)");

@@ -10,7 +10,8 @@ namespace pagemill {
 namespace PAGEMILL_ISA {
 namespace {
 
-// A quantized cache's scale type and channels per scale (kernels.h, attention/kv_quant.py).
+// A quantized cache's scale type and channels per scale (kernels.h, attention/kv_quant.py; int8's last group is
+// partial when D is not a multiple of 16).
 template <typename C>
 struct kv_scale {
   using type = float;
@@ -57,9 +58,9 @@ inline vf in_register(vf v) {
 // `next` (nullptr: none) is the next block's K for this head: each K row loaded here has the same row of that block
 // prefetched into L2, spread over the loop (the blocks sit anywhere, and a burst of a whole block's prefetches at
 // once stalls the core on its miss buffers: measured ~13 GB/s per core against 30 for a plain stream).
-// `kscale`: a quantized cache's scales ([D / gs, BS] for this block and head) from key c0 on (nullptr for a float
-// cache); gs channels per scale (gs < D: each group's W keys are multiplied by their scales as they load; gs = D:
-// the scores are).
+// `kscale`: a quantized cache's scales ([ceil(D / gs), BS] for this block and head) from key c0 on (nullptr for a
+// float cache); gs channels per scale (gs < D: each group's W keys are multiplied by their scales as they load;
+// gs >= D: the scores are).
 template <int G, typename C>
 inline void qk_chunk(const float* __restrict q, const C* __restrict kt, int64_t D, int64_t BS, int64_t c0,
                      int64_t nk, float scale, float* __restrict scores, int64_t n, const C* next,
@@ -70,15 +71,21 @@ inline void qk_chunk(const float* __restrict q, const C* __restrict kt, int64_t 
   for (int g = 0; g < G; ++g)
     for (int u = 0; u < U; ++u) acc[g][u] = vzero();
   vf sc = vset(scale);
-  if (is_code<C>::value && gs < D) {  // gs is a multiple of U (kKvInt8Group = 16)
+  if (is_code<C>::value && gs < D) {
     for (int64_t d0 = 0; d0 < D; d0 += gs) {
       const vf ks = in_register(vloadn(kscale + (d0 / gs) * BS, nk));
-      for (int64_t d = d0; d < d0 + gs; d += U)
+      const int64_t e = imin(d0 + gs, D);  // a partial last group when D is not a multiple of gs
+      int64_t d = d0;
+      for (; d + U <= e; d += U)
         for (int u = 0; u < U; ++u) {
           if (next) prefetch_l2(next + (d + u) * BS + c0);
           const vf k = in_register(vmul(vloadn(kt + (d + u) * BS + c0, nk), ks));
           for (int g = 0; g < G; ++g) acc[g][u] = vfma(vset(q[g * D + d + u]), k, acc[g][u]);
         }
+      for (; d < e; ++d) {
+        const vf k = vmul(vloadn(kt + d * BS + c0, nk), ks);
+        for (int g = 0; g < G; ++g) acc[g][0] = vfma(vset(q[g * D + d]), k, acc[g][0]);
+      }
     }
   } else {
     int64_t d = 0;
@@ -159,9 +166,9 @@ inline void attend_tile(const float* __restrict q, O* __restrict out, int64_t qs
   float* scores = score_buf.get(total);
   float* acc = acc_buf.get(nt * G * D);
   for (int64_t i = 0; i < nt * G * D; ++i) acc[i] = 0.0f;
-  // A quantized row is D codes + D / gs scales; a quantized K block is [Hk, D, BS] codes then [Hk, D / gs, BS] scales.
+  // A quantized row is D codes + ns scales; a quantized K block is [Hk, D, BS] codes then [Hk, ns, BS] scales.
   using S = kv_scale_t<C>;
-  const int64_t gs = kv_group<C>(D), ns = D / gs;
+  const int64_t gs = kv_group<C>(D), ns = (D + gs - 1) / gs;
   const int64_t Dp = is_code<C>::value ? D + ns * int64_t(sizeof(S)) : D;
   const int64_t block_elems = BS * Hk * Dp, start = first[0], end = hi[nt - 1];
   for (int64_t b0 = start; b0 < end; b0 += BS) {
