@@ -4,8 +4,8 @@ Every cached (token, KV head) row holds head_dim one-byte codes followed by its 
 the cache blocks: swap, copy-on-write, draft caches and KV connectors copy whole blocks and carry them along.
 int8 rows have one float16 scale per group of INT8_GROUP (16) channels (ceil(head_dim / 16) scales, the last group
 partial when head_dim is not a multiple of 16; row = 1.125 head_dim bytes): a few outlier channels then set only
-their own group's scale. fp8 rows keep one float32 scale per row
-(e4m3 / e5m2 carry their own exponent, so groups do not help them): row = head_dim + 4 bytes.
+their own group's scale. fp8 rows keep one float32 scale per row (e4m3 / e5m2 carry their own exponent, so groups
+do not help them): row = head_dim + 4 bytes.
 scale = max |x| / qmax over the group (qmax 127 for int8, 448 for e4m3, 57344 for e5m2); int8: the scale is rounded
 to float16 first and code = x / scale rounded to nearest (ties to even), clamped to +-127; fp8: code = x / scale by
 torch's round-to-nearest-even cast. A value reads back as code * scale.
@@ -36,7 +36,7 @@ def kv_storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dty
 
 
 def is_quantized(dtype: torch.dtype) -> bool:
-    """Whether a cache of this dtype holds quantized rows (codes + a scale per token and head)."""
+    """Whether a cache of this dtype holds quantized rows (codes, then their scales)."""
     return dtype in _QMAX
 
 
