@@ -104,9 +104,11 @@ class EngineArgs:
         "Gemma 3, 0.93 on SmolLM2).")
     kv_cache_dtype: str = _arg("auto",
         "KV-cache dtype: auto (the model dtype), float16 or bfloat16 (half the bytes attention reads, twice the "
-        "tokens the cache holds), or quantized as vLLM names it: int8, fp8 (= fp8_e4m3), fp8_e5m2 (one byte per "
-        "element plus a float32 scale per token and head: about 3.8x the float32 tokens in the same "
-        "kv_cache_memory).")
+        "tokens the cache holds), or quantized as vLLM names it: int8 (one byte per element plus a float16 scale per "
+        "16 channels of a token and head: 3.56x the float32 tokens in the same kv_cache_memory; teacher-forced "
+        "top-1 agreement with the float32 cache 0.991 on SmolLM2, 0.991 on Gemma 3), fp8 (= fp8_e4m3) or "
+        "fp8_e5m2 (one byte per element plus a float32 scale per token and head: about 3.8x the float32 tokens; "
+        "top-1 0.96 / 0.93 on SmolLM2, 0.97 / 0.93 on Gemma 3).")
     kv_cache_layout: str = _arg("paged",
         "paged (blocks and block tables) or virtual (Linux: each request's KV contiguous in reserved virtual memory, "
         "physical chunks of block_size tokens mapped on demand; vTensor).")

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from pagemill.attention.backend import FLOAT_AND_QUANT_KV_DTYPES, AttentionCapabilities
-from pagemill.attention.kv_quant import is_quantized, pack_rows, quantize, row_width, unpack_rows
+from pagemill.attention.kv_quant import (is_quantized, num_scales, pack_rows, quantize, row_width, scale_dtype,
+                                         unpack_rows)
 from pagemill.attention.backends.torch_paged import TorchAttentionMetadata, TorchPagedAttention
 from pagemill.attention.metadata import CommonAttentionMetadata
 from pagemill.kernels import load_kernels
@@ -46,8 +47,9 @@ class CpuPagedAttention(TorchPagedAttention):
     so the kernel scores 16 keys per vector instruction; only whole-block copies (swap, copy-on-write) touch it
     from outside. A float16 / bfloat16 model (queries not in float32) takes the reference path throughout, with
     the reference layout. A quantized cache (attention/kv_quant.py) stores each K block as [kv_heads, head_dim,
-    block_size] codes followed by [kv_heads, block_size] float32 scales and each V row as codes + scale; the kernel
-    widens the codes in registers.
+    block_size] codes followed by [kv_heads, scales per row, block_size] scales (int8: one float16 per 16 channels;
+    fp8: one float32 per row) and each V row as codes + scales; the kernel widens the codes in registers. The
+    quantizing write runs in torch after the C++ RoPE (quantize, then two indexed stores).
     """
 
     name = "cpu"
@@ -132,15 +134,15 @@ class CpuPagedAttention(TorchPagedAttention):
         hk, hd = layer.num_kv_heads, layer.head_dim
         blocks = k_cache.view(torch.uint8).view(nb, -1)
         k_codes = blocks[:, : hk * hd * bs].view(nb, hk, hd, bs)
-        k_scales = blocks[:, hk * hd * bs :].view(torch.float32).view(nb, hk, bs)
-        codes, scale = quantize(k[:n], dtype)
+        k_scales = blocks[:, hk * hd * bs :].view(scale_dtype(dtype)).view(nb, hk, num_scales(hd, dtype), bs)
+        codes, scale = quantize(k[:n], dtype)  # [n, hk, hd], [n, hk, scales per row]
         blk, off = slots // bs, slots % bs
         k_codes[blk, :, :, off] = codes
-        k_scales[blk, :, off] = scale
+        k_scales[blk, :, :, off] = scale
         v_rows = pack_rows(v[:n], dtype)
         v_cache.view(torch.uint8).view(-1, hk, row_width(hd, dtype)).index_copy_(0, slots, v_rows)
         k, v = k.clone(), v.clone()
-        k[:n] = codes.view(dtype).float() * scale.unsqueeze(-1)
+        k[:n] = unpack_rows(torch.cat([codes, scale.view(torch.uint8)], dim=-1), dtype, k.dtype)
         v[:n] = unpack_rows(v_rows, dtype, v.dtype)
         return k, v
 

@@ -75,7 +75,7 @@ class TorchPagedAttention(AttentionBackend):
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         """Layout of one layer's cache: [2 (K/V), num_blocks, block_size, kv_heads, head_dim] (head_dim: the row width,
-        head_dim + 4 for a quantized cache)."""
+        kv_quant.row_width for a quantized cache)."""
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
     def build_metadata(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:

@@ -158,8 +158,9 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, 
   a.k_cache = k_cache.data_ptr(), a.v_cache = v_cache.data_ptr();
   a.kv_quant = kv_quant_of(k_cache);
   a.cache_dtype = a.kv_quant == pagemill::KvQuant::NONE ? dtype_of(k_cache, "paged_attention cache") : DType::F32;
-  TORCH_CHECK(k_cache.size(3) == (a.kv_quant == pagemill::KvQuant::NONE ? a.D : a.D + 4),
-              "paged_attention: cache rows must be head_dim wide (head_dim + 4 with a quantized cache)");
+  TORCH_CHECK(k_cache.size(3) == pagemill::kv_row_width(a.kv_quant, a.D),
+              "paged_attention: cache rows must be ", pagemill::kv_row_width(a.kv_quant, a.D),
+              " wide (head_dim, or a quantized row: codes + scales, attention/kv_quant.py)");
   a.block_tables = block_tables.data_ptr<int64_t>(), a.query_start_loc = qsl;
   a.context_lens = context_lens.data_ptr<int64_t>(), a.token_request = tok_req.data();
   a.scale = static_cast<float>(scale), a.num_threads = threads();

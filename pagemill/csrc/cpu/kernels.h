@@ -7,11 +7,19 @@
 namespace pagemill {
 
 enum class DType : int32_t { F32 = 0, F16 = 1, BF16 = 2 };
-// A quantized KV cache's codes (pagemill/attention/kv_quant.py): rows of D one-byte codes + a float32 scale.
+// A quantized KV cache's codes (pagemill/attention/kv_quant.py): rows of D one-byte codes, then their scales: int8
+// one float16 scale per kKvInt8Group channels (the last group partial when D is not a multiple), fp8 one float32
+// scale per row.
 enum class KvQuant : int32_t { NONE = 0, INT8 = 1, FP8_E4M3 = 2, FP8_E5M2 = 3 };
+constexpr int64_t kKvInt8Group = 16;
+// Bytes of one quantized (token, KV head) row of head_dim D (D itself for NONE: elements of the float dtype).
+inline int64_t kv_row_width(KvQuant q, int64_t D) {
+  return q == KvQuant::NONE ? D : q == KvQuant::INT8 ? D + (D + kKvInt8Group - 1) / kKvInt8Group * 2 : D + 4;
+}
 
 // out, q: [T, Hq, D] (q fp32). Caches: [num_blocks, BS, Hk, D] extents; V blocks [BS, Hk, D], K blocks stored
-// transposed [Hk, D, BS]. block_tables [B, MB]; query_start_loc [B + 1]; context_lens [B] (tokens cached before
+// transposed [Hk, D, BS] (quantized: rows kv_row_width wide; K blocks [Hk, D, BS] codes then [Hk, D / group, BS]
+// scales). block_tables [B, MB]; query_start_loc [B + 1]; context_lens [B] (tokens cached before
 // this step); token i of request r sits at position context_lens[r] + i - query_start_loc[r].
 struct PagedAttentionArgs {
   void* out;

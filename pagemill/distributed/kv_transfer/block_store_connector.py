@@ -75,9 +75,12 @@ class _Saving:
 
 def kv_layout_seed(config: EngineConfig) -> bytes:
     """What two engines must share for their KV blocks to be interchangeable (the first key's seed)."""
+    from pagemill.attention.kv_quant import row_format
+
     mc, cc = config.model_config, config.cache_config
+    fmt = row_format(cc.kv_cache_dtype)  # a quantized row's layout (scales per group): "" for float caches
     return (f"{mc.architecture}:{mc.num_layers}:{mc.num_kv_heads}:{mc.head_dim}:{cc.block_size}:"
-            f"{cc.kv_cache_dtype}:{mc.dtype}").encode()
+            f"{cc.kv_cache_dtype}:{mc.dtype}" + (f":{fmt}" if fmt else "")).encode()
 
 
 def block_keys(seed: bytes, token_ids: list[int], block_size: int, start: int, end: int,

@@ -1,13 +1,38 @@
 // Paged attention for CPUs: reads K/V straight from the cache blocks (no gather copy), threaded over (tile of a
 // request's query tokens x KV head), W keys per vector (K blocks stored transposed) and W head dims per vector for V.
 // A tile of several tokens (a verify step, a chunk with cached context) reads each KV block once for all its tokens.
-// A quantized cache (C an is_code type: int8 / fp8 codes) has rows of D codes + a float32 scale: the codes widen in
-// registers, K's per-key scales multiply the scores and V's per-row scale the probability (no float copy of a block).
+// A quantized cache (C an is_code type: int8 / fp8 codes) has rows of D codes + their scales (int8: a float16 per 16
+// channels; fp8: a float32 per row): the codes widen in registers and are scaled there (int8: each group's keys by a
+// vector of their scales; fp8: the scores by the keys' scales), V rows by their W-lane chunk's scale (no float copy).
 #include "simd.h"
 
 namespace pagemill {
 namespace PAGEMILL_ISA {
 namespace {
+
+// A quantized cache's scale type and channels per scale (kernels.h, attention/kv_quant.py; int8's last group is
+// partial when D is not a multiple of 16).
+template <typename C>
+struct kv_scale {
+  using type = float;
+};
+template <>
+struct kv_scale<i8q> {
+  using type = f16;
+};
+template <typename C>
+using kv_scale_t = typename kv_scale<C>::type;
+template <typename C>
+constexpr int64_t kv_group(int64_t D) {
+  return std::is_same<C, i8q>::value ? kKvInt8Group : D;
+}
+static_assert(kKvInt8Group % W == 0, "a V row's W-lane chunk must lie in one scale group");
+template <typename S>
+inline float load_scale(const void* p) {
+  S s;
+  memcpy(&s, p, sizeof(S));
+  return to_f32(s);
+}
 
 // Query heads per KV head handled in registers at once: G x U score accumulators must fit the register file.
 constexpr int kMaxGroup = kVecRegs >= 32 ? 8 : 4;
@@ -33,29 +58,49 @@ inline vf in_register(vf v) {
 // `next` (nullptr: none) is the next block's K for this head: each K row loaded here has the same row of that block
 // prefetched into L2, spread over the loop (the blocks sit anywhere, and a burst of a whole block's prefetches at
 // once stalls the core on its miss buffers: measured ~13 GB/s per core against 30 for a plain stream).
-// `kscale`: a quantized cache's scales of keys c0.. of this block and head (nullptr for a float cache).
+// `kscale`: a quantized cache's scales ([ceil(D / gs), BS] for this block and head) from key c0 on (nullptr for a
+// float cache); gs channels per scale (gs < D: each group's W keys are multiplied by their scales as they load;
+// gs >= D: the scores are).
 template <int G, typename C>
 inline void qk_chunk(const float* __restrict q, const C* __restrict kt, int64_t D, int64_t BS, int64_t c0,
                      int64_t nk, float scale, float* __restrict scores, int64_t n, const C* next,
-                     const float* __restrict kscale) {
+                     const kv_scale_t<C>* __restrict kscale, int64_t gs) {
   // U partial sums per head over interleaved d break the FMA latency chain (64 dependent FMAs otherwise).
   constexpr int U = G * 4 + 2 <= kVecRegs ? 4 : 2;
   vf acc[G][U];
   for (int g = 0; g < G; ++g)
     for (int u = 0; u < U; ++u) acc[g][u] = vzero();
-  int64_t d = 0;
-  for (; d + U <= D; d += U)
-    for (int u = 0; u < U; ++u) {
-      if (next) prefetch_l2(next + (d + u) * BS + c0);
-      const vf k = in_register(vloadn(kt + (d + u) * BS + c0, nk));
-      for (int g = 0; g < G; ++g) acc[g][u] = vfma(vset(q[g * D + d + u]), k, acc[g][u]);
-    }
-  for (; d < D; ++d) {
-    const vf k = vloadn(kt + d * BS + c0, nk);
-    for (int g = 0; g < G; ++g) acc[g][0] = vfma(vset(q[g * D + d]), k, acc[g][0]);
-  }
   vf sc = vset(scale);
-  if constexpr (is_code<C>::value) sc = vmul(sc, vloadn(kscale, nk));
+  if (is_code<C>::value && gs < D) {
+    for (int64_t d0 = 0; d0 < D; d0 += gs) {
+      const vf ks = in_register(vloadn(kscale + (d0 / gs) * BS, nk));
+      const int64_t e = imin(d0 + gs, D);  // a partial last group when D is not a multiple of gs
+      int64_t d = d0;
+      for (; d + U <= e; d += U)
+        for (int u = 0; u < U; ++u) {
+          if (next) prefetch_l2(next + (d + u) * BS + c0);
+          const vf k = in_register(vmul(vloadn(kt + (d + u) * BS + c0, nk), ks));
+          for (int g = 0; g < G; ++g) acc[g][u] = vfma(vset(q[g * D + d + u]), k, acc[g][u]);
+        }
+      for (; d < e; ++d) {
+        const vf k = vmul(vloadn(kt + d * BS + c0, nk), ks);
+        for (int g = 0; g < G; ++g) acc[g][0] = vfma(vset(q[g * D + d]), k, acc[g][0]);
+      }
+    }
+  } else {
+    int64_t d = 0;
+    for (; d + U <= D; d += U)
+      for (int u = 0; u < U; ++u) {
+        if (next) prefetch_l2(next + (d + u) * BS + c0);
+        const vf k = in_register(vloadn(kt + (d + u) * BS + c0, nk));
+        for (int g = 0; g < G; ++g) acc[g][u] = vfma(vset(q[g * D + d + u]), k, acc[g][u]);
+      }
+    for (; d < D; ++d) {
+      const vf k = vloadn(kt + d * BS + c0, nk);
+      for (int g = 0; g < G; ++g) acc[g][0] = vfma(vset(q[g * D + d]), k, acc[g][0]);
+    }
+    if constexpr (is_code<C>::value) sc = vmul(sc, vloadn(kscale, nk));
+  }
   for (int g = 0; g < G; ++g) {
     vf sum = acc[g][0];
     for (int u = 1; u < U; ++u) sum = vadd(sum, acc[g][u]);
@@ -66,9 +111,12 @@ inline void qk_chunk(const float* __restrict q, const C* __restrict kt, int64_t 
 // acc[g, d0 : d0 + U W] += sum_j p[g, j] * V[j, d0 : d0 + U W] over `count` keys whose rows start at v (stride vs);
 // the U W-lane chunks of each row are independent FMA chains.
 // `next` (nullptr: none): the next block's V rows for this head, prefetched into L2 as qk_chunk does for K.
+// A quantized row's D codes are followed by its scales, one per gs channels: each W-lane chunk is multiplied by its
+// group's scale in registers.
 template <int G, typename C>
 inline void pv_chunk(const float* __restrict p, int64_t n, const C* __restrict v, int64_t vs, int64_t count,
-                     int64_t d0, int64_t D, float* __restrict acc, const C* next) {
+                     int64_t d0, int64_t D, float* __restrict acc, const C* next, int64_t gs) {
+  using S = kv_scale_t<C>;  // (float for a float cache: no scales read)
   constexpr int U = G * 4 + 2 <= kVecRegs ? 4 : 2;
   int64_t len[U];
   for (int u = 0; u < U; ++u) len[u] = imax(0, D - d0 - W * u);
@@ -77,13 +125,14 @@ inline void pv_chunk(const float* __restrict p, int64_t n, const C* __restrict v
     for (int u = 0; u < U; ++u) a[g][u] = len[u] ? vloadn(acc + g * D + d0 + W * u, len[u]) : vzero();
   for (int64_t j = 0; j < count; ++j) {
     const C* row = v + j * vs + d0;
-    float rs = 1.0f;  // a quantized row's scale, after its D codes
-    if constexpr (is_code<C>::value) memcpy(&rs, v + j * vs + D, sizeof(float));
     for (int u = 0; u < U; ++u) {
       if (!len[u]) break;
       if (next) prefetch_l2(next + j * vs + d0 + W * u);
-      const vf x = in_register(vloadn(row + W * u, len[u]));
-      for (int g = 0; g < G; ++g) a[g][u] = vfma(vset(p[g * n + j] * rs), x, a[g][u]);
+      vf x = vloadn(row + W * u, len[u]);
+      if constexpr (is_code<C>::value)
+        x = vmul(x, vset(load_scale<S>(v + j * vs + D + (d0 + W * u) / gs * int64_t(sizeof(S)))));
+      x = in_register(x);
+      for (int g = 0; g < G; ++g) a[g][u] = vfma(vset(p[g * n + j]), x, a[g][u]);
     }
   }
   for (int g = 0; g < G; ++g)
@@ -117,13 +166,15 @@ inline void attend_tile(const float* __restrict q, O* __restrict out, int64_t qs
   float* scores = score_buf.get(total);
   float* acc = acc_buf.get(nt * G * D);
   for (int64_t i = 0; i < nt * G * D; ++i) acc[i] = 0.0f;
-  // A quantized row is D codes + 4 bytes of scale; a quantized K block is [Hk, D, BS] codes then [Hk, BS] scales.
-  const int64_t Dp = is_code<C>::value ? D + int64_t(sizeof(float)) : D;
+  // A quantized row is D codes + ns scales; a quantized K block is [Hk, D, BS] codes then [Hk, ns, BS] scales.
+  using S = kv_scale_t<C>;
+  const int64_t gs = kv_group<C>(D), ns = (D + gs - 1) / gs;
+  const int64_t Dp = is_code<C>::value ? D + ns * int64_t(sizeof(S)) : D;
   const int64_t block_elems = BS * Hk * Dp, start = first[0], end = hi[nt - 1];
   for (int64_t b0 = start; b0 < end; b0 += BS) {
     const C* kt = k_cache + block_row[b0 / BS] * block_elems + h * D * BS;
-    const float* ks = is_code<C>::value ? reinterpret_cast<const float*>(kt - h * D * BS + Hk * D * BS) + h * BS
-                                        : nullptr;
+    const S* ks = is_code<C>::value ? reinterpret_cast<const S*>(kt - h * D * BS + Hk * D * BS) + h * ns * BS
+                                    : nullptr;
     const C* next_kt = b0 + BS < end ? k_cache + block_row[b0 / BS + 1] * block_elems + h * D * BS : nullptr;
     if (!next_kt)  // the first V block, while the last K block is used
       prefetch_rows(v_cache + block_row[start / BS] * block_elems + h * Dp, BS, Dp * int64_t(sizeof(C)),
@@ -137,7 +188,7 @@ inline void attend_tile(const float* __restrict q, O* __restrict out, int64_t qs
         for (int64_t g0 = 0; g0 < G; g0 += kMaxGroup)
           with_static_count<kMaxGroup>(int(imin(kMaxGroup, G - g0)), [&](auto g) {
             qk_chunk<decltype(g)::value>(q + i * qs + g0 * D, kt, D, BS, c0, nk, scale, s + g0 * n[i], n[i], next,
-                                        ks ? ks + c0 : nullptr);
+                                        ks ? ks + c0 : nullptr, gs);
           });
         next = nullptr;
       }
@@ -180,7 +231,7 @@ inline void attend_tile(const float* __restrict q, O* __restrict out, int64_t qs
           constexpr int64_t step = (Gc * 4 + 2 <= kVecRegs ? 4 : 2) * W;
           static_assert(step <= kPvDims, "pv_chunk covers at most 4 W dims");
           for (int64_t d0 = 0; d0 < D; d0 += step)
-            pv_chunk<Gc>(s + g0 * n[i], n[i], vb, vs, count, d0, D, a + g0 * D, g0 == 0 ? next : nullptr);
+            pv_chunk<Gc>(s + g0 * n[i], n[i], vb, vs, count, d0, D, a + g0 * D, g0 == 0 ? next : nullptr, gs);
         });
       next = nullptr;
     }
