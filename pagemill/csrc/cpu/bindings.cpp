@@ -539,7 +539,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("ids"));
   m.def("gemv_records", &gemv_records,
         "out = x @ W^T + bias over GGUF bit-plane records (q4_1, q5_1, q4_k, q5_k, q6_k, q2_k, q3_k; layouts: "
-        "csrc/variant/gemv.cpp, made by pagemill.layers.quantization.gguf_records)",
+        "csrc/cpu/variant/gemv.cpp, made by pagemill.layers.quantization.gguf_records)",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("format"), py::arg("bias") = py::none(),
         py::arg("direct_only") = false, py::arg("int8_activations") = false);
   m.def("gemv_q4", &gemv_q4, "out = x @ W^T + bias (few rows streamed; more through fp32 panels), W packed by pack_gemv_weight_q4",
