@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from pagemill.attention.backend import FLOAT_AND_QUANT_KV_DTYPES, AttentionCapabilities
-from pagemill.attention.kv_quant import (is_quantized, num_scales, pack_rows, quantize, row_width, scale_dtype,
-                                         unpack_rows)
+from pagemill.attention.kv_quant import (group_size, is_quantized, num_scales, pack_rows, quantize, row_width,
+                                         scale_dtype, unpack_rows)
 from pagemill.attention.backends.torch_paged import TorchAttentionMetadata, TorchPagedAttention
 from pagemill.attention.metadata import CommonAttentionMetadata
 from pagemill.kernels import load_kernels
@@ -192,8 +192,8 @@ class CpuPagedAttention(TorchPagedAttention):
         if is_quantized(dtype):  # (the layouts _write_quantized writes)
             raw = k_cache.view(torch.uint8).view(nb, -1)[blocks]
             codes = raw[:, : hk * hd * bs].contiguous().view(dtype).view(nblk, hk, hd, bs)
-            scales = raw[:, hk * hd * bs :].contiguous().view(torch.float32).view(nblk, hk, 1, bs)
-            kb = codes.float() * scales
+            scales = raw[:, hk * hd * bs :].contiguous().view(scale_dtype(dtype)).view(nblk, hk, -1, bs).float()
+            kb = codes.float() * scales.repeat_interleave(group_size(hd, dtype), dim=2)[:, :, :hd]
             slots = (blocks[:, None] * bs + torch.arange(bs)).reshape(-1)
             v_rows = v_cache.view(torch.uint8).view(-1, hk, row_width(hd, dtype))[slots]
             vi = unpack_rows(v_rows, dtype, q.dtype).transpose(0, 1)
