@@ -11,22 +11,26 @@ equal to what `LLM(...).generate` gives for the same prompt; a pooling runner re
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass, field
 
-import pytest
-import torch
+os.environ.setdefault("TRITON_INTERPRET", "1")  # (the GPU worker's case runs its Triton kernels on the CPU)
 
-from pagemill import LLM, PoolingParams, SamplingParams
-from pagemill.core.kv_cache_utils import KVCacheConfig
-from pagemill.core.sched_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
-from pagemill.engine.arg_utils import EngineArgs
-from pagemill.platforms.cpu import CpuPlatform
-from pagemill.worker.cpu_worker import CpuWorker
-from pagemill.worker.executor import Executor, UniProcExecutor
-from pagemill.worker.multiproc_executor import MultiprocExecutor
-from pagemill.worker.ray_executor import RayDistributedExecutor
-from pagemill.worker.worker_base import LIFECYCLE, WorkerBase, worker_class
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from pagemill import LLM, PoolingParams, SamplingParams  # noqa: E402
+from pagemill.core.kv_cache_utils import KVCacheConfig  # noqa: E402
+from pagemill.core.sched_output import (  # noqa: E402
+    CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput)
+from pagemill.engine.arg_utils import EngineArgs  # noqa: E402
+from pagemill.platforms.cpu import CpuPlatform  # noqa: E402
+from pagemill.worker.cpu_worker import CpuWorker  # noqa: E402
+from pagemill.worker.executor import Executor, UniProcExecutor  # noqa: E402
+from pagemill.worker.multiproc_executor import MultiprocExecutor  # noqa: E402
+from pagemill.worker.ray_executor import RayDistributedExecutor  # noqa: E402
+from pagemill.worker.worker_base import LIFECYCLE, WorkerBase, worker_class  # noqa: E402
 
 ENGINE = dict(kv_cache_memory="32MiB", max_model_len=512, block_size=16)
 # The runner kinds on the embedded SmolLM2: engine arguments, and the runner class the worker must build.
