@@ -6,7 +6,6 @@ never splits an image's placeholder run over two steps (vLLM's disable_chunked_m
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -16,6 +15,7 @@ from pagemill.layers.context import LayerContext
 from pagemill.models.gemma3 import Gemma3ForCausalLM
 from pagemill.models.llava import normalize_llava_name
 from pagemill.models.siglip import SiglipVisionTower
+from pagemill.models.vision_language import VisionLanguageModel
 
 
 class Gemma3MultiModalProjector(nn.Module):
@@ -45,10 +45,10 @@ class Gemma3MultiModalProjector(nn.Module):
         return torch.matmul(p.to(x.dtype), self.mm_input_projection_weight).to(x.dtype)
 
 
-class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+class Gemma3ForConditionalGeneration(VisionLanguageModel, Gemma3ForCausalLM):
     """Gemma 3 4B / 12B / 27B-style: image -> SigLIP -> projector -> one embedding per `<image_soft_token>`."""
 
-    supports_multimodal = True
+    checkpoint_name = staticmethod(normalize_llava_name)
     bidirectional_image_attention = True  # placeholder tokens see their whole image (HF's token_type_ids mask)
 
     def __init__(self, hf_config: Any, ctx: LayerContext) -> None:
@@ -59,23 +59,7 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         self.image_token_id = hf_config.image_token_id
         self.num_encoder_calls = 0  # images encoded (tests check that none is encoded twice)
 
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Scaled token embeddings [T, hidden] (the placeholders' rows are overwritten by the runner)."""
-        return self.model.embed_input_ids(input_ids)
-
     def embed_multimodal(self, pixel_values: torch.Tensor) -> list[torch.Tensor]:
         """Placeholder embeddings of each image of a batch [N, C, H, W]: N tensors [mm_tokens_per_image, hidden]."""
         self.num_encoder_calls += pixel_values.shape[0]
         return list(self.multi_modal_projector(self.vision_tower(pixel_values)).unbind(0))
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        return self.model(input_ids, positions, inputs_embeds=inputs_embeds)
-
-    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        super().load_weights((normalize_llava_name(name), t) for name, t in weights)
-
-    def checkpoint_targets(self, name: str) -> list[str]:
-        if name.startswith("vision_tower."):
-            return [name] if self.vision_tower.holds(name[len("vision_tower."):]) else []
-        return super().checkpoint_targets(name)

@@ -7,7 +7,6 @@ processor's tiles are all full squares, so HF's bucketed position ids are the pl
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -16,6 +15,7 @@ from torch import nn
 from pagemill.layers.context import LayerContext
 from pagemill.models.decoder import DecoderForCausalLM
 from pagemill.models.siglip import SiglipVisionTower
+from pagemill.models.vision_language import VisionLanguageModel
 
 
 def _bucketed_positions(per_side: int) -> torch.Tensor:
@@ -76,10 +76,10 @@ def normalize_idefics3_name(name: str) -> str:
     return name
 
 
-class Idefics3ForConditionalGeneration(DecoderForCausalLM):
+class Idefics3ForConditionalGeneration(VisionLanguageModel, DecoderForCausalLM):
     """SmolVLM-style: each tile -> SigLIP -> pixel shuffle + linear -> one embedding per `<image>` token of its run."""
 
-    supports_multimodal = True
+    checkpoint_name = staticmethod(normalize_idefics3_name)
 
     def __init__(self, hf_config: Any, ctx: LayerContext) -> None:
         super().__init__(hf_config.text_config, ctx)
@@ -89,18 +89,7 @@ class Idefics3ForConditionalGeneration(DecoderForCausalLM):
         self.image_token_id = hf_config.image_token_id
         self.num_encoder_calls = 0  # tiles encoded (tests check that none is encoded twice)
 
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings [T, hidden] (the placeholders' rows are overwritten by the runner)."""
-        return self.model.embed_input_ids(input_ids)
-
     def embed_multimodal(self, pixel_values: torch.Tensor) -> list[torch.Tensor]:
         """Placeholder embeddings of each tile of a batch [N, C, H, W]: N tensors [image_seq_len, hidden]."""
         self.num_encoder_calls += pixel_values.shape[0]
         return list(self.connector(self.vision_tower(pixel_values)).unbind(0))
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        return self.model(input_ids, positions, inputs_embeds=inputs_embeds)
-
-    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        super().load_weights((normalize_idefics3_name(name), t) for name, t in weights)

@@ -6,7 +6,6 @@ to `forward` (HF merges them at the image-token positions the same way)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -15,6 +14,7 @@ from torch import nn
 from pagemill.layers.context import LayerContext
 from pagemill.models.clip import VISION_ACTIVATIONS, CLIPVisionTower
 from pagemill.models.decoder import DecoderForCausalLM
+from pagemill.models.vision_language import VisionLanguageModel
 
 
 class LlavaMultiModalProjector(nn.Module):
@@ -46,11 +46,11 @@ def normalize_llava_name(name: str) -> str:
     return name
 
 
-class LlavaForConditionalGeneration(DecoderForCausalLM):
+class LlavaForConditionalGeneration(VisionLanguageModel, DecoderForCausalLM):
     """LLaVA 1.5-style: image -> CLIP hidden states of `vision_feature_layer` (CLS dropped with the "default"
     strategy) -> projector -> one embedding per placeholder token."""
 
-    supports_multimodal = True
+    checkpoint_name = staticmethod(normalize_llava_name)
 
     def __init__(self, hf_config: Any, ctx: LayerContext) -> None:
         super().__init__(hf_config.text_config, ctx)  # the decoder kit reads the text config as it is
@@ -68,10 +68,6 @@ class LlavaForConditionalGeneration(DecoderForCausalLM):
         self.image_token_id = hf_config.image_token_id
         self.num_encoder_calls = 0  # images encoded (tests check that none is encoded twice)
 
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings [T, hidden] (the placeholders' rows are overwritten by the runner)."""
-        return self.model.embed_input_ids(input_ids)
-
     def embed_multimodal(self, pixel_values: torch.Tensor) -> list[torch.Tensor]:
         """Placeholder embeddings of each image of a batch [N, C, H, W]: N tensors [tokens, hidden]."""
         self.num_encoder_calls += pixel_values.shape[0]
@@ -80,15 +76,3 @@ class LlavaForConditionalGeneration(DecoderForCausalLM):
             states = [s[:, 1:] for s in states]
         features = self.multi_modal_projector(torch.cat(states, dim=-1))
         return list(features.unbind(0))
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        return self.model(input_ids, positions, inputs_embeds=inputs_embeds)
-
-    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        super().load_weights((normalize_llava_name(name), t) for name, t in weights)
-
-    def checkpoint_targets(self, name: str) -> list[str]:
-        if name.startswith("vision_tower."):
-            return [name] if self.vision_tower.holds(name[len("vision_tower."):]) else []
-        return super().checkpoint_targets(name)
