@@ -71,19 +71,12 @@ class Executor(ABC):
         `non_block` a future of them (vLLM's interface)."""
 
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput] | LaunchedStep:
-        """Start a step and return at once (async scheduling): launched on the device from this thread where the
-        worker can (`launches_steps`: the GPU worker), else run one after the other, in submission order, in the
-        executor's step thread (the forward in this process for `uni`, a wait on the worker process or actor for
-        `mp` / `ray`), so the engine can schedule the next step meanwhile."""
-        if self.launches_steps:
-            return self._launch(scheduler_output)
+        """Start a step and return at once (async scheduling): the steps run one after the other, in submission
+        order, in the executor's step thread (the forward in this process for `uni`, a wait on the worker process or
+        actor for `mp` / `ray`), so the engine can schedule the next step meanwhile."""
         if self._step_thread is None:
             self._step_thread = ThreadPoolExecutor(1, thread_name_prefix="pagemill-step")
         return self._step_thread.submit(self.execute_model, scheduler_output)
-
-    def _launch(self, scheduler_output: SchedulerOutput) -> LaunchedStep:
-        """Launch a step on the worker (executors whose `launches_steps` is true)."""
-        raise NotImplementedError
 
     def stop_step_thread(self) -> None:
         """End the async-scheduling step thread (after the steps submitted so far)."""
@@ -135,9 +128,11 @@ class UniProcExecutor(Executor):
         """The worker's: whether it queues a step on its device and returns (the GPU worker)."""
         return self.driver_worker.launches_steps
 
-    def _launch(self, scheduler_output: SchedulerOutput) -> LaunchedStep:
-        """The worker's launch_model."""
-        return self.driver_worker.launch_model(scheduler_output)
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput] | LaunchedStep:
+        """The worker's launch_model where it launches steps (the GPU worker), else the base's step thread."""
+        if self.launches_steps:
+            return self.driver_worker.launch_model(scheduler_output)
+        return super().execute_model_async(scheduler_output)
 
     def collective_rpc(self, method: str, args: tuple = (), timeout: float | None = None) -> list[Any]:
         """worker.method(*args) on the one worker."""
