@@ -152,3 +152,36 @@ def test_int8_rows_quantize_per_token_and_head():
     torch.testing.assert_close(back[0, 1], x[0, 1], atol=1e-5, rtol=0)
     assert torch.equal(back[1:], x[1:])
     assert back.abs().max() <= 100.0 * (1 + 2**-11)  # the float16 scale's rounding, at most
+
+
+@pytest.mark.parametrize("dtype", QUANT_DTYPES)
+@pytest.mark.parametrize("d", [64, 40])
+def test_fused_write_is_torch_quantize_byte_for_byte(dtype, d):
+    """The fused RoPE kernel's quantized write (C++, csrc/cpu/kv_rows.cpp) stores exactly kv_quant.quantize's bytes
+    and leaves k, v as stored, over 40k values of every magnitude (position 0: RoPE is the identity there)."""
+    from pagemill.kernels.build import load_kernels
+
+    kernel = load_kernels()
+    torch.manual_seed(7)
+    t, hq, hk, bs, nb = 64, 2, 8, 16, 9
+    scale = torch.logspace(-6, 4, t * hk).view(t, hk, 1)  # scales spanning float16's range and beyond
+    k, v = torch.randn(t, hk, d) * scale, torch.randn(t, hk, d) * scale.flip(0)
+    # exact ties x / scale = c + 1/2 (scale 3/256, a float16; each group's max 127 * scale): round half to even, and
+    # a reciprocal multiply (1 / scale inexact) lands on either side of them
+    ties = (torch.arange(-63, 63, dtype=torch.float32) + 0.5) * (3 / 256)
+    group = torch.cat([torch.tensor([127 * 3 / 256]), ties[torch.randperm(len(ties))[:15]]])
+    k[:8], v[:8] = group.repeat(8, hk, d // 16 + 1)[..., :d], -group.repeat(8, hk, d // 16 + 1)[..., :d]
+    qkv = torch.cat([torch.randn(t, hq * d), k.flatten(1), v.flatten(1)], dim=1)
+    slots = torch.randperm(nb * bs)[:t]
+    cos, sin = torch.ones(1, d), torch.zeros(1, d)
+    q_out, k_out, v_out = torch.empty(t, hq, d), torch.empty(t, hk, d), torch.empty(t, hk, d)
+    kcache = torch.zeros(2, nb, bs, hk, row_width(d, dtype), dtype=torch.uint8).view(dtype)
+    kernel.rope_and_cache(q_out, k_out, v_out, qkv, torch.zeros(t, dtype=torch.int64), cos, sin, kcache[0],
+                          kcache[1], slots, None, None, 0.0)
+    ref = torch.zeros_like(kcache.view(torch.uint8))
+    ref[0].view(-1, hk, row_width(d, dtype))[slots] = pack_rows(k, dtype)
+    ref[1].view(-1, hk, row_width(d, dtype))[slots] = pack_rows(v, dtype)
+    back = _reference_layout(kcache).view(torch.uint8)
+    assert torch.equal(back[1], ref[1]) and torch.equal(back[0], ref[0])
+    assert torch.equal(k_out, unpack_rows(pack_rows(k, dtype), dtype, torch.float32))
+    assert torch.equal(v_out, unpack_rows(pack_rows(v, dtype), dtype, torch.float32))

@@ -49,7 +49,8 @@ class CpuPagedAttention(TorchPagedAttention):
     the reference layout. A quantized cache (attention/kv_quant.py) stores each K block as [kv_heads, head_dim,
     block_size] codes followed by [kv_heads, scales per row, block_size] scales (int8: one float16 per 16 channels;
     fp8: one float32 per row) and each V row as codes + scales; the kernel widens the codes in registers. The
-    quantizing write runs in torch after the C++ RoPE (quantize, then two indexed stores).
+    fused RoPE kernel writes the quantized rows itself (csrc/cpu/kv_rows.cpp: torch's arithmetic, the same bytes);
+    the unfused `forward` quantizes in torch.
     """
 
     name = "cpu"
@@ -109,20 +110,13 @@ class CpuPagedAttention(TorchPagedAttention):
         if layer.qk_norm is not None:
             q_norm, k_norm = layer.qk_norm
             norms = dict(q_norm=q_norm.weight, k_norm=k_norm.weight, norm_eps=q_norm.eps)
-        if is_quantized(kv_cache.dtype):  # RoPE in the kernel, then quantize-on-write here
-            self.kernel.rope_and_cache(q, k, v, qkv.contiguous(), positions, cos, sin, self._no_cache,
-                                       self._no_cache, self._no_slots, **norms)
-            k, v = self._write_quantized(layer, k, v, k_cache, v_cache, metadata.common.slot_mapping)
-        else:
-            self.kernel.rope_and_cache(q, k, v, qkv.contiguous(), positions, cos, sin, k_cache, v_cache,
-                                       metadata.common.slot_mapping, **norms)
+        self.kernel.rope_and_cache(q, k, v, qkv.contiguous(), positions, cos, sin, k_cache, v_cache,
+                                   metadata.common.slot_mapping, **norms)
+        if not is_quantized(kv_cache.dtype):  # (a quantized write leaves k, v as stored itself)
             k, v = self._as_stored(k, v, k_cache.dtype, metadata)
         out = torch.empty(t, layer.num_heads, layer.head_dim, dtype=out_dtype)
         self._attend(layer, q, k, v, k_cache, v_cache, metadata, out)
         return out
-
-    _no_cache = torch.empty(1, 1, 1, 1)  # rope_and_cache with no slots writes no cache
-    _no_slots = torch.empty(0, dtype=torch.int64)
 
     @staticmethod
     def _write_quantized(layer, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

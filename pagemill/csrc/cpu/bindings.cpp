@@ -226,7 +226,10 @@ void rope_and_cache(torch::Tensor q_out, torch::Tensor k_out, torch::Tensor v_ou
   a.q_out = q_out.data_ptr<float>(), a.k_out = k_out.data_ptr<float>(), a.v_out = v_out.data_ptr<float>();
   a.qkv = qkv.data_ptr(), a.qkv_dtype = dtype_of(qkv, "rope_and_cache qkv");
   a.positions = positions.data_ptr<int64_t>(), a.cos = cos.data_ptr<float>(), a.sin = sin.data_ptr<float>();
-  a.k_cache = k_cache.data_ptr(), a.v_cache = v_cache.data_ptr(), a.cache_dtype = dtype_of(k_cache, "rope_and_cache cache");
+  a.k_cache = k_cache.data_ptr(), a.v_cache = v_cache.data_ptr(), a.kv_quant = kv_quant_of(k_cache);
+  a.cache_dtype = a.kv_quant == pagemill::KvQuant::NONE ? dtype_of(k_cache, "rope_and_cache cache") : DType::F32;
+  TORCH_CHECK(a.n_cached == 0 || k_cache.size(3) == pagemill::kv_row_width(a.kv_quant, a.D),
+              "rope_and_cache: cache rows must be ", pagemill::kv_row_width(a.kv_quant, a.D), " wide");
   a.slot_mapping = slot_mapping.data_ptr<int64_t>(), a.num_threads = threads();
   TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "rope_and_cache: q_norm and k_norm go together");
   a.q_norm = a.k_norm = nullptr, a.norm_eps = static_cast<float>(norm_eps);

@@ -52,6 +52,8 @@ struct RopeCacheArgs {
   void* k_cache;
   void* v_cache;
   DType cache_dtype;
+  KvQuant kv_quant;  // NONE: a cache_dtype cache; else rows quantized as kv_rows.h writes them (k_out / v_out of
+                     // the cached tokens then hold the values as stored)
   const int64_t* slot_mapping;
   const float* q_norm;  // [D] per-head RMSNorm scale applied to q before RoPE (nullptr: none); k_norm likewise
   const float* k_norm;

@@ -141,17 +141,19 @@ inline void pv_chunk(const float* __restrict p, int64_t n, const C* __restrict v
 }
 
 // Query tokens of one tile (consecutive tokens of one request) against one KV head: token i's G query heads are at
-// q + i * qs, its output at out + i * qs, and it attends to keys [lo[i], hi[i]) of the request (lo and hi rise with i).
+// q + i * qs, its output at out + i * os, and it attends to keys [lo[i], hi[i]) of the request (lo and hi rise
+// with i).
 // Each K chunk and V block is read once for the whole tile (it stays in L1 while every token uses it), and every
 // token's arithmetic is exactly that of the token alone (same chunks, same order), so a verify step's rows equal
 // the one-token decodes bit for bit. Scores are computed for whole chunks of min(W, BS) keys; the extra keys of a
-// partial chunk are ignored.
+// partial chunk are ignored. A token may have no keys (lo == hi: a part of the context it does not reach): its output
+// is zeros. `stats` (nullptr: not wanted): each (token, head)'s softmax max and sum, for merging parts.
 template <typename C, typename O>
-inline void attend_tile(const float* __restrict q, O* __restrict out, int64_t qs, int64_t nt,
+inline void attend_tile(const float* __restrict q, O* __restrict out, int64_t qs, int64_t os, int64_t nt,
                         const int64_t* __restrict lo, const int64_t* __restrict hi, const C* __restrict k_cache,
                         const C* __restrict v_cache, const int64_t* __restrict block_row, int64_t G, int64_t D,
                         int64_t Hk, int64_t h, int64_t BS, float scale, Scratch& score_buf, Scratch& acc_buf,
-                        Scratch& index_buf) {
+                        Scratch& index_buf, float* __restrict stats = nullptr) {
   // Token i's scores sit at scores + off[i] + g * n[i]; score index j is key first[i] + j (room for whole chunks).
   int64_t* first = reinterpret_cast<int64_t*>(index_buf.get(3 * nt * 2));
   int64_t* n = first + nt;
@@ -210,6 +212,7 @@ inline void attend_tile(const float* __restrict q, O* __restrict out, int64_t qs
         s[j] = expf(s[j] - mx);
         sum += s[j];
       }
+      if (stats) stats[2 * (i * G + g)] = mx, stats[2 * (i * G + g) + 1] = sum;
       const float inv = 1.0f / sum;
 #pragma omp simd
       for (int64_t j = 0; j < len; ++j) s[j] *= inv;
@@ -238,7 +241,7 @@ inline void attend_tile(const float* __restrict q, O* __restrict out, int64_t qs
   }
   for (int64_t i = 0; i < nt; ++i) {
     const float* a = acc + i * G * D;
-    O* o = out + i * qs;
+    O* o = out + i * os;
     for (int64_t j = 0; j < G * D; j += W) vstoren(o + j, vloadn(a + j, G * D - j), G * D - j);
   }
 }
@@ -259,9 +262,44 @@ int64_t tile_tokens(const PagedAttentionArgs& a) {
   return 1;
 }
 
+// Keys per context part: a token's context is attended in parts at fixed key positions [p P, (p + 1) P), merged in
+// part order, so its arithmetic depends on the token alone (not on the batch, the tile, or which thread ran a part).
+// A short context is one part, whose merge is exact (weight l / l = 1): the same bits as without parts.
+constexpr int64_t kContextPart = 512;
+
+// A token's output out[G, D] from its parts' outputs (part p's [G, D] at acc + p * acc_stride, each normalised by
+// its own softmax) weighted by their softmax mass l_p exp(m_p - max m), in part order; part p's (m, l) per head at
+// stats + p * stats_stride + 2 g. Empty parts (l = 0) weigh nothing. o: room for D floats.
+// (Not inlined: one compiled form for both schedules, so -ffast-math cannot make their bits differ.)
+template <typename O>
+__attribute__((noinline)) void merge_parts(const float* __restrict acc, int64_t acc_stride,
+                                           const float* __restrict stats, int64_t stats_stride, int64_t parts,
+                                           int64_t G, int64_t D, O* __restrict out, float* __restrict o) {
+  for (int64_t g = 0; g < G; ++g) {
+    // (no infinities under -ffast-math: an empty part's max, -FLT_MAX, never enters an exp)
+    float mx = -FLT_MAX, total = 0.0f;
+    for (int64_t p = 0; p < parts; ++p)
+      if (stats[p * stats_stride + 2 * g + 1] != 0.0f) mx = fmaxf(mx, stats[p * stats_stride + 2 * g]);
+    for (int64_t p = 0; p < parts; ++p)
+      if (stats[p * stats_stride + 2 * g + 1] != 0.0f)
+        total += stats[p * stats_stride + 2 * g + 1] * expf(stats[p * stats_stride + 2 * g] - mx);
+    for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
+    for (int64_t p = 0; p < parts; ++p) {
+      const float l = stats[p * stats_stride + 2 * g + 1];
+      if (l == 0.0f) continue;
+      const float w = l * expf(stats[p * stats_stride + 2 * g] - mx) / total;
+      const float* x = acc + p * acc_stride + g * D;
+      for (int64_t d = 0; d < D; ++d) o[d] += w * x[d];
+    }
+    for (int64_t j = 0; j < D; j += W) vstoren(out + g * D + j, vloadn(o + j, D - j), D - j);
+  }
+}
+
 // Every (tile of a request's query tokens, KV head) pair, scheduled dynamically over the threads: an item's cost is
 // its context length, which varies a lot within a batch (static halves left one thread idle while the other did
-// the long sequences). A request's tokens are split into equal tiles of at most tile_tokens().
+// the long sequences). A request's tokens are split into equal tiles of at most tile_tokens(). With few pairs (one
+// long sequence has Hk of them: 3 KV heads on 2 threads left one idle a third of the time) the pairs' context parts
+// are the items, their outputs merged in a second pass; with many, each pair takes its parts in turn.
 template <typename C, typename O>
 void attend_all(const PagedAttentionArgs& a) {
   const float* qp = a.q;
@@ -269,34 +307,92 @@ void attend_all(const PagedAttentionArgs& a) {
   const C* kc = static_cast<const C*>(a.k_cache);
   const C* vc = static_cast<const C*>(a.v_cache);
   const int64_t Hq = a.Hq, Hk = a.Hk, D = a.D, G = Hq / Hk, tile = tile_tokens(a);
-  // tiles[2 j], tiles[2 j + 1]: first token and token count of tile j (a request's tiles as equal as can be)
+  const int64_t P = round_up(kContextPart, a.BS);
+  // tiles[3 j .. 3 j + 2]: first token, token count and context parts of tile j (a request's tiles as equal as can be)
   Scratch tile_buf;
-  int64_t* tiles = reinterpret_cast<int64_t*>(tile_buf.get(4 * imax(1, a.T)));
-  int64_t num_tiles = 0;
+  int64_t* tiles = reinterpret_cast<int64_t*>(tile_buf.get(6 * imax(1, a.T)));
+  int64_t num_tiles = 0, max_parts = 1;
   for (int64_t r = 0; r < a.B; ++r) {
     const int64_t t0 = a.query_start_loc[r], len = a.query_start_loc[r + 1] - t0;
     if (len <= 0) continue;
-    const int64_t parts = (len + tile - 1) / tile, per = (len + parts - 1) / parts;
-    for (int64_t s = 0; s < len; s += per, ++num_tiles)
-      tiles[2 * num_tiles] = t0 + s, tiles[2 * num_tiles + 1] = imin(per, len - s);
+    const int64_t pieces = (len + tile - 1) / tile, per = (len + pieces - 1) / pieces;
+    for (int64_t s = 0; s < len; s += per, ++num_tiles) {
+      const int64_t nt = imin(per, len - s), keys = a.context_lens[r] + s + nt;  // the tile's last token's keys
+      tiles[3 * num_tiles] = t0 + s, tiles[3 * num_tiles + 1] = nt, tiles[3 * num_tiles + 2] = (keys + P - 1) / P;
+      max_parts = imax(max_parts, tiles[3 * num_tiles + 2]);
+    }
   }
-  const int64_t items = num_tiles * Hk;
+  const int64_t pairs = num_tiles * Hk;
+  const bool split = max_parts > 1 && pairs < 4 * int64_t(a.num_threads);
+  // Part p of pair w: its tokens' outputs [nt][G][D] at out (token stride G D) and (m, l) stats [nt][G][2] at stats,
+  // or the outputs straight into the result (stats == nullptr: the pair's only part).
+  auto attend_part = [&](int64_t w, int64_t p, float* out, float* stats, Scratch& scores, Scratch& acc,
+                         Scratch& index, Scratch& bound_buf) {
+    const int64_t* tl = tiles + 3 * (w / Hk);
+    const int64_t t0 = tl[0], nt = tl[1], h = w % Hk, r = a.token_request[t0];
+    int64_t* lo = reinterpret_cast<int64_t*>(bound_buf.get(4 * nt));
+    int64_t* hi = lo + nt;
+    for (int64_t i = 0; i < nt; ++i) {  // the token's keys [lo, hi) within the part (empty if it does not reach it)
+      const int64_t pos = a.context_lens[r] + t0 + i - a.query_start_loc[r];
+      const int64_t first = a.window > 0 ? imax(0, pos - a.window + 1) : 0;
+      lo[i] = imin(imax(first, p * P), (p + 1) * P), hi[i] = imin(imax(pos + 1, p * P), (p + 1) * P);
+    }
+    const float* q = qp + (t0 * Hq + h * G) * D;
+    const int64_t* block_row = a.block_tables + r * a.MB;
+    if (!stats)
+      return attend_tile(q, op + (t0 * Hq + h * G) * D, Hq * D, Hq * D, nt, lo, hi, kc, vc, block_row, G, D, Hk,
+                         h, a.BS, a.scale, scores, acc, index);
+    if (lo[nt - 1] == hi[nt - 1]) {  // no token reaches this part (a window's start is past it)
+      for (int64_t i = 0; i < nt * G; ++i) stats[2 * i] = -FLT_MAX, stats[2 * i + 1] = 0.0f;
+      return;
+    }
+    attend_tile(q, out, Hq * D, G * D, nt, lo, hi, kc, vc, block_row, G, D, Hk, h, a.BS, a.scale, scores, acc, index,
+                stats);
+  };
+  // Pair w's tokens' outputs from its np parts (part p at out + p * part_out, stats + p * part_stats).
+  auto merge_pair = [&](int64_t w, int64_t np, const float* out, int64_t part_out, const float* stats,
+                        int64_t part_stats, Scratch& row) {
+    const int64_t* tl = tiles + 3 * (w / Hk);
+    const int64_t t0 = tl[0], nt = tl[1], h = w % Hk;
+    for (int64_t i = 0; i < nt; ++i)
+      merge_parts(out + i * G * D, part_out, stats + i * G * 2, part_stats, np, G, D,
+                  op + ((t0 + i) * Hq + h * G) * D, row.get(D));
+  };
+  // Split: part slots of every pair, [pairs][max_parts] x (tile x G x D outputs, then tile x G x 2 stats).
+  const int64_t slot = tile * G * (D + 2);
+  Scratch part_buf;
+  float* parts = split ? part_buf.get(pairs * max_parts * slot) : nullptr;
+  const int64_t items = split ? pairs * max_parts : pairs;
 #pragma omp parallel num_threads(a.num_threads) if (items > 1)
   {
-    Scratch scores, acc, index, bounds;
+    Scratch scores, acc, index, bound_buf, own, row;
+    if (split) {
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t w = 0; w < items; ++w) {
-      const int64_t* tl = tiles + 2 * (w / Hk);
-      const int64_t t0 = tl[0], nt = tl[1], h = w % Hk, r = a.token_request[t0];
-      int64_t* lo = reinterpret_cast<int64_t*>(bounds.get(4 * nt));
-      int64_t* hi = lo + nt;
-      for (int64_t i = 0; i < nt; ++i) {
-        const int64_t pos = a.context_lens[r] + t0 + i - a.query_start_loc[r];
-        lo[i] = a.window > 0 ? imax(0, pos - a.window + 1) : 0;
-        hi[i] = pos + 1;
+      for (int64_t u = 0; u < items; ++u) {
+        const int64_t w = u / max_parts, p = u % max_parts;
+        if (p >= tiles[3 * (w / Hk) + 2]) continue;
+        float* s = parts + u * slot;
+        attend_part(w, p, s, s + tile * G * D, scores, acc, index, bound_buf);
       }
-      attend_tile(qp + (t0 * Hq + h * G) * D, op + (t0 * Hq + h * G) * D, Hq * D, nt, lo, hi, kc, vc,
-                  a.block_tables + r * a.MB, G, D, Hk, h, a.BS, a.scale, scores, acc, index);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t w = 0; w < pairs; ++w) {
+        const float* s = parts + w * max_parts * slot;
+        merge_pair(w, tiles[3 * (w / Hk) + 2], s, slot, s + tile * G * D, slot, row);
+      }
+    } else {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t w = 0; w < pairs; ++w) {
+        const int64_t nt = tiles[3 * (w / Hk) + 1], np = tiles[3 * (w / Hk) + 2];
+        if (np == 1) {
+          attend_part(w, 0, nullptr, nullptr, scores, acc, index, bound_buf);
+          continue;
+        }
+        const int64_t part_out = nt * G * D, part_stats = nt * G * 2;
+        float* s = own.get(np * (part_out + part_stats));
+        for (int64_t p = 0; p < np; ++p)
+          attend_part(w, p, s + p * part_out, s + np * part_out + p * part_stats, scores, acc, index, bound_buf);
+        merge_pair(w, np, s, part_out, s + np * part_out, part_stats, row);
+      }
     }
   }
 }

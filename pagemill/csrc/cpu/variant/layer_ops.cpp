@@ -2,6 +2,7 @@
 // reshape_and_cache): each replaces 5-25 small torch ops, whose dispatch cost dominated small batches.
 // All math is fp32; inputs and outputs may be fp32, fp16 or bf16 (the dtype the next matmul wants).
 #include "simd.h"
+#include "../kv_rows.h"
 
 namespace pagemill {
 namespace PAGEMILL_ISA {
@@ -132,6 +133,27 @@ void gelu_tanh_and_mul(void* out, DType out_dtype, const void* x, DType x_dtype,
   act_and_mul<GeluTanhMul>(out, out_dtype, x, x_dtype, T, I, num_threads);
 }
 
+namespace {
+
+// Token t's K and V rows (k_out / v_out) into a quantized cache: K codes transposed in their block ([Hk, D, BS], then
+// the scales [Hk, S, BS]), V rows of D codes then S scales; k_out / v_out then hold the values as stored.
+void write_quantized(const RopeCacheArgs& a, int64_t t) {
+  const int64_t D = a.D, Hk = a.Hk, BS = a.BS, row = kv_row_width(a.kv_quant, D);
+  const int64_t scale_bytes = a.kv_quant == KvQuant::INT8 ? 2 : 4, ns = (row - D) / scale_bytes;
+  const int64_t slot = a.slot_mapping[t], off = slot % BS;
+  uint8_t* kb = static_cast<uint8_t*>(a.k_cache) + slot / BS * BS * Hk * row;
+  uint8_t* vr = static_cast<uint8_t*>(a.v_cache) + slot * Hk * row;
+  for (int64_t h = 0; h < Hk; ++h) {
+    float* k = a.k_out + (t * Hk + h) * D;
+    float* v = a.v_out + (t * Hk + h) * D;
+    uint8_t* k_scales = kb + Hk * D * BS + (h * ns * BS + off) * scale_bytes;
+    quantize_kv_row(a.kv_quant, k, D, kb + h * D * BS + off, BS, k_scales, BS * scale_bytes, k);
+    quantize_kv_row(a.kv_quant, v, D, vr + h * row, 1, vr + h * row + D, scale_bytes, v);
+  }
+}
+
+}  // namespace
+
 void rope_and_cache(const RopeCacheArgs& a) {
   const int64_t T = a.T, Hq = a.Hq, Hk = a.Hk, D = a.D, BS = a.BS, Wd = (Hq + 2 * Hk) * D;
   with_float_type(a.cache_dtype, [&](auto ct) {
@@ -160,7 +182,9 @@ void rope_and_cache(const RopeCacheArgs& a) {
             rope(a.k_out + (t * Hk + h) * D, row + (Hq + h) * D, a.k_norm, c, s);
             copy_row(a.v_out + (t * Hk + h) * D, row + (Hq + Hk + h) * D, D);
           }
-          if (t < a.n_cached) {  // K blocks are stored transposed, [Hk, D, BS], for the attention kernel
+          if (t < a.n_cached && a.kv_quant != KvQuant::NONE) {
+            write_quantized(a, t);
+          } else if (t < a.n_cached) {  // K blocks are stored transposed, [Hk, D, BS], for the attention kernel
             const int64_t slot = a.slot_mapping[t], blk = slot / BS, off = slot % BS;
             C* kb = kc + blk * BS * Hk * D + off;
             const float* kr = a.k_out + t * Hk * D;
