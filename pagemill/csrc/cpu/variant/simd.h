@@ -48,8 +48,12 @@ inline float bits_f32(uint32_t u) {
   return f;
 }
 
-// Scalar conversions, integer-only so -ffast-math cannot change them; round to nearest even like torch.
+// Scalar conversions, integer-only so -ffast-math cannot change them; round to nearest even like torch. (F16C's
+// widening is exact too, and a single instruction where the attention kernel reads a float16 scale per V chunk.)
 inline float f16_to_f32(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#endif
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
   if (e == 0x1F) return bits_f32(sign | 0x7F800000u | (m << 13));
