@@ -112,6 +112,8 @@ def _save(model: nn.Module, tok, out: str, tensors: dict[str, torch.Tensor], qco
     cfg["quantization_config"] = qconfig
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
+    if getattr(model.config, "tie_word_embeddings", False):  # the head is the embedding (HF checkpoints omit it)
+        tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, "model.safetensors"))
     return out
 
