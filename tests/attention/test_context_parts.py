@@ -91,3 +91,29 @@ def test_quantized_cache_long_context(dtype):
     out = _two_threads(lambda: cpu_backend.forward(layer, q, k, v, _quant_kernel_layout(qcache),
                                                    cpu_backend.build_metadata(md)))
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_merged_parts_write_reduced_precision_output(out_dtype):
+    """forward_fused into a bfloat16 / float16 output over long contexts: the merge writes the output dtype."""
+    from transformers import LlamaConfig
+
+    from pagemill.attention.backends.cpu_paged import CpuPagedAttention
+    from pagemill.layers.rotary import RotaryEmbedding
+
+    rng = np.random.default_rng(6)
+    specs = [(1300, 1), (600, 5)]
+    hq, hk, d = 9, 3, 64
+    md, cache, q, k, v = _batch(rng, specs, 16, 2 + sum(-(-(c + n) // 16) for c, n in specs), hk, d, hq)
+    layer = _Layer(hq, hk, d, None)
+    rotary = RotaryEmbedding(LlamaConfig(hidden_size=hq * d, num_attention_heads=hq), 2048, torch.float32)
+    positions = torch.from_numpy(np.concatenate([np.arange(c, c + n) for c, n in specs]))
+    qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
+    q_rot, k_rot = rotary(positions, q, k)
+    torch_backend, cpu_backend = TorchPagedAttention(), CpuPagedAttention()
+    ref = torch_backend.forward(layer, q_rot, k_rot, v, cache.clone(), torch_backend.build_metadata(md))
+    out = _two_threads(lambda: cpu_backend.forward_fused(layer, qkv, positions, rotary.cos, rotary.sin,
+                                                         _kernel_layout(cache), cpu_backend.build_metadata(md),
+                                                         out_dtype))
+    assert out.dtype == out_dtype
+    torch.testing.assert_close(out.float(), ref, atol=2e-3, rtol=1e-2)
