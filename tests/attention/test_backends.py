@@ -40,6 +40,21 @@ def _batch(rng: np.random.Generator, specs: list[tuple[int, int]], block_size: i
     return md, cache, torch.randn(t, hq, d), torch.randn(t, hk, d), torch.randn(t, hk, d)
 
 
+def _fused_inputs(specs: list[tuple[int, int]], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, max_pos: int):
+    """What forward_fused takes for a _batch: the rotary table, positions and the QKV projection output, and the
+    q, k it rotates (for the reference)."""
+    from transformers import LlamaConfig
+
+    from pagemill.layers.rotary import RotaryEmbedding
+
+    hq, d = q.shape[1], q.shape[2]
+    rotary = RotaryEmbedding(LlamaConfig(hidden_size=hq * d, num_attention_heads=hq), max_pos, torch.float32)
+    positions = torch.from_numpy(np.concatenate([np.arange(c, c + n) for c, n in specs]))
+    qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
+    q_rot, k_rot = rotary(positions, q, k)
+    return rotary, positions, qkv, q_rot, k_rot
+
+
 def _kernel_layout(cache: torch.Tensor) -> torch.Tensor:
     """The reference cache [2, NB, BS, Hk, D] with each K block transposed to [Hk, D, BS] (the CPU kernel's)."""
     out = cache.clone()
@@ -81,9 +96,6 @@ def test_cpu_kernel_matches_torch_reference(window, block_size, hq, hk):
 def test_cpu_kernel_reduced_precision_cache_and_output(cache_dtype, out_dtype):
     """A fp16/bf16 KV cache: the kernel path equals the torch reference on the same stored values."""
     from pagemill.attention.backends.cpu_paged import CpuPagedAttention
-    from transformers import LlamaConfig
-
-    from pagemill.layers.rotary import RotaryEmbedding
 
     rng = np.random.default_rng(1)
     torch.manual_seed(1)
@@ -92,10 +104,7 @@ def test_cpu_kernel_reduced_precision_cache_and_output(cache_dtype, out_dtype):
     md, cache, q, k, v = _batch(rng, specs, 16, 32, hk, d, hq)
     cache = cache.to(cache_dtype)
     layer = _Layer(hq, hk, d, None)
-    rotary = RotaryEmbedding(LlamaConfig(hidden_size=hq * d, num_attention_heads=hq), 128, torch.float32)
-    positions = torch.from_numpy(np.concatenate([np.arange(c, c + n) for c, n in specs]))
-    qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
-    q_rot, k_rot = rotary(positions, q, k)
+    rotary, positions, qkv, q_rot, k_rot = _fused_inputs(specs, q, k, v, 128)
     torch_backend, cpu_backend = TorchPagedAttention(), CpuPagedAttention()
     ref = torch_backend.forward(layer, q_rot, k_rot, v, cache.clone(), torch_backend.build_metadata(md))
     cache2 = _kernel_layout(cache)

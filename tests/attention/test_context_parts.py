@@ -9,9 +9,14 @@ import torch
 
 from pagemill.attention.backends.torch_paged import TorchPagedAttention
 from pagemill.attention.metadata import CommonAttentionMetadata
-from tests.attention.test_backends import _batch, _kernel_layout, _Layer
+from tests.attention.test_backends import _batch, _fused_inputs, _kernel_layout, _Layer
 from tests.attention.test_kv_quant_kernels import _kernel_layout as _quant_kernel_layout
 from tests.attention.test_kv_quant_kernels import _quantized_cache
+
+
+def _num_blocks(specs: list[tuple[int, int]], block_size: int) -> int:
+    """Cache blocks enough for every request of a _batch (block 0 is never used)."""
+    return 2 + sum(-(-(c + n) // block_size) for c, n in specs)
 
 
 def _two_threads(fn):
@@ -42,7 +47,7 @@ def test_long_contexts_match_reference(window, block_size, hq, hk):
 
     rng = np.random.default_rng(3)
     specs = [(1500, 1), (700, 1), (5, 1), (508, 8), (1030, 40), (0, 600)]  # decodes first, as the runner orders
-    md, cache, q, k, v = _batch(rng, specs, block_size, 2 + sum(-(-(c + n) // block_size) for c, n in specs), hk,
+    md, cache, q, k, v = _batch(rng, specs, block_size, _num_blocks(specs, block_size), hk,
                                 32, hq)
     layer = _Layer(hq, hk, 32, window)
     torch_backend, cpu_backend = TorchPagedAttention(), CpuPagedAttention()
@@ -63,7 +68,7 @@ def test_parts_split_over_threads_equal_parts_in_turn(n, hq, hk):
     # decodes first, as the runner orders them; the long request's tile of 8 after them
     specs = [(1700, n)] + [(int(c), 1) for c in rng.integers(1, 900, 9)]
     specs = sorted(specs, key=lambda s: s[1] > 1)
-    md, cache, q, k, v = _batch(rng, specs, 16, 2 + sum(-(-(c + m) // 16) for c, m in specs), hk, 64, hq)
+    md, cache, q, k, v = _batch(rng, specs, 16, _num_blocks(specs, 16), hk, 64, hq)
     layer, backend = _Layer(hq, hk, 64, None), CpuPagedAttention()
     kc = _kernel_layout(cache)
     batched = _two_threads(lambda: backend.forward(layer, q, k, v, kc.clone(), backend.build_metadata(md)))
@@ -83,7 +88,7 @@ def test_quantized_cache_long_context(dtype):
 
     rng = np.random.default_rng(5)
     specs = [(1300, 1), (600, 5)]
-    md, cache, q, k, v = _batch(rng, specs, 16, 2 + sum(-(-(c + n) // 16) for c, n in specs), 3, 64, 9)
+    md, cache, q, k, v = _batch(rng, specs, 16, _num_blocks(specs, 16), 3, 64, 9)
     qcache = _quantized_cache(cache, dtype)
     layer = _Layer(9, 3, 64, None)
     torch_backend, cpu_backend = TorchPagedAttention(), CpuPagedAttention()
@@ -96,20 +101,14 @@ def test_quantized_cache_long_context(dtype):
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 def test_merged_parts_write_reduced_precision_output(out_dtype):
     """forward_fused into a bfloat16 / float16 output over long contexts: the merge writes the output dtype."""
-    from transformers import LlamaConfig
-
     from pagemill.attention.backends.cpu_paged import CpuPagedAttention
-    from pagemill.layers.rotary import RotaryEmbedding
 
     rng = np.random.default_rng(6)
     specs = [(1300, 1), (600, 5)]
     hq, hk, d = 9, 3, 64
-    md, cache, q, k, v = _batch(rng, specs, 16, 2 + sum(-(-(c + n) // 16) for c, n in specs), hk, d, hq)
+    md, cache, q, k, v = _batch(rng, specs, 16, _num_blocks(specs, 16), hk, d, hq)
     layer = _Layer(hq, hk, d, None)
-    rotary = RotaryEmbedding(LlamaConfig(hidden_size=hq * d, num_attention_heads=hq), 2048, torch.float32)
-    positions = torch.from_numpy(np.concatenate([np.arange(c, c + n) for c, n in specs]))
-    qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
-    q_rot, k_rot = rotary(positions, q, k)
+    rotary, positions, qkv, q_rot, k_rot = _fused_inputs(specs, q, k, v, 2048)
     torch_backend, cpu_backend = TorchPagedAttention(), CpuPagedAttention()
     ref = torch_backend.forward(layer, q_rot, k_rot, v, cache.clone(), torch_backend.build_metadata(md))
     out = _two_threads(lambda: cpu_backend.forward_fused(layer, qkv, positions, rotary.cos, rotary.sin,

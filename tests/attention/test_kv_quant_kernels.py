@@ -8,7 +8,7 @@ import torch
 
 from pagemill.attention.backends.torch_paged import TorchPagedAttention
 from pagemill.attention.kv_quant import head_dim_of, num_scales, pack_rows, row_width, scale_dtype, unpack_rows
-from tests.attention.test_backends import _batch, _Layer
+from tests.attention.test_backends import _batch, _fused_inputs, _Layer
 
 QUANT_DTYPES = [torch.int8, torch.float8_e4m3fn, torch.float8_e5m2]
 
@@ -96,10 +96,7 @@ def test_quantized_kernel_matches_torch_reference(dtype, window, block_size, hq,
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_quantized_fused_rope_path(dtype, out_dtype):
     """forward_fused (RoPE in the kernel, quantize on write) equals the reference on the rotated q, k."""
-    from transformers import LlamaConfig
-
     from pagemill.attention.backends.cpu_paged import CpuPagedAttention
-    from pagemill.layers.rotary import RotaryEmbedding
 
     rng = np.random.default_rng(1)
     specs = [(5, 1), (40, 1), (17, 6), (0, 9)]
@@ -107,10 +104,7 @@ def test_quantized_fused_rope_path(dtype, out_dtype):
     md, cache, q, k, v = _batch(rng, specs, 16, 32, hk, d, hq)
     qcache = _quantized_cache(cache, dtype)
     layer = _Layer(hq, hk, d, None)
-    rotary = RotaryEmbedding(LlamaConfig(hidden_size=hq * d, num_attention_heads=hq), 128, torch.float32)
-    positions = torch.from_numpy(np.concatenate([np.arange(c, c + n) for c, n in specs]))
-    qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
-    q_rot, k_rot = rotary(positions, q, k)
+    rotary, positions, qkv, q_rot, k_rot = _fused_inputs(specs, q, k, v, 128)
     torch_backend, cpu_backend = TorchPagedAttention(), CpuPagedAttention()
     ref = torch_backend.forward(layer, q_rot, k_rot, v, qcache.clone(), torch_backend.build_metadata(md))
     kcache = _kernel_layout(qcache)

@@ -276,18 +276,18 @@ __attribute__((noinline)) void merge_parts(const float* __restrict acc, int64_t 
                                            const float* __restrict stats, int64_t stats_stride, int64_t parts,
                                            int64_t G, int64_t D, O* __restrict out, float* __restrict o) {
   for (int64_t g = 0; g < G; ++g) {
+    auto m = [&](int64_t p) { return stats[p * stats_stride + 2 * g]; };
+    auto l = [&](int64_t p) { return stats[p * stats_stride + 2 * g + 1]; };
     // (no infinities under -ffast-math: an empty part's max, -FLT_MAX, never enters an exp)
     float mx = -FLT_MAX, total = 0.0f;
     for (int64_t p = 0; p < parts; ++p)
-      if (stats[p * stats_stride + 2 * g + 1] != 0.0f) mx = fmaxf(mx, stats[p * stats_stride + 2 * g]);
+      if (l(p) != 0.0f) mx = fmaxf(mx, m(p));
     for (int64_t p = 0; p < parts; ++p)
-      if (stats[p * stats_stride + 2 * g + 1] != 0.0f)
-        total += stats[p * stats_stride + 2 * g + 1] * expf(stats[p * stats_stride + 2 * g] - mx);
+      if (l(p) != 0.0f) total += l(p) * expf(m(p) - mx);
     for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
     for (int64_t p = 0; p < parts; ++p) {
-      const float l = stats[p * stats_stride + 2 * g + 1];
-      if (l == 0.0f) continue;
-      const float w = l * expf(stats[p * stats_stride + 2 * g] - mx) / total;
+      if (l(p) == 0.0f) continue;
+      const float w = l(p) * expf(m(p) - mx) / total;
       const float* x = acc + p * acc_stride + g * D;
       for (int64_t d = 0; d < D; ++d) o[d] += w * x[d];
     }
