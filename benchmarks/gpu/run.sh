@@ -103,7 +103,7 @@ fi
 if want throughput; then
 stage "throughput (nano-vllm workload)"
 rm -f "$OUT/throughput.json"
-timeout $((${T_THROUGHPUT:-150} * TM)) $PY "$ROOT/benchmarks/gpu/throughput.py" $([ $DRY = 1 ] && echo --dry-run) --root "$WORK/models" --async-too \
+timeout $((${T_THROUGHPUT:-200} * TM)) $PY "$ROOT/benchmarks/gpu/throughput.py" $([ $DRY = 1 ] && echo --dry-run) --root "$WORK/models" --async-too --virtual-too \
   $([ $DRY = 0 ] && echo --profile) \
   --json "$OUT/throughput.json" 2>&1 | tee "$OUT/throughput.log" | grep -v -i "warnings.warn\|futurewarning" | tail -20
 STATUS[throughput]=${PIPESTATUS[0]}
@@ -148,6 +148,7 @@ print(f"| parity | {status(parity)}: {par.removeprefix('PARITY ')} |")
 print(f"| throughput run | {status(thr)} |")
 print(f"| throughput, CUDA graphs (output tok/s) | {f('graphs_tok_s')} |")
 print(f"| throughput, async scheduling (output tok/s) | {f('async_tok_s')} |")
+print(f"| throughput, virtual KV (vTensor, CUDA VMM; output tok/s) | {f('virtual_tok_s')} |")
 print(f"| roofline (tok/s) / pagemill's share | {f('roofline_tok_s')} / {f('pct_of_roofline', '{:.1%}')} |")
 print(f"| HBM GB/s / bf16 GEMM TFLOP/s | {f('hbm_gb_s')} / {f('gemm_tflops')} |")
 print(f"| HF generate subset (output tok/s) | {f('hf_tok_s')} |")

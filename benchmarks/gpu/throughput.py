@@ -64,6 +64,8 @@ def main() -> int:
     ap.add_argument("--hf-subset", type=int, default=16)
     ap.add_argument("--eager-too", action="store_true")
     ap.add_argument("--async-too", action="store_true", help="also with async_scheduling=True")
+    ap.add_argument("--virtual-too", action="store_true",
+                    help="also with kv_cache_layout='virtual' (vTensor: CUDA VMM ranges, one 2 MiB chunk per block)")
     ap.add_argument("--profile", action="store_true",
                     help="after the runs: torch.profiler over 64 of the requests (32 output tokens), top kernels")
     ap.add_argument("--root", default="/tmp/pagemill-gpu/models")
@@ -94,7 +96,11 @@ def main() -> int:
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outs]
     results = {}
     variants = [("graphs", {}), *([("async", {"async_scheduling": True})] if args.async_too else []),
-                *([("eager", {"enforce_eager": True})] if args.eager_too else [])]
+                *([("eager", {"enforce_eager": True})] if args.eager_too else []),
+                # a chunk is one block of one layer's K: 2 MiB (the driver's granularity) = 2,048 tokens of the 1B's
+                # bf16 K (8 heads x 64); the tiny float32 model's 4 KiB host page = 32 tokens
+                *([("virtual", {"kv_cache_layout": "virtual", "block_size": 32 if dry else 2048})]
+                  if args.virtual_too else [])]
     for label, over in variants:
         t0 = time.perf_counter()
         llm = LLM(path, **engine, **over)

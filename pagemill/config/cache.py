@@ -13,6 +13,7 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb":
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 KV_CACHE_LAYOUTS = ("paged", "virtual")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+VIRTUAL_BLOCK_SIZES = tuple(1 << i for i in range(17))
 
 
 def parse_size(value: int | float | str) -> int:
@@ -40,7 +41,11 @@ class CacheConfig:
     gpu_memory_utilization: float | None = None  # resolved: None on the CPU, 0.9 on CUDA when not given
 
     def __post_init__(self) -> None:
-        if self.block_size not in BLOCK_SIZES:
+        if self.kv_cache_layout == "virtual":  # a block is a mapped chunk: up to the driver's 2 MiB and beyond
+            if self.block_size not in VIRTUAL_BLOCK_SIZES:
+                raise ValueError(f"block_size must be a power of two in [1, 65536] with kv_cache_layout='virtual', "
+                                 f"got {self.block_size}.")
+        elif self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size must be a power of two in [1, 256], got {self.block_size}.")
         if self.prefix_caching_hash_algo not in ("builtin", "sha256"):
             raise ValueError("prefix_caching_hash_algo must be 'builtin' or 'sha256'.")

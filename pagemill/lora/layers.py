@@ -48,8 +48,11 @@ class LinearWithLoRA(nn.Module):
         dtype = base.input_dtype
         full_in = base.input_size * (base.tp_size if base.split == "row" else 1)
         self.full_input_size = full_in
-        self.lora_a = torch.zeros(num_slots, base.input_size, self.width, dtype=dtype)
-        self.lora_b = torch.zeros(num_slots, self.width, base.output_size, dtype=dtype)
+        # buffers (not saved): they follow the model to its device (the GPU runner moves it after wrapping)
+        self.register_buffer("lora_a", torch.zeros(num_slots, base.input_size, self.width, dtype=dtype),
+                             persistent=False)
+        self.register_buffer("lora_b", torch.zeros(num_slots, self.width, base.output_size, dtype=dtype),
+                             persistent=False)
         self._reduce = base.split == "row" and base.tp_size > 1
 
     @property

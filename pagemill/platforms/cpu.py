@@ -46,11 +46,13 @@ class CpuPlatform(Platform):
 
     def get_attn_backend_cls(self, selected: str, batch_invariant: bool, kv_cache_layout: str) -> list[str]:
         """The compiled CPU kernel (else the torch reference) for auto; kv_cache_layout="virtual" has its own
-        (SDPA over contiguous KV) and batch_invariant=True the kernel's fixed-order variant."""
+        (SDPA over contiguous KV; Triton's paged kernel on the GPU worker) and batch_invariant=True the kernel's fixed-order variant."""
         names = self.attention_backend_names()
         if selected not in names:
             raise ValueError(f"attention_backend must be one of {', '.join(names)}, got {selected!r}.")
         if kv_cache_layout == "virtual":
+            if selected == "triton":  # the GPU worker's way (run on the CPU in CI): the paged kernel over ranges
+                return [TRITON_PAGED]
             if selected != "auto":
                 raise ValueError("kv_cache_layout='virtual' has its own attention (SDPA over contiguous KV): it "
                                  f"cannot be combined with attention_backend={selected!r} (leave it 'auto').")

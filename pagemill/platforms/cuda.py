@@ -70,9 +70,9 @@ class CudaPlatform(Platform):
         names = self.attention_backend_names()
         if selected not in names:
             raise ValueError(f"attention_backend must be one of {', '.join(names)}, got {selected!r}.")
-        if kv_cache_layout != "paged":
-            raise ValueError(f"kv_cache_layout={kv_cache_layout!r} is not available on the CUDA platform yet "
-                             "(use 'paged').")
+        if kv_cache_layout == "virtual" and selected not in ("auto", "triton"):
+            raise ValueError("kv_cache_layout='virtual' on CUDA reads its ranges with the Triton kernel: it cannot be "
+                             f"combined with attention_backend={selected!r} (leave it 'auto').")
         if batch_invariant:
             raise ValueError("batch_invariant=True needs the compiled CPU kernels: not available on the CUDA platform.")
         if selected == "auto":

@@ -40,6 +40,8 @@ class GpuModelRunner(ModelRunner):
     """ModelRunner on `config.device_config.device` with persistent step buffers, a device sampler and CUDA graphs
     (CUDA)."""
 
+    kv_cache_layout = "paged"
+
     def __init__(self, config: EngineConfig, parallel: ParallelContext | None = None) -> None:
         self.config = config
         self.parallel = parallel or ParallelContext()
@@ -50,12 +52,13 @@ class GpuModelRunner(ModelRunner):
             raise ValueError("multimodal models do not run on the GPU runner yet.")
         self.encoder_cache = None
         self.mrope = None  # multimodal models (M-RoPE) are refused on this runner
-        if cc.kv_cache_layout != "paged":
-            raise ValueError("kv_cache_layout: the GPU runner runs the paged layout only.")
+        if cc.kv_cache_layout != self.kv_cache_layout:
+            raise ValueError(f"kv_cache_layout={cc.kv_cache_layout!r}: this runner runs {self.kv_cache_layout!r}.")
         self.device = torch.device(config.device_config.device)
         if self.device.type == "cuda" and torch.cuda.is_available():
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.backend = get_attn_backend(config.attention_backend, config.batch_invariant, cc.kv_cache_layout)
+        # (the virtual layout reads its contiguous ranges through the paged kernel: one block per request)
+        self.backend = get_attn_backend(config.attention_backend, config.batch_invariant, "paged")
         self.ops = select_layer_ops(self.backend.name, CudaPlatform)  # the CUDA table, also when run on the CPU
         self.vocab_size = mc.hf_config.vocab_size
         self.block_size = cc.block_size
@@ -98,6 +101,7 @@ class GpuModelRunner(ModelRunner):
         """The base's KV cache and input batch, the swap space in pinned host memory (CUDA), the persistent step
         buffers, then (CUDA, not enforce_eager) the decode CUDA graphs."""
         kv = super().initialize_kv_cache(num_blocks)
+        self._bind_layer_caches()
         if self.is_cuda and self.swap_cache is not None:
             self.swap_cache = self.swap_cache.pin_memory()
         sc = self.config.scheduler_config
@@ -114,6 +118,14 @@ class GpuModelRunner(ModelRunner):
             self.graphs = DecodeGraphs.capture(self)
         return kv
 
+    def _bind_layer_caches(self) -> None:
+        """Where the attention layers read and write their KV (the paged layout: the base's views of the pool)."""
+
+    def _kv_addresses(self, rows: np.ndarray, token_req: np.ndarray, positions: np.ndarray, tables: np.ndarray,
+                      slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The block tables and slots the kernels address the layers' caches with (paged: the scheduler's)."""
+        return tables, slots
+
     # ---- per step ----
     def attn_inputs(self, rows: np.ndarray, computed: np.ndarray, counts: np.ndarray, pad_to: int | None = None
                     ) -> tuple[list[CommonAttentionMetadata], torch.Tensor, torch.Tensor, np.ndarray]:
@@ -125,6 +137,7 @@ class GpuModelRunner(ModelRunner):
         token_req = np.repeat(np.arange(len(rows)), counts)
         tables = np.stack([m.block_table for m in md])
         slots = np.stack([m.slot_mapping.numpy() for m in md])
+        tables, slots = self._kv_addresses(rows, token_req, positions.numpy(), tables, slots)
         buf = self.buffers
         tokens, _ = buf.stage(input_ids.numpy(), positions.numpy(), slots, token_req, tables, pad_to)
         for g, m in enumerate(md):

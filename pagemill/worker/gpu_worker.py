@@ -50,10 +50,15 @@ class GpuWorker(CpuWorker):
         self._is_driver = self.parallel.is_driver
 
     def load_model(self) -> None:
-        """The GPU runner (generating models, paged KV) and its model."""
+        """The GPU runner (generating models; paged KV, or virtual ranges) and its model."""
         if self.config.model_config.runner_type != "generate":
             raise ValueError("runner='pooling' is not available on the GPU worker yet.")
-        self.model_runner = GpuModelRunner(self.config, self.parallel)
+        if self.config.cache_config.kv_cache_layout == "virtual":
+            from pagemill.worker.gpu_virtual_kv_runner import GpuVirtualKVModelRunner
+
+            self.model_runner = GpuVirtualKVModelRunner(self.config, self.parallel)
+        else:
+            self.model_runner = GpuModelRunner(self.config, self.parallel)
         self.model_runner.load_model()
 
     def launch_model(self, scheduler_output: SchedulerOutput) -> LaunchedStep:

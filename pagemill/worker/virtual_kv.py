@@ -32,7 +32,7 @@ import torch
 # Linux mmap flags (the same on x86-64 and arm64).
 _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS = 0x01, 0x02, 0x10, 0x20
 _MAP_NORESERVE, _MAP_POPULATE = 0x4000, 0x8000
-_PROT_READ = 0x1
+_PROT_READ, _PROT_WRITE = 0x1, 0x2
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _MEMFD_NAME = "pagemill-kv"
 # Mappings left to the rest of the process (torch, libraries, the pool view) under vm.max_map_count.
@@ -84,110 +84,83 @@ def _runs(slots: np.ndarray, want: np.ndarray, mask: np.ndarray) -> _Runs | None
     return _Runs(slots[rows], cols, blocks, starts, np.append(starts[1:], len(rows)))
 
 
-class VirtualKVSpace:
-    """The physical chunk pool and every slot's reserved K/V ranges, with the chunk -> range mappings."""
+class VirtualRanges:
+    """Every request slot's reserved K/V ranges over a pool of physical chunks (one block of one layer's K or V),
+    with the chunk -> range mappings; subclasses map and unmap (Linux mmap of a memfd; the CUDA driver's virtual
+    memory API).
 
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, num_slots: int, max_model_len: int) -> None:
-        if not sys.platform.startswith("linux") or not hasattr(os, "memfd_create"):
-            raise ValueError(f"kv_cache_layout='virtual' needs Linux (memfd_create and mmap MAP_FIXED); this is "
-                             f"{sys.platform}: use kv_cache_layout='paged'.")
+    Layout of the reservation, shared by both: [layers, K/V, 1 + num_slots, max_chunks, chunk], each range one
+    layer's K (or V) of one slot, contiguous in tokens. Range 0 of each layer's K/V is the null range: its chunk 0
+    maps the null block 0 for good, so padded tokens (block 0, slot 0) read and write there like the paged layout's."""
+
+    map_ahead_in_background = True  # False: chunks allocated ahead are mapped on the step path (A/B)
+
+    def _init_ranges(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                     dtype: torch.dtype, num_slots: int, max_model_len: int) -> None:
+        """Shapes and bookkeeping (call before allocating): chunk and range sizes, the mapping table, counters."""
         elem = torch.empty((), dtype=dtype).element_size()
-        self.page = mmap.PAGESIZE
-        self.chunk_bytes = block_size * num_kv_heads * head_dim * elem
-        if self.chunk_bytes % self.page:
-            tokens = self.page // math.gcd(self.page, num_kv_heads * head_dim * elem)
-            raise ValueError(f"kv_cache_layout='virtual' maps whole {self.page}-byte pages: one layer's K for "
-                             f"block_size={block_size} tokens is {self.chunk_bytes} bytes; use a block_size that "
-                             f"is a multiple of {tokens}.")
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         self.num_slots = num_slots
+        self.chunk_bytes = block_size * num_kv_heads * head_dim * elem
         self.max_chunks = -(-max_model_len // block_size)
         self.range_bytes = self.max_chunks * self.chunk_bytes  # one slot's K (or V) of one layer
-        self.slot_bytes = num_layers * 2 * self.range_bytes
-        self._libc = _libc()
-        # Physical pool: shmem pages are allocated on first write, like the paged layout's lazy anonymous mapping.
-        pool_bytes = num_layers * 2 * num_blocks * self.chunk_bytes
-        reserve = num_slots * self.slot_bytes
-        fd = os.memfd_create(_MEMFD_NAME, os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, pool_bytes)
-            pool_map = mmap.mmap(fd, pool_bytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-            # The reservation: read-only, uncommitted; chunk mappings replace parts of it (MAP_FIXED).
-            reserved = mmap.mmap(-1, reserve, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE,
-                                 prot=mmap.PROT_READ)
-        except OSError as e:
-            os.close(fd)
-            raise ValueError(f"kv_cache_layout='virtual': the OS refused the KV mappings ({e}); use "
-                             "kv_cache_layout='paged'.") from e
-        self.fd = fd
-        weakref.finalize(self, os.close, fd)  # the mappings outlive the descriptor; tensors keep them
-        self.reserve_bytes = reserve
-        # The paged view of the pool (writes by slot mapping, copy-on-write and swap copies use it).
-        self.pool = torch.frombuffer(pool_map, dtype=torch.uint8).view(dtype).view(
-            num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
-        with warnings.catch_warnings():  # read-only by design: attention only reads the ranges
-            warnings.simplefilter("ignore")
-            # The tensors own the mmap objects: the reservation (with every chunk mapped into it) is unmapped when
-            # the last view of it is gone.
-            self._flat = torch.frombuffer(reserved, dtype=torch.uint8).view(dtype)
-        self.base = self._flat.data_ptr()
+        self.range_tokens = self.max_chunks * block_size
+        self.pool_bytes = num_layers * 2 * num_blocks * self.chunk_bytes
+        self.reserve_bytes = num_layers * 2 * (1 + num_slots) * self.range_bytes
         # mapped[slot, j]: the block whose chunks are mapped at chunk j of the slot's ranges (-1: none).
         self.mapped = np.full((num_slots, self.max_chunks), -1, dtype=np.int64)
         self.live = np.zeros(num_slots, dtype=bool)
-        # Counters: mmap calls (each maps a run of chunks of one layer's K or V) and their seconds, on the step path
+        # Counters: map calls (each maps a run of chunks of one layer's K or V) and their seconds, on the step path
         # (before the forward) and in the background; chunks a step entered that were mapped ahead / had to be mapped.
         self.num_step_map_calls = self.num_background_map_calls = 0
         self.step_map_seconds = self.background_map_seconds = 0.0
         self.num_chunks_found_mapped = self.num_chunks_mapped_on_step = 0
         self.num_unmap_calls = 0
-        self.map_ahead_in_background = True  # False: chunks allocated ahead are mapped on the step path (A/B)
         self._mapper: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
-        self._max_vmas = max_chunk_mappings()
+        self._max_vmas: int | None = None  # mappings allowed (None: no limit)
 
-    # ---- views ----
+    # ---- addresses and views ----
+    def _range_offset(self, slot: int, layer: int, kv: int, chunk: int) -> int:
+        """Byte offset in the reservation of chunk `chunk` of `slot`'s `layer` K (kv=0) or V range; slot -1: the
+        null range."""
+        return (((layer * 2 + kv) * (1 + self.num_slots) + slot + 1) * self.max_chunks + chunk) * self.chunk_bytes
+
+    def _view(self, flat: torch.Tensor, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> torch.Tensor:
+        elem = flat.element_size()
+        return flat.as_strided(shape, tuple(s // elem for s in strides), offset // elem)
+
     def range_view(self, layer: int, kv: int) -> torch.Tensor:
         """Every slot's K (kv=0) or V (kv=1) of `layer`: [num_slots, max_chunks * block_size, kv_heads, head_dim],
         each slot's tokens contiguous (no copy; only mapped tokens hold data)."""
         hd = self.num_kv_heads * self.head_dim
         elem = self._flat.element_size()
-        return self._flat.as_strided(
-            (self.num_slots, self.max_chunks * self.block_size, self.num_kv_heads, self.head_dim),
-            (self.slot_bytes // elem, hd, self.head_dim, 1), (layer * 2 + kv) * self.range_bytes // elem)
+        return self._view(self._flat, (self.num_slots, self.range_tokens, self.num_kv_heads, self.head_dim),
+                          (self.range_bytes, hd * elem, self.head_dim * elem, elem),
+                          self._range_offset(0, layer, kv, 0))
 
-    # ---- mappings ----
-    def _mmap(self, addr: int | None, length: int, prot: int, flags: int, fd: int, offset: int) -> int:
-        ptr = self._libc.mmap(addr, length, prot, flags, fd, offset)
-        if ptr is None or ptr == _MAP_FAILED:
-            err = ctypes.get_errno()
-            raise OSError(err, f"mmap: {os.strerror(err)}")
-        return ptr
+    def layer_view(self, layer: int) -> torch.Tensor:
+        """`layer`'s K and V ranges as a paged cache whose block b is range b (the null range, then slot b - 1):
+        [2, 1 + num_slots, max_chunks * block_size, kv_heads, head_dim]; block table row = [slot + 1]."""
+        hd = self.num_kv_heads * self.head_dim
+        elem = self._flat.element_size()
+        return self._view(self._flat, (2, 1 + self.num_slots, self.range_tokens, self.num_kv_heads, self.head_dim),
+                          ((1 + self.num_slots) * self.range_bytes, self.range_bytes, hd * elem, self.head_dim * elem,
+                           elem), self._range_offset(-1, layer, 0, 0))
 
-    def _range_addr(self, slot: int, layer: int, kv: int, chunk: int) -> int:
-        return self.base + slot * self.slot_bytes + (layer * 2 + kv) * self.range_bytes + chunk * self.chunk_bytes
-
+    # ---- mappings (subclasses) ----
     def _map_run(self, slot: int, chunk: int, block: int, n: int) -> None:
-        """Map blocks block..block+n-1 at chunks chunk..chunk+n-1 of every layer's K and V ranges of `slot`."""
-        length = n * self.chunk_bytes
-        for layer in range(self.num_layers):
-            for kv in (0, 1):
-                offset = ((layer * 2 + kv) * self.num_blocks + block) * self.chunk_bytes
-                try:
-                    self._mmap(self._range_addr(slot, layer, kv, chunk), length, _PROT_READ,
-                               _MAP_FIXED | _MAP_SHARED | _MAP_POPULATE, self.fd, offset)
-                except OSError as e:
-                    raise RuntimeError(f"kv_cache_layout='virtual': mapping a KV chunk failed ({e}); a larger "
-                                       "block_size needs fewer mappings (or raise vm.max_map_count).") from e
+        """Map blocks block..block+n-1 at chunks chunk..chunk+n-1 of every layer's K and V ranges of `slot`
+        (slot -1: the null range)."""
+        raise NotImplementedError
+
+    def _unmap_run(self, slot: int, start: int, stop: int) -> None:
+        """Put chunks start..stop-1 of every range of `slot` back to the reserved (unmapped) state."""
+        raise NotImplementedError
 
     def _unmap_slot_chunks(self, slot: int, start: int, stop: int) -> None:
-        """Put chunks start..stop-1 of every range of `slot` back to the reserved (zero-reading) state."""
-        length = (stop - start) * self.chunk_bytes
-        for layer in range(self.num_layers):
-            for kv in (0, 1):
-                self._mmap(self._range_addr(slot, layer, kv, start), length, _PROT_READ,
-                           _MAP_FIXED | _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+        self._unmap_run(slot, start, stop)
         self.num_unmap_calls += 2 * self.num_layers
         self.mapped[slot, start:stop] = -1
 
@@ -275,7 +248,9 @@ class VirtualKVSpace:
             self._unmap_slot_chunks(slot, int(cols[0]), int(cols[-1]) + 1)
 
     def _make_room(self, num_new: int) -> None:
-        """Trim idle slots' mappings when the mappings could near vm.max_map_count."""
+        """Trim idle slots' mappings when the mappings could near the limit (vm.max_map_count)."""
+        if self._max_vmas is None:
+            return
         if (int((self.mapped >= 0).sum()) + num_new) * 2 * self.num_layers > self._max_vmas:
             self._trim()
 
@@ -285,16 +260,93 @@ class VirtualKVSpace:
         self.wait()
         return int((self.mapped >= 0).sum())
 
+
+class VirtualKVSpace(VirtualRanges):
+    """The ranges in host memory: a memfd pool of physical chunks mapped (mmap MAP_FIXED) into a reservation."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, num_slots: int, max_model_len: int) -> None:
+        if not sys.platform.startswith("linux") or not hasattr(os, "memfd_create"):
+            raise ValueError(f"kv_cache_layout='virtual' needs Linux (memfd_create and mmap MAP_FIXED); this is "
+                             f"{sys.platform}: use kv_cache_layout='paged'.")
+        self._init_ranges(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, num_slots,
+                          max_model_len)
+        self.page = mmap.PAGESIZE
+        if self.chunk_bytes % self.page:
+            elem = torch.empty((), dtype=dtype).element_size()
+            tokens = self.page // math.gcd(self.page, num_kv_heads * head_dim * elem)
+            raise ValueError(f"kv_cache_layout='virtual' maps whole {self.page}-byte pages: one layer's K for "
+                             f"block_size={block_size} tokens is {self.chunk_bytes} bytes; use a block_size that "
+                             f"is a multiple of {tokens}.")
+        self._libc = _libc()
+        # Physical pool: shmem pages are allocated on first write, like the paged layout's lazy anonymous mapping.
+        fd = os.memfd_create(_MEMFD_NAME, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, self.pool_bytes)
+            pool_map = mmap.mmap(fd, self.pool_bytes, flags=mmap.MAP_SHARED,
+                                 prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            # The reservation: read-only, uncommitted; chunk mappings replace parts of it (MAP_FIXED).
+            reserved = mmap.mmap(-1, self.reserve_bytes,
+                                 flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE, prot=mmap.PROT_READ)
+        except OSError as e:
+            os.close(fd)
+            raise ValueError(f"kv_cache_layout='virtual': the OS refused the KV mappings ({e}); use "
+                             "kv_cache_layout='paged'.") from e
+        self.fd = fd
+        weakref.finalize(self, os.close, fd)  # the mappings outlive the descriptor; tensors keep them
+        # The paged view of the pool (writes by slot mapping, copy-on-write and swap copies use it).
+        self.pool = torch.frombuffer(pool_map, dtype=torch.uint8).view(dtype).view(
+            num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+        with warnings.catch_warnings():  # read-only where unmapped; mapped chunks are writable
+            warnings.simplefilter("ignore")
+            # The tensors own the mmap objects: the reservation (with every chunk mapped into it) is unmapped when
+            # the last view of it is gone.
+            self._flat = torch.frombuffer(reserved, dtype=torch.uint8).view(dtype)
+        self.base = self._flat.data_ptr()
+        self._max_vmas = max_chunk_mappings()
+        self._map_run(-1, 0, 0, 1)  # the null range's chunk 0: the null block, for good
+
+    def _mmap(self, addr: int | None, length: int, prot: int, flags: int, fd: int, offset: int) -> int:
+        ptr = self._libc.mmap(addr, length, prot, flags, fd, offset)
+        if ptr is None or ptr == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap: {os.strerror(err)}")
+        return ptr
+
+    def _map_run(self, slot: int, chunk: int, block: int, n: int) -> None:
+        length = n * self.chunk_bytes
+        for layer in range(self.num_layers):
+            for kv in (0, 1):
+                offset = ((layer * 2 + kv) * self.num_blocks + block) * self.chunk_bytes
+                try:
+                    # (the null range privately: padding's writes stay its own, and its mapping never merges
+                    # with a slot's in /proc/self/maps)
+                    self._mmap(self.base + self._range_offset(slot, layer, kv, chunk), length,
+                               _PROT_READ | _PROT_WRITE, _MAP_FIXED | _MAP_POPULATE
+                               | (_MAP_PRIVATE if slot < 0 else _MAP_SHARED), self.fd, offset)
+                except OSError as e:
+                    raise RuntimeError(f"kv_cache_layout='virtual': mapping a KV chunk failed ({e}); a larger "
+                                       "block_size needs fewer mappings (or raise vm.max_map_count).") from e
+
+    def _unmap_run(self, slot: int, start: int, stop: int) -> None:
+        length = (stop - start) * self.chunk_bytes
+        for layer in range(self.num_layers):
+            for kv in (0, 1):
+                self._mmap(self.base + self._range_offset(slot, layer, kv, start), length, _PROT_READ,
+                           _MAP_FIXED | _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+
     def mapped_regions(self) -> int:
-        """Mappings of the pool's memfd inside this space's reservation now (/proc/self/maps): 0 when none is left."""
+        """Shared mappings of the pool's memfd inside this space's reservation now (/proc/self/maps): 0 when none
+        is left (the null range's private one is not counted)."""
         self.wait()
         lo, hi = self.base, self.base + self.reserve_bytes
         count = 0
         with open("/proc/self/maps") as f:
             for line in f:
                 if f"/memfd:{_MEMFD_NAME}" in line:
-                    start = int(line.split("-", 1)[0], 16)
-                    count += lo <= start < hi
+                    span, perms = line.split()[:2]
+                    start = int(span.split("-", 1)[0], 16)
+                    count += lo <= start < hi and perms.endswith("s")
         return count
 
     def resident_bytes(self) -> int:

@@ -13,7 +13,7 @@ import torch
 from pagemill.core.kv_cache_utils import KVCacheConfig
 from pagemill.core.sched_output import SchedulerOutput
 from pagemill.worker.model_runner import ModelRunner
-from pagemill.worker.virtual_kv import VirtualKVSpace, max_chunk_mappings
+from pagemill.worker.virtual_kv import VirtualKVSpace, VirtualRanges, max_chunk_mappings
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,9 @@ class VirtualKVModelRunner(ModelRunner):
 
     def load_model(self) -> None:
         """The paged runner's model; a model with sliding-window layers is refused (one KV cache group only)."""
+        if self.backend.name != "virtual":
+            raise ValueError(f"kv_cache_layout='virtual' with attention_backend={self.config.attention_backend!r} "
+                             "runs on the GPU worker (worker_cls=pagemill.worker.gpu_worker.GpuWorker).")
         try:
             super().load_model()
         except ValueError as e:
@@ -67,22 +70,31 @@ class VirtualKVModelRunner(ModelRunner):
         """The paged runner's updates, then: rows that left release their ranges (lazily); the step's rows map the
         chunks the step reads now (in steady-state decode, already mapped a step ahead) and start mapping the
         chunks the scheduler allocated ahead (the next step's) in the background, while the forward runs."""
-        ib = self.input_batch
-        space = self.kv_space
-        for rid in (*so.finished_req_ids, *so.preempted_req_ids):
-            row = ib.req_id_to_row.get(rid)
-            if row is not None:
-                space.release(row)
+        release_rows(self.kv_space, self.input_batch, so)
         super()._update_states(so)
-        if not ib.req_id_to_row:  # idle: nothing reads the ranges, give every mapping back
-            space.trim()
-            return
-        count = len(so.num_scheduled_tokens)
-        rows = np.fromiter((ib.req_id_to_row[r] for r in so.num_scheduled_tokens), dtype=np.int64, count=count)
-        scheduled = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=count)
-        computed = ib.num_computed_tokens[rows]
-        have = ib.num_blocks[rows]
-        bs = space.block_size
-        need = np.minimum(-(-(computed + scheduled) // bs), have)  # chunks this step reads
-        first_new = np.minimum(-(-computed // bs), need)  # the first chunk this step writes into first
-        space.prepare_step(rows, ib.block_table[0], first_new, need, have)
+        map_step(self.kv_space, self.input_batch, so)
+
+
+def release_rows(space: VirtualRanges, ib, so: SchedulerOutput) -> None:
+    """Before the input batch drops them: the rows of finished and preempted requests release their ranges."""
+    for rid in (*so.finished_req_ids, *so.preempted_req_ids):
+        row = ib.req_id_to_row.get(rid)
+        if row is not None:
+            space.release(row)
+
+
+def map_step(space: VirtualRanges, ib, so: SchedulerOutput) -> None:
+    """After the input batch took the step's block tables: map the chunks the step reads (now) and those allocated
+    ahead (in the background where the space does that); an idle batch gives every mapping back."""
+    if not ib.req_id_to_row:  # idle: nothing reads the ranges
+        space.trim()
+        return
+    count = len(so.num_scheduled_tokens)
+    rows = np.fromiter((ib.req_id_to_row[r] for r in so.num_scheduled_tokens), dtype=np.int64, count=count)
+    scheduled = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=count)
+    computed = ib.num_computed_tokens[rows]
+    have = ib.num_blocks[rows]
+    bs = space.block_size
+    need = np.minimum(-(-(computed + scheduled) // bs), have)  # chunks this step reads
+    first_new = np.minimum(-(-computed // bs), need)  # the first chunk this step writes into first
+    space.prepare_step(rows, ib.block_table[0], first_new, need, have)
