@@ -103,7 +103,11 @@ def main() -> int:
                   if args.virtual_too else [])]
     for label, over in variants:
         t0 = time.perf_counter()
-        llm = LLM(path, **engine, **over)
+        try:
+            llm = LLM(path, **engine, **over)
+        except Exception as exc:  # noqa: BLE001 (a variant that cannot start is reported; the others stand)
+            print(f"pagemill {label}: FAILED to start: {type(exc).__name__}: {exc}", flush=True)
+            continue
         load = time.perf_counter() - t0
         llm.generate(prompts[:2], [SamplingParams(max_tokens=4, ignore_eos=True)] * 2, use_tqdm=False)  # warm-up
         if not dry:
