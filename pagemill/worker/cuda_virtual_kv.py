@@ -94,6 +94,7 @@ class CudaVirtualKVSpace(VirtualRanges):
         self._state["pool"] = (self._pool_ptr, self.pool_bytes)
         self.base = int(_check(cu.cuMemAddressReserve(self.reserve_bytes, self.granularity, 0, 0), "reserve"))
         self._state["ranges"] = (self.base, self.reserve_bytes)
+        self._init_tables()
         handles = self._state["handles"]
         for i in range(num_layers * 2 * num_blocks):  # handle i: block i % num_blocks of layer/kv i // num_blocks
             handles.append(_check(cu.cuMemCreate(self.chunk_bytes, prop, 0), "cuMemCreate (out of device memory?)"))

@@ -152,8 +152,9 @@ class GpuModelRunner(ModelRunner):
             ib = self.input_batch
             waiting = np.nonzero(computed + counts > ib.num_tokens[rows])[0]
             if len(waiting):
-                at = torch.from_numpy(cu[waiting] - 1).to(ids.device, non_blocking=True)
-                ids[at] = self._inputs_from.gather(rows[waiting], ib.row_epoch)
+                at, index = buf.stage_token_feed(cu[waiting] - 1, self._inputs_from.index_of(rows[waiting],
+                                                                                             ib.row_epoch))
+                ids[at] = self._inputs_from.tokens[index]
         return md, ids, pos, cu
 
     def _graphable(self, counts: np.ndarray) -> bool:

@@ -23,13 +23,13 @@ class DeviceTokens:
     index_of_row: np.ndarray  # [max_num_reqs]: the row's index in `tokens`, -1 if it sampled nothing
     epochs: np.ndarray  # InputBatch.row_epoch of each sampled row when it sampled
 
-    def gather(self, rows: np.ndarray, row_epoch: np.ndarray) -> torch.Tensor:
-        """The tokens sampled for input-batch `rows` (each of which must have sampled in this step, for the request
-        that still holds the row)."""
+    def index_of(self, rows: np.ndarray, row_epoch: np.ndarray) -> np.ndarray:
+        """Where in `tokens` the tokens sampled for input-batch `rows` are (each row must have sampled in this step,
+        for the request that still holds the row)."""
         idx = self.index_of_row[rows]
         if (idx < 0).any() or (self.epochs[np.maximum(idx, 0)] != row_epoch[rows]).any():
             raise RuntimeError("async scheduling: a step's input token was sampled by no step in flight")
-        return self.tokens[torch.from_numpy(idx).to(self.tokens.device, non_blocking=True)]
+        return idx
 
 
 @dataclass

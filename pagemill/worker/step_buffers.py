@@ -46,7 +46,9 @@ class StepBuffers:
                                    ("slot_mapping", (num_groups, max_tokens), torch.int64),
                                    ("token_req", (max_tokens,), torch.int32),
                                    ("token_pos", (max_tokens,), torch.int32),
-                                   ("block_table", (num_groups, max_reqs, max_blocks), torch.int32)):
+                                   ("block_table", (num_groups, max_reqs, max_blocks), torch.int32),
+                                   # async scheduling: where the previous step's tokens go, and which of them
+                                   ("token_feed", (2, max_reqs), torch.int64)):
             host = torch.zeros(shape, dtype=dtype, pin_memory=pin)
             self.host[name] = host
             self.dev[name] = host if self.on_host else torch.zeros(shape, dtype=dtype, device=device)
@@ -90,6 +92,20 @@ class StepBuffers:
             self.copied = torch.cuda.Event()
             self.copied.record()
         return t, max(t if pad_to else b, b)
+
+    def stage_token_feed(self, at: np.ndarray, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """(at, index) on the device through the pinned buffer, after `stage` in the same step: a copy from pageable
+        memory would make the host wait for the device's queued work, which is what async scheduling overlaps."""
+        n = len(at)
+        h = self.np["token_feed"]
+        h[0, :n] = at
+        h[1, :n] = index
+        if not self.on_host:
+            self.dev["token_feed"][:, :n].copy_(self.host["token_feed"][:, :n], non_blocking=True)
+            self.copied = torch.cuda.Event()  # the next step's staging waits for this copy too
+            self.copied.record()
+        feed = self.dev["token_feed"]
+        return feed[0, :n], feed[1, :n]
 
     def views(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(input ids [tokens], positions [tokens]) on the device."""

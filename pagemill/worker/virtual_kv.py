@@ -97,7 +97,7 @@ class VirtualRanges:
 
     def _init_ranges(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                      dtype: torch.dtype, num_slots: int, max_model_len: int) -> None:
-        """Shapes and bookkeeping (call before allocating): chunk and range sizes, the mapping table, counters."""
+        """Shapes and counters (call before allocating): chunk and range sizes; `_init_tables` after reserving."""
         elem = torch.empty((), dtype=dtype).element_size()
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
@@ -108,9 +108,6 @@ class VirtualRanges:
         self.range_tokens = self.max_chunks * block_size
         self.pool_bytes = num_layers * 2 * num_blocks * self.chunk_bytes
         self.reserve_bytes = num_layers * 2 * (1 + num_slots) * self.range_bytes
-        # mapped[slot, j]: the block whose chunks are mapped at chunk j of the slot's ranges (-1: none).
-        self.mapped = np.full((num_slots, self.max_chunks), -1, dtype=np.int64)
-        self.live = np.zeros(num_slots, dtype=bool)
         # Counters: map calls (each maps a run of chunks of one layer's K or V) and their seconds, on the step path
         # (before the forward) and in the background; chunks a step entered that were mapped ahead / had to be mapped.
         self.num_step_map_calls = self.num_background_map_calls = 0
@@ -120,6 +117,12 @@ class VirtualRanges:
         self._mapper: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
         self._max_vmas: int | None = None  # mappings allowed (None: no limit)
+
+    def _init_tables(self) -> None:
+        """The mapping table (after the reservation: a size the OS refuses is reported by name, not by numpy)."""
+        # mapped[slot, j]: the block whose chunks are mapped at chunk j of the slot's ranges (-1: none).
+        self.mapped = np.full((self.num_slots, self.max_chunks), -1, dtype=np.int64)
+        self.live = np.zeros(self.num_slots, dtype=bool)
 
     # ---- addresses and views ----
     def _range_offset(self, slot: int, layer: int, kv: int, chunk: int) -> int:
@@ -303,6 +306,7 @@ class VirtualKVSpace(VirtualRanges):
             # the last view of it is gone.
             self._flat = torch.frombuffer(reserved, dtype=torch.uint8).view(dtype)
         self.base = self._flat.data_ptr()
+        self._init_tables()
         self._max_vmas = max_chunk_mappings()
         self._map_run(-1, 0, 0, 1)  # the null range's chunk 0: the null block, for good
 
@@ -319,11 +323,11 @@ class VirtualKVSpace(VirtualRanges):
             for kv in (0, 1):
                 offset = ((layer * 2 + kv) * self.num_blocks + block) * self.chunk_bytes
                 try:
-                    # (the null range privately: padding's writes stay its own, and its mapping never merges
-                    # with a slot's in /proc/self/maps)
+                    # (the null range privately and unpopulated: padding's writes stay its own, it commits
+                    # nothing until written, and its mapping never merges with a slot's in /proc/self/maps)
+                    flags = _MAP_FIXED | (_MAP_PRIVATE if slot < 0 else _MAP_SHARED | _MAP_POPULATE)
                     self._mmap(self.base + self._range_offset(slot, layer, kv, chunk), length,
-                               _PROT_READ | _PROT_WRITE, _MAP_FIXED | _MAP_POPULATE
-                               | (_MAP_PRIVATE if slot < 0 else _MAP_SHARED), self.fd, offset)
+                               _PROT_READ | _PROT_WRITE, flags, self.fd, offset)
                 except OSError as e:
                     raise RuntimeError(f"kv_cache_layout='virtual': mapping a KV chunk failed ({e}); a larger "
                                        "block_size needs fewer mappings (or raise vm.max_map_count).") from e

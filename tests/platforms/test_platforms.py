@@ -56,8 +56,10 @@ def test_cuda_platform_facts_and_refusal_without_a_gpu():
         assert callable(resolve_obj_by_qualname(qualname)), qualname
     cuda = object.__new__(CudaPlatform)  # (its facts, without a GPU)
     assert cuda.get_attn_backend_cls("auto", False, "paged") == [CudaPlatform.attention_backends["triton"]]
-    with pytest.raises(ValueError, match="kv_cache_layout='virtual' is not available on the CUDA platform"):
-        cuda.get_attn_backend_cls("auto", False, "virtual")
+    # vTensor on CUDA: the ranges are read by the Triton kernel, so the torch reference is refused by name
+    assert cuda.get_attn_backend_cls("auto", False, "virtual") == [CudaPlatform.attention_backends["triton"]]
+    with pytest.raises(ValueError, match="kv_cache_layout='virtual' on CUDA.*attention_backend='torch'"):
+        cuda.get_attn_backend_cls("torch", False, "virtual")
     with pytest.raises(ValueError, match="attention_backend must be one of auto, triton, torch, got 'cpu'"):
         cuda.get_attn_backend_cls("cpu", False, "paged")
     assert cuda.kv_cache_memory_bytes(None, 0.8) == 0  # the worker profiles, then sizes

@@ -27,13 +27,13 @@ def _every_kernel_variant():
 def device_fed(monkeypatch):
     """Counts the input tokens that launched steps took from the device (the previous step's sampled ids)."""
     counts = {"tokens": 0}
-    gather = DeviceTokens.gather
+    index_of = DeviceTokens.index_of
 
     def counting(self, rows, row_epoch):
         counts["tokens"] += len(rows)
-        return gather(self, rows, row_epoch)
+        return index_of(self, rows, row_epoch)
 
-    monkeypatch.setattr(DeviceTokens, "gather", counting)
+    monkeypatch.setattr(DeviceTokens, "index_of", counting)
     return counts
 
 
