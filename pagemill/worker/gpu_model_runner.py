@@ -28,6 +28,7 @@ from pagemill.platforms.cuda import CudaPlatform
 from pagemill.sample.metadata import SamplingMetadata
 from pagemill.sample.sampler import Sampler
 from pagemill.sampling_params import SamplingParams
+from pagemill.utils.torch_utils import host_to_device
 from pagemill.worker.launched_step import DeviceTokens, LaunchedStep, PendingTokens
 from pagemill.worker.model_runner import ModelRunner, StepInputs
 from pagemill.worker.step_buffers import StepBuffers, bucket_for, decode_buckets
@@ -271,7 +272,7 @@ class GpuModelRunner(ModelRunner):
                          "frequency_penalty", "repetition_penalty", "prompt_token_ids", "output_token_ids"):
                 value = getattr(md, name)
                 if value is not None:
-                    setattr(md, name, value.to(self.device, non_blocking=True))
+                    setattr(md, name, host_to_device(value, self.device))
         return md
 
     # ---- KV sizing (GpuWorker.determine_num_available_blocks) ----

@@ -35,6 +35,7 @@ if triton is not None and os.environ.get("TRITON_INTERPRET") == "1":
 
 from pagemill.attention.backend import AttentionBackend, AttentionCapabilities
 from pagemill.attention.metadata import CommonAttentionMetadata
+from pagemill.utils.torch_utils import host_to_device
 
 if triton is not None:
     from pagemill.kernels.triton_common import cast_rne
@@ -198,8 +199,8 @@ class TritonAttentionMetadata:
             counts = np.diff(qsl[:md.num_reqs + 1])
             token_req = np.repeat(np.arange(md.num_reqs), counts)
             token_pos = md.num_computed_tokens[token_req] + np.arange(int(qsl[md.num_reqs])) - qsl[token_req]
-            self._tensors[key] = tuple(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device)
-                                          for a in (md.block_table, token_req, token_pos))
+            arrays = (np.ascontiguousarray(a, dtype=np.int32) for a in (md.block_table, token_req, token_pos))
+            self._tensors[key] = tuple(host_to_device(torch.from_numpy(a), device) for a in arrays)
         return self._tensors[key]
 
     def tiles(self, device: torch.device, tokens_per_tile: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,7 +208,7 @@ class TritonAttentionMetadata:
         key = (torch.device(device).type, tokens_per_tile)
         if key not in self._tensors:
             md = self.common
-            self._tensors[key] = tuple(torch.from_numpy(a).to(device)
+            self._tensors[key] = tuple(host_to_device(torch.from_numpy(a), device)
                                        for a in query_tiles(md.query_start_loc, md.num_reqs, tokens_per_tile))
         return self._tensors[key]
 
