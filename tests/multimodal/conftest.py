@@ -3,6 +3,8 @@ tokenizer with an `<image>` token added, a CLIP image processor at 32x32 (16 pla
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -27,7 +29,9 @@ def tiny_llava(tmp_path_factory) -> str:
 
     from pagemill.benchmarks.model_path import load_hf_tokenizer
 
-    tok = load_hf_tokenizer(default_model_path())
+    # a copy: the loader's tokenizer is cached per process, and the special tokens added here must not reach
+    # the next fixture's model (its vocabulary, hence its random weights, would depend on the tests' order)
+    tok = copy.deepcopy(load_hf_tokenizer(default_model_path()))
     tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
     torch.manual_seed(0)
     vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
@@ -100,7 +104,9 @@ def build_tiny_qwen_vl(path, v25: bool) -> str:
 
     from pagemill.benchmarks.model_path import load_hf_tokenizer
 
-    tok = load_hf_tokenizer(default_model_path())
+    # a copy: the loader's tokenizer is cached per process, and the special tokens added here must not reach
+    # the next fixture's model (its vocabulary, hence its random weights, would depend on the tests' order)
+    tok = copy.deepcopy(load_hf_tokenizer(default_model_path()))
     names = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
     tok.add_special_tokens({"additional_special_tokens": names})
     ids = {t: tok.convert_tokens_to_ids(t) for t in names}
@@ -156,7 +162,9 @@ def build_tiny_gemma3(path) -> str:
 
     from pagemill.benchmarks.model_path import load_hf_tokenizer
 
-    tok = load_hf_tokenizer(default_model_path())
+    # a copy: the loader's tokenizer is cached per process, and the special tokens added here must not reach
+    # the next fixture's model (its vocabulary, hence its random weights, would depend on the tests' order)
+    tok = copy.deepcopy(load_hf_tokenizer(default_model_path()))
     specials = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
     tok.add_special_tokens({"additional_special_tokens": list(specials.values())})
     tok.save_pretrained(path)
@@ -216,7 +224,9 @@ def build_tiny_idefics3(path) -> str:
 
     from pagemill.benchmarks.model_path import load_hf_tokenizer
 
-    tok = load_hf_tokenizer(default_model_path())
+    # a copy: the loader's tokenizer is cached per process, and the special tokens added here must not reach
+    # the next fixture's model (its vocabulary, hence its random weights, would depend on the tests' order)
+    tok = copy.deepcopy(load_hf_tokenizer(default_model_path()))
     tok.add_special_tokens({"additional_special_tokens": [
         "<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
         *(f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6))]})
