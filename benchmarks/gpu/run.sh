@@ -103,7 +103,8 @@ fi
 if want throughput; then
 stage "throughput (nano-vllm workload)"
 rm -f "$OUT/throughput.json"
-timeout $((${T_THROUGHPUT:-200} * TM)) $PY "$ROOT/benchmarks/gpu/throughput.py" $([ $DRY = 1 ] && echo --dry-run) --root "$WORK/models" --async-too --virtual-too \
+timeout $((${T_THROUGHPUT:-200} * TM)) $PY "$ROOT/benchmarks/gpu/throughput.py" $([ $DRY = 1 ] && echo --dry-run) \
+  --root "$WORK/models" --async-too --virtual-too \
   $([ $DRY = 0 ] && echo --profile) \
   --json "$OUT/throughput.json" 2>&1 | tee "$OUT/throughput.log" | grep -v -i "warnings.warn\|futurewarning" | tail -20
 STATUS[throughput]=${PIPESTATUS[0]}

@@ -46,7 +46,8 @@ class CpuPlatform(Platform):
 
     def get_attn_backend_cls(self, selected: str, batch_invariant: bool, kv_cache_layout: str) -> list[str]:
         """The compiled CPU kernel (else the torch reference) for auto; kv_cache_layout="virtual" has its own
-        (SDPA over contiguous KV; Triton's paged kernel on the GPU worker) and batch_invariant=True the kernel's fixed-order variant."""
+        (SDPA over contiguous KV; Triton's paged kernel on the GPU worker) and batch_invariant=True the kernel's
+        fixed-order variant."""
         names = self.attention_backend_names()
         if selected not in names:
             raise ValueError(f"attention_backend must be one of {', '.join(names)}, got {selected!r}.")

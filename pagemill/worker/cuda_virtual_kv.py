@@ -69,7 +69,6 @@ class CudaVirtualKVSpace(VirtualRanges):
         prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         prop.location.id = index
-        self._prop = prop
         self.granularity = int(_check(cu.cuMemGetAllocationGranularity(
             prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM), "granularity"))
         if self.chunk_bytes % self.granularity:
@@ -143,9 +142,8 @@ class CudaVirtualKVSpace(VirtualRanges):
         if len(stale):
             torch.cuda.synchronize(self.device)
             for i in stale.tolist():
-                slot, col = int(runs.slots[i]), int(runs.cols[i])
-                self._unmap_run(slot, col, col + 1)
-                self.num_unmap_calls += 2 * self.num_layers
+                col = int(runs.cols[i])
+                self._unmap_slot_chunks(int(runs.slots[i]), col, col + 1)
         super()._map_runs(runs, background)
 
     def _trim(self) -> None:
