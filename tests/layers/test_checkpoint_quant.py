@@ -148,7 +148,7 @@ def test_compressed_tensors_w8a8_quantizes_each_token(kernel_isa):
                                                              "strategy": "token", "dynamic": True}}}})
     lin = _layer(spec, decode_linear(spec, NAME, {"weight": q, "weight_scale": scale}))
     ref = q.float() * scale.float()
-    assert torch.equal(lin.quant_method.dequantized_weight(lin), ref) and len(lin.gemv_records) == 2
+    assert torch.equal(lin.quant_method.dequantized_weight(lin), ref) and len(lin.gemv_segments[0].records) == 2
     for rows in (1, 7, 100):
         x = torch.randn(rows, k)
         xs = x.abs().amax(1, keepdim=True) / 127
@@ -338,7 +338,7 @@ def test_whole_tile_shards_are_laid_out_as_they_load(bits):
         from pagemill.layers.quantization.prequantized import _contiguous_groups
 
         whole = q4_records([_contiguous_groups(c, "gptq")[0] for c in decoded])
-        assert torch.equal(qkv.gemv_records, whole)
+        assert torch.equal(qkv.gemv_segments[0].records, whole)
     x = torch.randn(5, 64)
     torch.testing.assert_close(qkv(x), F.linear(x, qkv.quant_method.dequantized_weight(qkv)), rtol=1e-5, atol=1e-4)
 

@@ -23,7 +23,7 @@ from tests.kernels.gguf_blocks import dequantized, make_blocks
 from tests.layers.helpers import layer_context
 
 HIDDEN, INTER = 64, 96
-# GGUF name -> (format, rows, cols); q/k/v mix formats, so their fused layer keeps int8 tiles.
+# GGUF name -> (format, rows, cols); q/k/v mix formats, so their fused layer keeps one segment of records per part.
 TENSORS = {
     "blk.0.ffn_gate.weight": ("Q4_1", INTER, HIDDEN), "blk.0.ffn_up.weight": ("Q4_1", INTER, HIDDEN),
     "blk.0.ffn_down.weight": ("Q8_0", HIDDEN, INTER), "blk.0.attn_q.weight": ("Q4_1", HIDDEN, HIDDEN),
@@ -77,8 +77,10 @@ def test_methods_follow_the_tensor_table_and_compute_the_file_weights(gguf_file)
     block = _load(path, kernels=True)
     assert isinstance(block.gate_up_proj.quant_method, GGUFLinearMethod) and block.gate_up_proj.weight_format == "q4_1"
     assert isinstance(block.down_proj.quant_method, GGUFLinearMethod) and block.down_proj.weight_format == "q8_0"
-    qkv = block.qkv_proj.quant_method  # mixed formats: int8 tiles
-    assert isinstance(qkv, GGUFLinearMethod) and qkv.weight_format == "q4_1+q8_0" and qkv.records == "int8"
+    qkv = block.qkv_proj.quant_method  # mixed formats: q's q4 records, k's int8 tiles, v's q4 records
+    assert isinstance(qkv, GGUFLinearMethod) and qkv.weight_format == "q4_1+q8_0" and qkv.records == "q4+int8"
+    assert [(s.kind, s.start, s.stop) for s in block.qkv_proj.gemv_segments] == [
+        ("q4", 0, HIDDEN), ("int8", HIDDEN, HIDDEN + 32), ("q4", HIDDEN + 32, HIDDEN + 64)]
     expected = {
         block.gate_up_proj: np.concatenate([values["blk.0.ffn_gate.weight"], values["blk.0.ffn_up.weight"]]),
         block.down_proj: values["blk.0.ffn_down.weight"],

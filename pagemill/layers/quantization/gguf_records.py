@@ -231,6 +231,22 @@ def record_kind(formats: set[str], isa: str | None = None) -> str:
     return kind
 
 
+def kind_runs(parts: list[tuple[str, torch.Tensor]], isa: str | None = None) -> list[list[tuple[str, torch.Tensor]]]:
+    """A layer's parts (format, blocks), rows in order, split into runs of consecutive parts of one record kind
+    (each run is laid out as its own records: a fused layer mixing Q4_K and Q6_K streams 4.5 and 6.6 bits per weight,
+    not int8 tiles' 8+)."""
+    runs: list[list[tuple[str, torch.Tensor]]] = []
+    last = None
+    for fmt, blocks in parts:
+        kind = record_kind({fmt}, isa)
+        if runs and kind == last:
+            runs[-1].append((fmt, blocks))
+        else:
+            runs.append([(fmt, blocks)])
+        last = kind
+    return runs
+
+
 def _regroup(c: Int8Codes, group: int, with_min: bool) -> Int8Codes:
     """The codes with scales (and mins, zeros where the format has none) repeated down to `group` (exact)."""
     r = c.group // group
