@@ -694,14 +694,14 @@ bool records_decode_dispatch(const GemvArgs&, const uint8_t*, int64_t) {
 }  // namespace
 
 bool gemv_records_i8(const GemvArgs& a, const uint8_t* packed, RecordFormat format) {
-  switch (format) {  // the 4-bit records everywhere; 5- and 6-bit codes with VNNI (else the float kernels)
+  switch (format) {  // the 4-bit records everywhere, 6-bit with VNNI; 5-bit codes stay on the float kernels
     case RecordFormat::Q4_1: records_i8<DMScales<4>>(a, packed, 32); return true;
     case RecordFormat::Q4_K: records_i8<KScales<4, 8>>(a, packed, 32); return true;
     case RecordFormat::Q2_K: records_i8<KScales<4, 16>>(a, packed, 16); return true;
     case RecordFormat::Q3_K: records_i8<SubScales<4, 4>>(a, packed, 16); return true;
-#if defined(PAGEMILL_I8_ZMM)  // 5- and 6-bit codes: int32 sums only (AVX2's 16-bit maddubs sums would overflow)
-    case RecordFormat::Q5_1: records_i8<DMScales<5>>(a, packed, 32); return true;
-    case RecordFormat::Q5_K: records_i8<KScales<5, 8>>(a, packed, 32); return true;
+#if defined(PAGEMILL_I8_ZMM)  // 6-bit codes need int32 sums (AVX2's 16-bit maddubs sums would overflow; AVX2 lays
+  // Q6_K out as int8 tiles, which take int8 activations there too). 5-bit records stay on the float kernels: on Gemma 3
+  // Q4_K_M their int8 products moved top-1 agreement from 0.963 to 0.943 (benchmarks/quant_accuracy.py).
     case RecordFormat::Q6_K:  // groups of 16: twice the scale work per k; the float panels win below ~64 rows
       if (a.M < 64) return false;  // (measured, Zen 5, 2048 x 8192: 32 rows 3.2 vs 2.9 ms, 512 rows 33 vs 90 ms)
       records_i8<SubScales<6, 32>>(a, packed, 16);
