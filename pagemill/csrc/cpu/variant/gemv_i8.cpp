@@ -35,6 +35,23 @@ void split_x(const GemvArgs& a, int64_t Kq, int8_t* q, float* dx, int64_t b0 = 0
   for (int64_t m = 0; m < a.M; ++m)
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t k0 = b * XB, n = imax(0, imin(XB, K - k0));
+#if defined(PAGEMILL_I8_ZMM)
+      if (L == 1 && n == XB) {  // a whole block in two zmm: the same products and round-to-nearest-even as below
+        const __m512 x0 = _mm512_loadu_ps(a.x + m * K + k0), x1 = _mm512_loadu_ps(a.x + m * K + k0 + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        const __m512i lim = _mm512_set1_epi32(127);
+        const __m512i q0 = _mm512_min_epi32(lim, _mm512_max_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), lim),
+                                                                   _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv))));
+        const __m512i q1 = _mm512_min_epi32(lim, _mm512_max_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), lim),
+                                                                   _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv))));
+        int8_t* ql = q + m * Kq + k0;
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(ql), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(ql + 16), _mm512_cvtepi32_epi8(q1));
+        dx[m * nb + b] = amax / 127.0f;
+        continue;
+      }
+#endif
       float r[XB], amax = 0.0f;
       for (int64_t i = 0; i < XB; ++i) {
         r[i] = i < n ? a.x[m * K + k0 + i] : 0.0f;
