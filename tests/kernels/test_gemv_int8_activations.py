@@ -95,10 +95,11 @@ def test_gaussian_activations_error_is_eight_bit(fmt: str) -> None:
     assert 0 < err < 0.02 * ref.abs().max().item()
 
 
-@pytest.mark.parametrize("fmt,rows,integer", [("q6_k", 64, True), ("q6_k", 16, False), ("q5_k", 64, False)])
+@pytest.mark.parametrize("fmt,rows,integer", [("q6_k", 64, True), ("q6_k", 4, True), ("q6_k", 3, False),
+                                              ("q5_k", 64, False)])
 def test_which_wider_records_take_integer_products(fmt: str, rows: int, integer: bool) -> None:
-    """6-bit records multiply in integers from 64 rows where the variant has VNNI (AVX2 lays Q6_K out as int8 tiles,
-    which always do); 5-bit records, and Q6_K below 64 rows, stay on the float kernels (float32 noise only)."""
+    """6-bit records multiply in integers from 4 rows where the variant has VNNI (AVX2 lays Q6_K out as int8 tiles,
+    which always do); 5-bit records, and Q6_K at 1-3 rows, stay on the float kernels (float32 noise only)."""
     n, k = 130, 512
     blocks = make_blocks(fmt, n, k, seed=3)
     kind, records = pack_records([(fmt, blocks)], kernels.isa())

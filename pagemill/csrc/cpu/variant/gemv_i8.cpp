@@ -719,8 +719,8 @@ bool gemv_records_i8(const GemvArgs& a, const uint8_t* packed, RecordFormat form
 #if defined(PAGEMILL_I8_ZMM)  // 6-bit codes need int32 sums (AVX2's 16-bit maddubs sums would overflow; AVX2 lays
   // Q6_K out as int8 tiles, which take int8 activations there too). 5-bit records stay on the float kernels: on Gemma 3
   // Q4_K_M their int8 products moved top-1 agreement from 0.963 to 0.943 (benchmarks/quant_accuracy.py).
-    case RecordFormat::Q6_K:  // groups of 16: twice the scale work per k; the float panels win below ~64 rows
-      if (a.M < 64) return false;  // (measured, Zen 5, 2048 x 8192: 32 rows 3.2 vs 2.9 ms, 512 rows 33 vs 90 ms)
+    case RecordFormat::Q6_K:  // beyond the one-row kernels' rows (which stream the records in float, no panel);
+      if (a.M <= kDecodeRows) return false;  // Zen 5, 2048 x 8192: 16 rows 1.18 vs 1.82 ms, 32 rows 2.50 vs 2.99
       records_i8<SubScales<6, 32>>(a, packed, 16);
       return true;
 #endif
