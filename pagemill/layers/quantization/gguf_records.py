@@ -18,6 +18,7 @@ and a small integer), then laid out as one record kind:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 
 import torch
 
@@ -235,16 +236,7 @@ def kind_runs(parts: list[tuple[str, torch.Tensor]], isa: str | None = None) -> 
     """A layer's parts (format, blocks), rows in order, split into runs of consecutive parts of one record kind
     (each run is laid out as its own records: a fused layer mixing Q4_K and Q6_K streams 4.5 and 6.6 bits per weight,
     not int8 tiles' 8+)."""
-    runs: list[list[tuple[str, torch.Tensor]]] = []
-    last = None
-    for fmt, blocks in parts:
-        kind = record_kind({fmt}, isa)
-        if runs and kind == last:
-            runs[-1].append((fmt, blocks))
-        else:
-            runs.append([(fmt, blocks)])
-        last = kind
-    return runs
+    return [list(run) for _, run in groupby(parts, key=lambda part: record_kind({part[0]}, isa))]
 
 
 def _regroup(c: Int8Codes, group: int, with_min: bool) -> Int8Codes:

@@ -19,11 +19,9 @@ namespace {
 constexpr int64_t XB = 32;    // activation quantization block along K
 constexpr int64_t KBI = 256;  // k per panel (16 KiB: stays in L1 while every row block reads it)
 constexpr int64_t PV = 32;    // bytes per panel vector: 8 channels x 4 k
+constexpr int RMAX = 3;       // rows per register block (ymm: 12 accumulators; zmm: 12 float + 12 integer)
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define PAGEMILL_I8_ZMM 1  // 512-bit: a quad row of the panel (64 channels) is four zmm
-constexpr int RMAX = 3;  // rows per register block (12 float + 12 integer zmm accumulators)
-#else
-constexpr int RMAX = 3;  // rows per register block (12 ymm accumulators)
 #endif
 
 // x [M, K] -> L levels of codes per row, q [M L, Kq] (row m level l at m L + l), scales dx [M L, Kq / XB]. L = 1 is
@@ -413,14 +411,6 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, Build build, const Scales&
               _mm512_storeu_ps(mbuf + (g - g0) * NT + 32 * h + 16, _mm512_permutex2var_ps(ma, hi, mb));
             }
           }
-#else
-        for (int64_t g = g0; g < k1 / G; ++g)
-          for (int v = 0; v < NV; ++v) {
-            vstore(dbuf + (g - g0) * NT + v * W, sc.d(t, g, v));
-            if (sc.has_min()) vstore(mbuf + (g - g0) * NT + v * W, sc.m(t, g, v));
-          }
-#endif
-#if defined(PAGEMILL_I8_ZMM)
         for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
           const int R = int(base + (i < extra));
           const int8_t* xr[RMAX];
@@ -438,6 +428,11 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, Build build, const Scales&
           m0 += R;
         }
 #else
+        for (int64_t g = g0; g < k1 / G; ++g)
+          for (int v = 0; v < NV; ++v) {
+            vstore(dbuf + (g - g0) * NT + v * W, sc.d(t, g, v));
+            if (sc.has_min()) vstore(mbuf + (g - g0) * NT + v * W, sc.m(t, g, v));
+          }
         for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
           const int R = int(base + (i < extra));
           for (int64_t ks = k0; ks < k1; ks += SP) {
@@ -716,11 +711,13 @@ bool gemv_records_i8(const GemvArgs& a, const uint8_t* packed, RecordFormat form
     case RecordFormat::Q4_K: records_i8<KScales<4, 8>>(a, packed, 32); return true;
     case RecordFormat::Q2_K: records_i8<KScales<4, 16>>(a, packed, 16); return true;
     case RecordFormat::Q3_K: records_i8<SubScales<4, 4>>(a, packed, 16); return true;
-#if defined(PAGEMILL_I8_ZMM)  // 6-bit codes need int32 sums (AVX2's 16-bit maddubs sums would overflow; AVX2 lays
-  // Q6_K out as int8 tiles, which take int8 activations there too). 5-bit records stay on the float kernels: on Gemma 3
-  // Q4_K_M their int8 products moved top-1 agreement from 0.963 to 0.943 (benchmarks/quant_accuracy.py).
-    case RecordFormat::Q6_K:  // beyond the one-row kernels' rows (which stream the records in float, no panel);
-      if (a.M <= kDecodeRows) return false;  // Zen 5, 2048 x 8192: 16 rows 1.18 vs 1.82 ms, 32 rows 2.50 vs 2.99
+#if defined(PAGEMILL_I8_ZMM)
+    // 6-bit codes need int32 sums (AVX2's 16-bit maddubs sums would overflow; AVX2 lays Q6_K out as int8 tiles, which
+    // take int8 activations there too). Above the one-row kernels' rows (they stream the records in float):
+    // Zen 5, 2048 x 8192, 16 rows 1.18 vs 1.82 ms float, 32 rows 2.50 vs 2.99. 5-bit records stay on the float
+    // kernels: on Gemma 3 Q4_K_M their int8 products moved top-1 agreement from 0.963 to 0.943.
+    case RecordFormat::Q6_K:
+      if (a.M <= kDecodeRows) return false;
       records_i8<SubScales<6, 32>>(a, packed, 16);
       return true;
 #endif
