@@ -66,7 +66,8 @@ def _variant_sources() -> list[str]:
 
 
 def _binding_sources() -> list[str]:
-    return [os.path.join(_CPU_SRC, name) for name in ("bindings.cpp", "packing.cpp", "gguf_rows.cpp", "kv_rows.cpp")]
+    return [os.path.join(_CPU_SRC, name) for name in ("bindings.cpp", "packing.cpp", "gguf_rows.cpp", "kv_rows.cpp",
+                                                         "decoder_graph.cpp")]
 
 
 def _shm_sources() -> list[str]:

@@ -34,6 +34,7 @@ from pagemill.sample.sampler import Sampler, gather_logprobs
 from pagemill.spec_decode.proposer import DraftProposer, DraftRequests
 from pagemill.spec_decode.select import make_proposer
 from pagemill.utils.memory import lazy_zeros
+from pagemill.worker.cpu_decoder_graph import CpuDecoderGraph
 from pagemill.worker.encoder_cache import EncoderCache
 from pagemill.worker.mrope_state import MRopeState
 from pagemill.worker.step_timer import StepTimer
@@ -78,6 +79,7 @@ class ModelRunner:
         # A multimodal model's image embeddings, encoded once per (request, image).
         self.encoder_cache = EncoderCache() if mc.is_multimodal else None
         self.mrope: MRopeState | None = None  # set in load_model for an M-RoPE model (Qwen2-VL family)
+        self.decoder_graph: CpuDecoderGraph | None = None  # recorded once the KV cache is bound (CPU, small steps)
         self.image_spans = False  # set in load_model: the model's image tokens attend to their whole image
 
     def load_model(self) -> None:
@@ -159,6 +161,7 @@ class ModelRunner:
         for g, (_, layer_ids) in enumerate(groups):
             for pos, i in enumerate(layer_ids):
                 layers[i].kv_cache, layers[i].kv_cache_group = self.kv_caches[pos], g
+        self.decoder_graph = self._record_decoder_graph()
         from pagemill.worker.input_batch import InputBatch
 
         self.input_batch = InputBatch(config.scheduler_config.max_num_seqs, mc.max_model_len, cc.block_size,
@@ -279,10 +282,22 @@ class ModelRunner:
         positions = step.positions
         if self.mrope is not None:
             positions = self.mrope.positions(step.req_ids, positions.numpy(), step.computed, step.counts, step.starts)
+        graph = self.decoder_graph
+        if graph is not None and embeds is None and self.mrope is None and graph.applies(metadata, len(positions)):
+            return graph.run(step.input_ids, positions, metadata)
         with set_forward_context(metadata, self.lora_mapping(step.rows, step.counts)):
             if embeds is None:
                 return self.model(step.input_ids, positions)
             return self.model(step.input_ids, positions, inputs_embeds=embeds)
+
+    def _record_decoder_graph(self) -> CpuDecoderGraph | None:
+        """The CPU decoder graph of the model with its KV caches bound (None: steps run module by module): off with
+        enforce_eager, LoRA, batch invariance or a multimodal model, and where the model does not qualify."""
+        config = self.config
+        if (config.device_config.enforce_eager or self.lora_manager is not None or config.batch_invariant
+                or self.encoder_cache or self.mrope is not None):
+            return None
+        return CpuDecoderGraph.build(self.model, self.ops.kernels)
 
     def _merged_embeddings(self, step: StepInputs) -> torch.Tensor | None:
         """The step's input embeddings with the image embeddings at their placeholder tokens (None: the step

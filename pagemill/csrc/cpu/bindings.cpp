@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "binding_utils.h"
+#include "decoder_graph.h"
 #include "gguf_rows.h"
 #include "kernels.h"
 #include "packing.h"
@@ -85,6 +87,12 @@ const KernelTable* best_table() {
 
 const KernelTable* active = best_table();
 
+}  // namespace
+
+const KernelTable* pagemill::active_kernel_table() { return active; }
+
+namespace {
+
 std::string isa() { return active->name; }
 
 void set_isa(const std::string& name) {
@@ -113,7 +121,9 @@ std::vector<std::string> supported_isas() {
   return out;
 }
 
-DType dtype_of(const torch::Tensor& t, const char* what) {
+}  // namespace
+
+DType pagemill::dtype_of(const torch::Tensor& t, const char* what) {
   switch (t.scalar_type()) {
     case at::kFloat: return DType::F32;
     case at::kHalf: return DType::F16;
@@ -122,10 +132,9 @@ DType dtype_of(const torch::Tensor& t, const char* what) {
   }
 }
 
-int threads() { return at::get_num_threads(); }
+int pagemill::threads() { return at::get_num_threads(); }
 
-// A cache of int8 / fp8 codes holds quantized rows (pagemill/attention/kv_quant.py); any other dtype: NONE.
-pagemill::KvQuant kv_quant_of(const torch::Tensor& cache) {
+pagemill::KvQuant pagemill::kv_quant_of(const torch::Tensor& cache) {
   switch (cache.scalar_type()) {
     case at::kChar: return pagemill::KvQuant::INT8;
     case at::kFloat8_e4m3fn: return pagemill::KvQuant::FP8_E4M3;
@@ -134,7 +143,9 @@ pagemill::KvQuant kv_quant_of(const torch::Tensor& cache) {
   }
 }
 
-}  // namespace
+using pagemill::dtype_of;
+using pagemill::kv_quant_of;
+using pagemill::threads;
 
 // out, q: [T, Hq, D] (q fp32; out fp32, fp16 or bf16: the dtype o_proj wants). k_cache, v_cache: [num_blocks,
 // block_size, Hk, D] extents (fp32, fp16 or bf16, contiguous); K blocks are stored transposed ([Hk, D, block_size]).
@@ -306,11 +317,9 @@ void gemv_int8(torch::Tensor out, torch::Tensor x, torch::Tensor packed_q, torch
                     Kp, G);
 }
 
-namespace {
-
 using pagemill::RecordFormat;
 
-RecordFormat record_format(const std::string& name) {
+RecordFormat pagemill::record_format(const std::string& name) {
   if (name == "q4_1") return RecordFormat::Q4_1;
   if (name == "q5_1") return RecordFormat::Q5_1;
   if (name == "q4_k") return RecordFormat::Q4_K;
@@ -322,8 +331,7 @@ RecordFormat record_format(const std::string& name) {
   return RecordFormat::Q3_K;
 }
 
-// Bytes of one record (per 64-channel tile) and the weights along K it covers (layouts: variant/gemv.cpp).
-int64_t record_bytes(RecordFormat f) {
+int64_t pagemill::record_bytes(RecordFormat f) {
   constexpr int64_t T = kGemvTile;
   switch (f) {
     case RecordFormat::Q4_1: return 16 * T + 4 * T;
@@ -337,9 +345,13 @@ int64_t record_bytes(RecordFormat f) {
   return 0;
 }
 
-int64_t record_length(RecordFormat f) { return f == RecordFormat::Q4_1 || f == RecordFormat::Q5_1 ? 32 : 256; }
+int64_t pagemill::record_length(RecordFormat f) {
+  return f == RecordFormat::Q4_1 || f == RecordFormat::Q5_1 ? 32 : 256;
+}
 
-}  // namespace
+using pagemill::record_bytes;
+using pagemill::record_format;
+using pagemill::record_length;
 
 void gemv_records(torch::Tensor out, torch::Tensor x, torch::Tensor packed, const std::string& format,
                   c10::optional<torch::Tensor> bias, bool direct_only, bool int8_activations) {
@@ -553,4 +565,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lora_delta", &lora_delta,
         "Multi-LoRA: y[a:b] += (x[a:b] @ lora_a[s]) @ lora_b[s] for each (a, b, s) of runs, in place; float32",
         py::arg("y"), py::arg("x"), py::arg("lora_a"), py::arg("lora_b"), py::arg("runs"));
+  pagemill::register_decoder_graph(m);
 }

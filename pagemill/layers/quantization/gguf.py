@@ -95,6 +95,11 @@ class RecordsLinearMethod(LinearMethodBase):
         layer.gemv_bias = None if layer.bias is None else layer.bias.float()
         layer.weight = None
 
+    def records_only(self, layer: nn.Module) -> bool:
+        """Whether apply is the records kernels on x as given (no step of its own before them): what a compiled
+        caller (the CPU decoder graph) may run in its place."""
+        return True
+
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The records kernels: streamed up to 16 rows, fp32 panels dequantized per k block beyond."""
         return self.matmul(layer, x.to(self.input_dtype), direct_only=False)

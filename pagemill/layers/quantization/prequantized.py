@@ -176,6 +176,10 @@ class PrequantizedLinearMethod(RecordsLinearMethod):
         self.set_records(layer, records)
         layer.quant_parts, layer.cached_records = {}, None
 
+    def records_only(self, layer: nn.Module) -> bool:
+        """Only without an activation order to undo or W8A8's token quantization."""
+        return layer.act_perm is None and not layer.act_int8
+
     def matmul(self, layer: nn.Module, x: torch.Tensor, direct_only: bool) -> torch.Tensor:
         """Activation columns in the weight's order; W8A8's per-token int8 activations; the records kernels (also
         the batch-invariant path's entry: both steps are per row)."""
