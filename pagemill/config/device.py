@@ -10,7 +10,8 @@ DEVICE_TYPES = ("cpu", "cuda")
 @dataclass
 class DeviceConfig:
     """The resolved device (the platform's torch device type; EngineArgs.device may say auto), the worker class by
-    import path (auto: the platform's Platform.worker_cls) and whether CUDA graphs are off."""
+    import path (auto: the platform's Platform.worker_cls) and whether steps run eagerly (no CUDA graphs, no CPU
+    decoder graph)."""
 
     device: str = "cpu"
     worker_cls: str = "auto"

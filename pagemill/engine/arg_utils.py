@@ -163,7 +163,7 @@ class EngineArgs:
     worker_cls: str = _arg("auto",
         "The worker class by import path (auto: the platform's). pagemill.worker.gpu_worker.GpuWorker with "
         "attention_backend=triton runs the GPU worker's step on the CPU (Triton's interpreter: slow, for tests).")
-    enforce_eager: bool = _arg(False, "CUDA: run decode batches eagerly instead of replaying CUDA graphs.")
+    enforce_eager: bool = _arg(False, "Run every step module by module: no CUDA graphs (CUDA), no decoder graph (CPU).")
     runner: str = _arg("auto",
         "generate or pooling (embeddings, scores: /v1/embeddings, /pooling, /score, /rerank); auto: pooling for "
         "BERT-like embedding and cross-encoder models, else generate.")
