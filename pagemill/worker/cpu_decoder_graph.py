@@ -8,7 +8,8 @@ tokens, runs it, and takes the final hidden states to the LM head as before. The
 inputs are the module path's, so the hidden states are bit for bit the same.
 
 It records models that are Llama-like decoders (`DecoderLayer` with a gated MLP, plain or sandwich norms) whose
-linears hold GEMV records (GGUF, on-load int8 / int4, prequantized checkpoints) on float32 activations, with the
+linears hold GEMV records (GGUF, on-load int8 / int4, prequantized checkpoints) or plain float32 weights (F.linear's
+own op, `at::linear`), on float32 activations, with the
 compiled paged attention, on one rank. A step takes it when it has at most `GRAPH_MAX_ROWS` tokens and every
 request's attention runs in the paged kernel (decodes and chunks with cached context: no fresh prefill, no image
 spans); `enforce_eager=True` turns it off, as it turns off CUDA graphs.
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from pagemill.attention.backends.cpu_paged import CpuAttentionMetadata, CpuPagedAttention
+from pagemill.layers.quantization.dense import UnquantizedLinearMethod
 from pagemill.layers.quantization.gguf import RecordsLinearMethod
 from pagemill.layers.quantization.gguf_records import PLANE_LAYOUTS
 from pagemill.models.decoder import DecoderAttention, DecoderForCausalLM, DecoderLayer, DecoderModel, GatedMLP
@@ -34,11 +36,13 @@ logger = logging.getLogger(__name__)
 GRAPH_MAX_ROWS = 64
 
 
-def _records_linear(linear: Any) -> str | None:
-    """Why `linear` cannot be recorded (None: it can): records on float32 inputs, called straight through."""
+def _graph_linear(linear: Any) -> str | None:
+    """Why `linear` cannot be recorded (None: it can): GEMV records or a plain float32 F.linear, on float32 inputs,
+    called straight through."""
     method = getattr(linear, "quant_method", None)
-    if not isinstance(method, RecordsLinearMethod) or not method.records_only(linear):
-        return f"{type(method).__name__} weights (the graph runs GEMV records as they are)"
+    records = isinstance(method, RecordsLinearMethod) and method.records_only(linear)
+    if not records and type(method) is not UnquantizedLinearMethod:
+        return f"{type(method).__name__} weights (the graph runs GEMV records and F.linear as they are)"
     if method.input_dtype != torch.float32:
         return f"{method.input_dtype} linear inputs"
     forward = linear.__dict__.get("forward")
@@ -64,7 +68,7 @@ def _unsupported(model: Any) -> str | None:
         if type(attn.backend) is not CpuPagedAttention or not attn.fused:
             return f"{attn.backend.name} attention (the graph runs the compiled paged kernel)"
         for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
-            reason = _records_linear(linear)
+            reason = _graph_linear(linear)
             if reason is not None:
                 return reason
         norms = [layer.input_layernorm, layer.post_attention_layernorm]
@@ -100,7 +104,12 @@ class CpuDecoderGraph:
             self.num_groups = max(self.num_groups, attn.kv_cache_group + 1)
             linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
             for slot, linear in enumerate(linears):
-                self.graph.set_linear(i, slot, linear.in_features, linear.out_features, linear.gemv_bias,
+                if type(linear.quant_method) is UnquantizedLinearMethod:
+                    bias = None if linear.bias is None else linear.bias.data
+                    self.graph.set_linear(i, slot, linear.input_size, linear.output_size, bias)
+                    self.graph.add_segment(i, slot, "dense", [linear.weight.data], 0, linear.output_size)
+                    continue
+                self.graph.set_linear(i, slot, linear.input_size, linear.output_size, linear.gemv_bias,
                                       linear.quant_method.int8_activations)
                 for seg in linear.gemv_segments:
                     if seg.kind == "int8":

@@ -87,12 +87,25 @@ def test_graph_equals_module_path_on_prefix_hits_and_parallel_samples(smol_path)
     assert count[0] >= 2 * sp.max_tokens
 
 
-def test_graph_is_recorded_only_where_the_model_and_engine_qualify(smol_path, tiny_llama):
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "qwen3", "gemma3_text"])
+def test_graph_equals_module_path_on_float_models_of_every_family(kind, tiny_models, smol_hf):
+    """Float32 safetensors (the graph calls F.linear's own op): QKV bias, QK norm, sandwich norms, sliding windows."""
+    tok = smol_hf[1]
+    prompts = [{"prompt_token_ids": tok.encode(p)} for p in SMOL_PROMPTS[:5]]
+    eager, graph, steps = _graph_vs_eager(tiny_models[kind], prompts, GREEDY, kv_cache_memory="16MiB", block_size=8,
+                                          max_num_batched_tokens=16)
+    assert graph == eager and steps >= GREEDY.max_tokens - 1
+
+
+def test_graph_is_recorded_only_where_the_model_and_engine_qualify(smol_path, tiny_models):
     assert _runner(LLM(smol_path, max_model_len=256, kv_cache_memory="16MiB")).decoder_graph is not None
     assert _runner(LLM(smol_path, max_model_len=256, kv_cache_memory="16MiB",
                        enforce_eager=True)).decoder_graph is None
-    # a float safetensors model keeps its dense matmuls (the graph runs GEMV records)
-    assert _runner(LLM(tiny_llama, max_model_len=256, kv_cache_memory="16MiB")).decoder_graph is None
+    # partial RoPE (Phi-3: half the head dims rotate) takes the unfused attention path, which the graph does not run
+    assert _runner(LLM(tiny_models["phi3"], max_model_len=256, kv_cache_memory="16MiB")).decoder_graph is None
+    # float16 activations: the module path
+    assert _runner(LLM(smol_path, max_model_len=256, kv_cache_memory="16MiB",
+                       dtype="float16")).decoder_graph is None
 
 
 def test_graph_checks_its_inputs(smol_path):

@@ -19,9 +19,10 @@
 namespace pagemill {
 namespace {
 
-// One row segment of a linear layer, of one record kind: GGUF bit-plane records or int8 tiles (+ scales, mins).
+// One row segment of a linear layer, of one record kind: GGUF bit-plane records, int8 tiles (+ scales, mins), or a
+// dense float32 weight (at::linear, F.linear's own op).
 struct Segment {
-  bool int8_tiles = false;
+  bool int8_tiles = false, dense = false;
   RecordFormat format = RecordFormat::Q4_1;
   torch::Tensor packed, scales, mins;  // records | int8 codes, scales, mins (undefined: none)
   int64_t start = 0, stop = 0, tiles = 0, Kp = 0, G = 0;
@@ -110,7 +111,8 @@ class DecoderGraph {
     if (bias) lin.bias = float_vector(*bias, out_features, "bias");
   }
 
-  // Rows [start, stop) of a linear: "int8" tiles (tensors q, scales[, mins]) or records of `kind` (tensor records).
+  // Rows [start, stop) of a linear: "int8" tiles (tensors q, scales[, mins]), "dense" (the float32 weight
+  // [rows, in], the linear's only segment) or records of `kind` (tensor records).
   void add_segment(int64_t layer, int64_t slot, const std::string& kind, std::vector<torch::Tensor> tensors,
                    int64_t start, int64_t stop) {
     Linear& lin = linear(layer, slot);
@@ -118,7 +120,14 @@ class DecoderGraph {
                 ", ", stop, ") outside the linear's ", lin.N, " (set_linear first)");
     Segment s;
     s.start = start, s.stop = stop;
-    if (kind == "int8") {
+    if (kind == "dense") {
+      TORCH_CHECK(tensors.size() == 1 && tensors[0].dim() == 2 && tensors[0].scalar_type() == at::kFloat &&
+                      tensors[0].is_contiguous() && tensors[0].size(0) == stop - start && tensors[0].size(1) == lin.K,
+                  "DecoderGraph.add_segment: a dense weight is one contiguous float32 [rows, ", lin.K, "] tensor");
+      TORCH_CHECK(start == 0 && stop == lin.N && lin.segments.empty(), "DecoderGraph.add_segment: a dense weight is "
+                  "the linear's only segment");
+      s.dense = true, s.packed = tensors[0], s.tiles = (stop - start + kGemvTile - 1) / kGemvTile;
+    } else if (kind == "int8") {
       TORCH_CHECK(tensors.size() == 2 || tensors.size() == 3, "DecoderGraph.add_segment: int8 tiles are (q, scales"
                   "[, mins])");
       s.int8_tiles = true, s.packed = tensors[0], s.scales = tensors[1];
@@ -263,6 +272,13 @@ class DecoderGraph {
     for (const Segment& s : lin.segments) {
       const int64_t n = s.stop - s.start;
       float* dst = one ? out : M == 1 ? out + s.start : part_.data_ptr<float>();
+      if (s.dense) {  // (the only segment: dst is out)
+        const auto xt = torch::from_blob(const_cast<float*>(x), {M, lin.K}, torch::kFloat32);
+        const auto y = at::linear(xt, s.packed, lin.bias.defined() ? c10::optional<torch::Tensor>(lin.bias)
+                                                                   : c10::optional<torch::Tensor>());
+        std::memcpy(dst, y.contiguous().data_ptr<float>(), sizeof(float) * M * n);
+        continue;
+      }
       GemvArgs a;
       a.out = dst, a.out_dtype = DType::F32, a.x = x;
       a.bias = lin.bias.defined() ? lin.bias.data_ptr<float>() + s.start : nullptr;
