@@ -46,7 +46,8 @@ def _graph_linear(linear: Any) -> str | None:
     if method.input_dtype != torch.float32:
         return f"{method.input_dtype} linear inputs"
     forward = linear.__dict__.get("forward")
-    if not (isinstance(forward, functools.partial) and forward.func == method.apply) or getattr(linear, "tp_size", 1) > 1:
+    called_straight = isinstance(forward, functools.partial) and forward.func == method.apply
+    if not called_straight or getattr(linear, "tp_size", 1) > 1:
         return f"{type(linear).__name__} wrapped or sharded"
     return None
 
