@@ -139,6 +139,12 @@ class TorchLayerOps:
         """logits[rows[r], t] = -inf where bit t of bitmask[r] is 0, in place."""
         _needs_kernels("apply_token_bitmask")
 
+    def decoder_graph(self, hidden: int, eps: float, activation: str, sandwich: bool, final_norm: torch.Tensor,
+                      max_rows: int) -> Any:
+        """An empty compiled decoder graph (csrc/cpu/decoder_graph.cpp): layers are recorded into it, then it runs a
+        step's decoder stack in one call (worker/cpu_decoder_graph.py)."""
+        _needs_kernels("decoder_graph")
+
 
 class KernelLayerOps(TorchLayerOps):
     """The compiled kernels for the float32-weight ops they implement; the reference math for the rest."""
@@ -156,6 +162,11 @@ class KernelLayerOps(TorchLayerOps):
     def has_kernel(self, op: str) -> bool:
         """Whether the compiled module has `op` (one of LINEAR_KERNELS)."""
         return hasattr(self.kernels, op)
+
+    def decoder_graph(self, hidden: int, eps: float, activation: str, sandwich: bool, final_norm: torch.Tensor,
+                      max_rows: int) -> Any:
+        """An empty compiled decoder graph (the module's DecoderGraph)."""
+        return self.kernels.DecoderGraph(hidden, eps, activation, sandwich, final_norm, max_rows)
 
     @classmethod
     def create(cls) -> KernelLayerOps | None:

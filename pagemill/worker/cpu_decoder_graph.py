@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from pagemill.layers.quantization.dense import UnquantizedLinearMethod
 from pagemill.layers.quantization.gguf import RecordsLinearMethod
 from pagemill.layers.quantization.gguf_records import PLANE_LAYOUTS
 from pagemill.models.decoder import DecoderAttention, DecoderForCausalLM, DecoderLayer, DecoderModel, GatedMLP
+
+if TYPE_CHECKING:
+    from pagemill.kernels.ops import TorchLayerOps
 
 logger = logging.getLogger(__name__)
 
@@ -84,12 +87,12 @@ class CpuDecoderGraph:
     """A model's decoder stack recorded in the compiled `DecoderGraph`; `run` computes a qualifying step's final
     hidden states in one call."""
 
-    def __init__(self, model: DecoderForCausalLM, kernels: Any) -> None:
+    def __init__(self, model: DecoderForCausalLM, ops: TorchLayerOps) -> None:
         inner = model.model
         self.model, self.num_groups = model, 1
         first = inner.layers[0]
-        self.graph = kernels.DecoderGraph(inner.hidden_size, inner.norm.eps, model.spec.activation, first.sandwich,
-                                          inner.norm.weight.data, GRAPH_MAX_ROWS)
+        self.graph = ops.decoder_graph(inner.hidden_size, inner.norm.eps, model.spec.activation, first.sandwich,
+                                       inner.norm.weight.data, GRAPH_MAX_ROWS)
         for i, layer in enumerate(inner.layers):
             attn = layer.self_attn.attn
             norms = [layer.input_layernorm, layer.post_attention_layernorm]
@@ -120,13 +123,13 @@ class CpuDecoderGraph:
                                                seg.stop)
 
     @classmethod
-    def build(cls, model: Any, kernels: Any) -> CpuDecoderGraph | None:
+    def build(cls, model: Any, ops: TorchLayerOps) -> CpuDecoderGraph | None:
         """The model's graph, or None (logged: why) when it does not qualify."""
-        reason = "the compiled kernels are not loaded" if kernels is None else _unsupported(model)
+        reason = "the layer ops have no compiled kernels" if not ops.linear_kernels else _unsupported(model)
         if reason is not None:
             logger.info("Decoder graph: off (%s); steps run module by module", reason)
             return None
-        graph = cls(model, kernels)
+        graph = cls(model, ops)
         logger.info("Decoder graph: %d layers recorded; steps of up to %d tokens run in one call",
                     graph.graph.num_layers, GRAPH_MAX_ROWS)
         return graph

@@ -297,7 +297,7 @@ class ModelRunner:
         if (config.device_config.enforce_eager or self.lora_manager is not None or config.batch_invariant
                 or self.encoder_cache or self.mrope is not None):
             return None
-        return CpuDecoderGraph.build(self.model, self.ops.kernels)
+        return CpuDecoderGraph.build(self.model, self.ops)
 
     def _merged_embeddings(self, step: StepInputs) -> torch.Tensor | None:
         """The step's input embeddings with the image embeddings at their placeholder tokens (None: the step
