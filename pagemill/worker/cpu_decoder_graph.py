@@ -55,6 +55,14 @@ def _graph_linear(linear: Any) -> str | None:
     return None
 
 
+def _layer_norms(layer: DecoderLayer) -> list[Any]:
+    """The layer's norms in the graph's order: input, post-attention (and pre- / post-feed-forward when sandwiched)."""
+    norms = [layer.input_layernorm, layer.post_attention_layernorm]
+    if layer.sandwich:
+        norms += [layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm]
+    return norms
+
+
 def _unsupported(model: Any) -> str | None:
     """Why `model` cannot be recorded (None: it can)."""
     if not isinstance(model, DecoderForCausalLM) or type(model.model) is not DecoderModel:
@@ -69,16 +77,15 @@ def _unsupported(model: Any) -> str | None:
                 type(layer.self_attn) is not DecoderAttention:
             return f"{type(layer).__name__} / {type(layer.mlp).__name__} blocks"
         attn = layer.self_attn.attn
-        if type(attn.backend) is not CpuPagedAttention or not attn.fused:
+        if type(attn.backend) is not CpuPagedAttention:
             return f"{attn.backend.name} attention (the graph runs the compiled paged kernel)"
+        if not attn.fused:
+            return "attention without the fused RoPE + cache-write kernel (partial RoPE)"
         for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             reason = _graph_linear(linear)
             if reason is not None:
                 return reason
-        norms = [layer.input_layernorm, layer.post_attention_layernorm]
-        if layer.sandwich:
-            norms += [layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm]
-        if any(n.eps != inner.norm.eps for n in norms):
+        if any(n.eps != inner.norm.eps for n in _layer_norms(layer)):
             return "layer norms with different eps"
     return None
 
@@ -95,16 +102,14 @@ class CpuDecoderGraph:
                                        inner.norm.weight.data, GRAPH_MAX_ROWS)
         for i, layer in enumerate(inner.layers):
             attn = layer.self_attn.attn
-            norms = [layer.input_layernorm, layer.post_attention_layernorm]
-            if layer.sandwich:
-                norms += [layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm]
             qk = {}
             if attn.qk_norm is not None:
                 q_norm, k_norm = attn.qk_norm
                 qk = dict(q_norm=q_norm.weight.data, k_norm=k_norm.weight.data, qk_norm_eps=q_norm.eps)
-            self.graph.add_layer([n.weight.data for n in norms], attn.num_heads, attn.num_kv_heads, attn.head_dim,
-                                 attn.scale, attn.sliding_window or 0, attn.kv_cache_group, attn.rotary.cos,
-                                 attn.rotary.sin, attn.kv_cache[0], attn.kv_cache[1], **qk)
+            norms = [n.weight.data for n in _layer_norms(layer)]
+            self.graph.add_layer(norms, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale,
+                                 attn.sliding_window or 0, attn.kv_cache_group, attn.rotary.cos, attn.rotary.sin,
+                                 attn.kv_cache[0], attn.kv_cache[1], **qk)
             self.num_groups = max(self.num_groups, attn.kv_cache_group + 1)
             linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
             for slot, linear in enumerate(linears):
