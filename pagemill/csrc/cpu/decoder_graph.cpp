@@ -101,6 +101,7 @@ class DecoderGraph {
     TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "DecoderGraph.add_layer: q_norm and k_norm go together");
     if (q_norm) l.q_norm = float_vector(*q_norm, l.D, "q_norm"), l.k_norm = float_vector(*k_norm, l.D, "k_norm");
     layers_.push_back(std::move(l));
+    residual_.reset();  // the scratch buffers are sized again at the next run
   }
 
   // Layer `layer`'s linear `slot` (0 qkv, 1 o, 2 gate_up, 3 down): its shape, bias and activation mode.
@@ -155,6 +156,7 @@ class DecoderGraph {
     }
     TORCH_CHECK(stop - start <= s.tiles * kGemvTile, "DecoderGraph.add_segment: more rows than the packed weight");
     lin.segments.push_back(std::move(s));
+    residual_.reset();
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
