@@ -283,7 +283,7 @@ class ModelRunner:
         if self.mrope is not None:
             positions = self.mrope.positions(step.req_ids, positions.numpy(), step.computed, step.counts, step.starts)
         graph = self.decoder_graph
-        if graph is not None and embeds is None and self.mrope is None and graph.applies(metadata, len(positions)):
+        if graph is not None and graph.applies(metadata, len(positions)):  # (never recorded for multimodal models)
             return graph.run(step.input_ids, positions, metadata)
         with set_forward_context(metadata, self.lora_mapping(step.rows, step.counts)):
             if embeds is None:

@@ -42,6 +42,8 @@ struct Layer {
   torch::Tensor norms[4];
   Linear linears[4];
   torch::Tensor cos, sin, k_cache, v_cache, q_norm, k_norm;
+  KvQuant kv_quant = KvQuant::NONE;
+  DType cache_dtype = DType::F32;  // of a float cache (F32 with a quantized one, as the bindings pass it)
   float qk_norm_eps = 0, scale = 1;
   int64_t Hq = 0, Hk = 0, D = 0, window = 0, group = 0;
 };
@@ -96,10 +98,12 @@ class DecoderGraph {
                     && k_cache.dim() == 4 && k_cache.size(2) == l.Hk &&
                     k_cache.size(3) == kv_row_width(kv_quant_of(k_cache), l.D),
                 "DecoderGraph.add_layer: K / V caches must be contiguous [blocks, block_size, kv_heads, row width]");
-    if (kv_quant_of(k_cache) == KvQuant::NONE) dtype_of(k_cache, "DecoderGraph KV cache");
+    l.kv_quant = kv_quant_of(k_cache);
+    l.cache_dtype = l.kv_quant == KvQuant::NONE ? dtype_of(k_cache, "DecoderGraph KV cache") : DType::F32;
     l.k_cache = k_cache, l.v_cache = v_cache;
     TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "DecoderGraph.add_layer: q_norm and k_norm go together");
     if (q_norm) l.q_norm = float_vector(*q_norm, l.D, "q_norm"), l.k_norm = float_vector(*k_norm, l.D, "k_norm");
+    num_groups_ = std::max(num_groups_, group + 1);
     layers_.push_back(std::move(l));
     residual_.reset();  // the scratch buffers are sized again at the next run
   }
@@ -190,8 +194,7 @@ class DecoderGraph {
       for (int64_t r = 0; r < s.B; ++r)
         for (int64_t t = s.query_start_loc[r]; t < s.query_start_loc[r + 1]; ++t) s.token_request[t] = r;
     }
-    for (const Layer& l : layers_) TORCH_CHECK(l.group < static_cast<int64_t>(G), "DecoderGraph.run: no metadata "
-                                               "for KV group ", l.group);
+    TORCH_CHECK(static_cast<int64_t>(G) >= num_groups_, "DecoderGraph.run: no metadata for KV group ", G);
     ensure_scratch();
     const KernelTable* k = active_kernel_table();
     const int nt = threads();
@@ -298,14 +301,12 @@ class DecoderGraph {
 
   // RoPE (after the optional QK norm) and the cache write from qkv_, then paged attention into attn_.
   void attend(const KernelTable* k, const Layer& l, const GroupStep& g, const int64_t* pos, int64_t T, int nt) {
-    const KvQuant quant = kv_quant_of(l.k_cache);
-    const DType cache_dtype = quant == KvQuant::NONE ? dtype_of(l.k_cache, "KV cache") : DType::F32;
     RopeCacheArgs r;
     r.q_out = q_.data_ptr<float>(), r.k_out = k_.data_ptr<float>(), r.v_out = v_.data_ptr<float>();
     r.qkv = qkv_.data_ptr<float>(), r.qkv_dtype = DType::F32, r.positions = pos;
     r.cos = l.cos.data_ptr<float>(), r.sin = l.sin.data_ptr<float>();
-    r.k_cache = l.k_cache.data_ptr(), r.v_cache = l.v_cache.data_ptr(), r.cache_dtype = cache_dtype;
-    r.kv_quant = quant, r.slot_mapping = g.slots;
+    r.k_cache = l.k_cache.data_ptr(), r.v_cache = l.v_cache.data_ptr(), r.cache_dtype = l.cache_dtype;
+    r.kv_quant = l.kv_quant, r.slot_mapping = g.slots;
     r.q_norm = l.q_norm.defined() ? l.q_norm.data_ptr<float>() : nullptr;
     r.k_norm = l.k_norm.defined() ? l.k_norm.data_ptr<float>() : nullptr;
     r.norm_eps = l.qk_norm_eps;
@@ -314,8 +315,8 @@ class DecoderGraph {
     k->rope_and_cache(r);
     PagedAttentionArgs a;
     a.out = attn_.data_ptr<float>(), a.out_dtype = DType::F32, a.q = q_.data_ptr<float>();
-    a.k_cache = l.k_cache.data_ptr(), a.v_cache = l.v_cache.data_ptr(), a.cache_dtype = cache_dtype;
-    a.kv_quant = quant, a.block_tables = g.block_tables, a.query_start_loc = g.query_start_loc;
+    a.k_cache = l.k_cache.data_ptr(), a.v_cache = l.v_cache.data_ptr(), a.cache_dtype = l.cache_dtype;
+    a.kv_quant = l.kv_quant, a.block_tables = g.block_tables, a.query_start_loc = g.query_start_loc;
     a.context_lens = g.context_lens, a.token_request = g.token_request.data();
     a.T = T, a.B = g.B, a.Hq = l.Hq, a.Hk = l.Hk, a.D = l.D, a.BS = l.k_cache.size(1), a.MB = g.MB;
     a.window = l.window, a.scale = l.scale, a.num_threads = nt;
@@ -325,7 +326,7 @@ class DecoderGraph {
   int64_t H_;
   float eps_;
   bool sandwich_, gelu_ = false;
-  int64_t max_rows_;
+  int64_t max_rows_, num_groups_ = 0;
   torch::Tensor final_norm_;
   std::vector<Layer> layers_;
   torch::Tensor residual_, x_, h_, h2_, qkv_, attn_, gate_up_, act_, part_, q_, k_, v_;
