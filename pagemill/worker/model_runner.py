@@ -295,7 +295,7 @@ class ModelRunner:
         enforce_eager, LoRA, batch invariance or a multimodal model, and where the model does not qualify."""
         config = self.config
         if (config.device_config.enforce_eager or self.lora_manager is not None or config.batch_invariant
-                or self.encoder_cache or self.mrope is not None):
+                or self.encoder_cache is not None or self.mrope is not None):
             return None
         return CpuDecoderGraph.build(self.model, self.ops)
 
