@@ -153,8 +153,9 @@ def test_abort_reaches_the_engine_that_runs_the_request(dp2, loop):
     assert sorted(engine_of.values()) == [0, 1]  # one on each engine
     victim, other = engine_of["long-0"], engine_of["long-1"]
     generated = [a["num_generation_tokens"] - b.get("num_generation_tokens", 0) for a, b in zip(after, before)]
-    # the victim's engine dropped it (a misrouted abort would have let it generate its 496 tokens)
-    assert generated[victim] < 16
+    # the victim's engine dropped it (a misrouted abort would have let it generate all its 496 tokens; how many it
+    # made before the abort arrived depends on the machine's speed, a few dozen on a fast one)
+    assert generated[victim] < params.max_tokens // 4
     assert after[victim]["num_blocks_free"] == after[victim]["num_blocks_total"]
     assert outs[0].outputs[0].finish_reason == "abort"
     # and the other engine's request ran to its end untouched
