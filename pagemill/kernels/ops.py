@@ -124,12 +124,12 @@ class TorchLayerOps:
         """out[i] = row ids[i] of a GGUF block-quantized matrix, decoded to float32."""
         _needs_kernels("gguf_rows")
 
-    def pack_head_screen(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, float]:
-        """The int8 screen of an LM head [N, K]: (q, scales, offsets, max weight error, max weight norm)."""
+    def pack_head_screen(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The int8 screen of an LM head [N, K]: (q, scales, offsets, bounds: each channel's |w - w~| and |w~|)."""
         _needs_kernels("pack_head_screen")
 
     def head_screen(self, logits: torch.Tensor, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
-                    offsets: torch.Tensor, table: torch.Tensor, weight_error: float, weight_norm: float,
+                    offsets: torch.Tensor, table: torch.Tensor, bounds: torch.Tensor,
                     argmax: torch.Tensor | None = None, bitmask: torch.Tensor | None = None,
                     mask_rows: torch.Tensor | None = None, table_ggml_type: int = 0) -> int:
         """Greedy-exact LM head logits (int8 screen, exact float32 recheck); returns the logits recomputed."""

@@ -41,15 +41,13 @@ class GreedyHeadScreen:
         cached = cache.lookup(_CACHE_KEY) if cache is not None else None
         self.mapped = cached is not None  # the codes view the cache file's map (read-only)
         if cached is not None:  # a quantized head's screen, packed by an earlier start
-            self.q, self.scales, self.offsets = cached[1]
-            self.weight_error, self.weight_norm = cache.extra(_CACHE_KEY)["error_norm"]
+            self.q, self.scales, self.offsets, self.bounds = cached[1]
         elif table_ggml_type == 0:
-            self.q, self.scales, self.offsets, self.weight_error, self.weight_norm = ops.pack_head_screen(table)
+            self.q, self.scales, self.offsets, self.bounds = ops.pack_head_screen(table)
         else:
             self._pack_from_blocks()
             if cache is not None:
-                cache.add(_CACHE_KEY, "head_screen", [self.q, self.scales, self.offsets],
-                          error_norm=[self.weight_error, self.weight_norm])
+                cache.add(_CACHE_KEY, "head_screen", [self.q, self.scales, self.offsets, self.bounds])
                 cache.save()
         self.recomputed = 0  # logits recomputed exactly so far (a statistic: a few per row)
         self.rows = 0
@@ -62,18 +60,15 @@ class GreedyHeadScreen:
         self.q = torch.empty(tiles, k // 4, SCREEN_TILE, 4, dtype=torch.int8)
         self.scales = torch.empty(tiles, k // 32, SCREEN_TILE)
         self.offsets = torch.empty(tiles, k // 32, SCREEN_TILE, dtype=torch.int32)
-        self.weight_error = self.weight_norm = 0.0
+        self.bounds = torch.empty(tiles, 2, SCREEN_TILE)
         rows = torch.empty(min(n, _PACK_CHUNK_ROWS), k)
         for r0 in range(0, n, _PACK_CHUNK_ROWS):
             r1 = min(n, r0 + _PACK_CHUNK_ROWS)
             chunk = rows[:r1 - r0]
             self.ops.gguf_rows(chunk, self.table, self.table_ggml_type, torch.arange(r0, r1))
-            q, scales, offsets, err, norm = self.ops.pack_head_screen(chunk)
             t0 = r0 // SCREEN_TILE
-            self.q[t0:t0 + q.shape[0]] = q
-            self.scales[t0:t0 + q.shape[0]] = scales
-            self.offsets[t0:t0 + q.shape[0]] = offsets
-            self.weight_error, self.weight_norm = max(self.weight_error, err), max(self.weight_norm, norm)
+            for whole, part in zip((self.q, self.scales, self.offsets, self.bounds), self.ops.pack_head_screen(chunk)):
+                whole[t0:t0 + part.shape[0]] = part
 
     @classmethod
     def for_head(cls, head: nn.Module, ops: TorchLayerOps) -> "GreedyHeadScreen | None":
@@ -100,7 +95,7 @@ class GreedyHeadScreen:
             screen.min_rows = 1
             head.quant_method.release_resident_records(head)
         elif screen.mapped:
-            for t in (screen.q, screen.scales, screen.offsets):
+            for t in (screen.q, screen.scales, screen.offsets, screen.bounds):
                 release_mapped_pages(t)
         return screen
 
@@ -124,7 +119,7 @@ class GreedyHeadScreen:
     @property
     def nbytes(self) -> int:
         """Bytes the screen adds to the head (its int8 codes, scales and offsets)."""
-        return sum(t.numel() * t.element_size() for t in (self.q, self.scales, self.offsets))
+        return sum(t.numel() * t.element_size() for t in (self.q, self.scales, self.offsets, self.bounds))
 
     def logits(self, hidden: torch.Tensor, bitmask: torch.Tensor | None = None,
                mask_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,8 +133,7 @@ class GreedyHeadScreen:
         x = hidden.to(torch.float32).contiguous()
         out = torch.empty(x.shape[0], self.table.shape[0], dtype=torch.float32)
         tokens = torch.empty(x.shape[0], dtype=torch.int64)
-        self.recomputed += self.ops.head_screen(out, x, self.q, self.scales, self.offsets, self.table,
-                                                self.weight_error, self.weight_norm, tokens, bitmask, mask_rows,
-                                                table_ggml_type=self.table_ggml_type)
+        self.recomputed += self.ops.head_screen(out, x, self.q, self.scales, self.offsets, self.table, self.bounds,
+                                                tokens, bitmask, mask_rows, table_ggml_type=self.table_ggml_type)
         self.rows += x.shape[0]
         return out, tokens

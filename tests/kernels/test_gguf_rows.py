@@ -46,14 +46,14 @@ def test_head_screen_rechecks_from_blocks_as_from_the_float_table(fmt):
     kernels = require_kernels()
     blocks = make_blocks(fmt, 1000, 256, seed=7)
     table = dequantized(fmt, blocks)
-    q, scales, offsets, werr, wnorm = kernels.pack_head_screen(table)
+    q, scales, offsets, bounds = kernels.pack_head_screen(table)
     x = torch.randn(9, 256, generator=torch.Generator().manual_seed(1))
     x[4] = float("nan")  # a non-finite row is recomputed whole
     outs, counts = [], []
     for source, ggml_type in ((table, 0), (blocks, FORMATS[fmt])):
         out = torch.empty(9, 1000)
         tokens = torch.empty(9, dtype=torch.int64)
-        counts.append(kernels.head_screen(out, x, q, scales, offsets, source, werr, wnorm, tokens,
+        counts.append(kernels.head_screen(out, x, q, scales, offsets, source, bounds, tokens,
                                           table_ggml_type=ggml_type))
         outs.append((out, tokens))
     assert counts[0] == counts[1] >= 1000

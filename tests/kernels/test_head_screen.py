@@ -16,23 +16,29 @@ def kernels():
     return require_kernels()
 
 
-def screen(kernels, w: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, int, float, float]:
-    """(logits, logits recomputed, weight error, weight norm) of the screen over w for rows x."""
-    q, scales, offsets, werr, wnorm = kernels.pack_head_screen(w)
+def screen(kernels, w: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """(logits, logits recomputed, per-channel bounds [2, N]: |w - w~| and |w~|) of the screen over w for rows x."""
+    q, scales, offsets, bounds = kernels.pack_head_screen(w)
     out = torch.full((x.shape[0], w.shape[0]), float("nan"))
     tokens = torch.full((x.shape[0],), -1, dtype=torch.int64)
-    n = kernels.head_screen(out, x, q, scales, offsets, w, werr, wnorm, tokens)
+    n = kernels.head_screen(out, x, q, scales, offsets, w, bounds, tokens)
     assert torch.equal(tokens, out.max(1).indices)  # the kernel's argmax is the screened logits' (first maximum)
-    return out, n, werr, wnorm
+    return out, n, channel_bounds(bounds, w.shape[0])
 
 
-def row_bounds(x: torch.Tensor, werr: float, wnorm: float) -> torch.Tensor:
-    """The kernel's bound on |int8 logit - exact logit| per row: werr |x| + wnorm |x - x~| (x~: x in int8 per 32)."""
+def channel_bounds(bounds: torch.Tensor, n: int) -> torch.Tensor:
+    """pack_head_screen's bounds [T, 2, 64] as [2, n]: each channel's |w - w~| and |w~|."""
+    return bounds.permute(1, 0, 2).reshape(2, -1)[:, :n]
+
+
+def logit_bounds(x: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """The kernel's bound on |int8 logit - exact logit| [rows, N]: |w_n - w~_n| |x| + |w~_n| |x - x~| (x~: x in int8
+    per 32)."""
     g = x.view(x.shape[0], -1, 32)
     amax = g.abs().amax(-1, keepdim=True)
     q = torch.round(g * torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))).clamp(-127, 127)
     e = (g.double() - (amax / 127.0).double() * q.double()).flatten(1).norm(dim=1)
-    return werr * x.double().norm(dim=1) + wnorm * e
+    return x.double().norm(dim=1)[:, None] * bounds[0].double() + e[:, None] * bounds[1].double()
 
 
 @pytest.mark.parametrize("n_vocab,k,rows", [(1000, 96, 7), (64, 32, 1), (4097, 256, 13)])
@@ -41,12 +47,12 @@ def test_argmax_exact_and_int8_logits_within_bound(kernels, n_vocab, k, rows):
     w = torch.randn(n_vocab, k, generator=gen) * 0.05
     x = torch.randn(rows, k, generator=gen)
     x[:, 3] *= 50.0  # an outlier channel, as LLM hidden states have
-    out, recomputed, werr, wnorm = screen(kernels, w, x)
+    out, recomputed, bounds = screen(kernels, w, x)
     exact = x.double() @ w.double().t()
     assert torch.equal(out.argmax(1), exact.argmax(1))
     assert rows <= recomputed < rows * n_vocab // 4  # the screen recomputes a few per row, never none
-    bound = row_bounds(x, werr, wnorm)
-    assert ((out.double() - exact).abs() <= bound[:, None] * 1.001 + 1e-4).all()
+    bound = logit_bounds(x, bounds)
+    assert ((out.double() - exact).abs() <= bound * 1.001 + 1e-4).all()
     # The recomputed logits are float32 dot products: equal to the float64 result within float32 noise.
     top = out.max(1).values.double()
     assert torch.allclose(top, exact.max(1).values, rtol=1e-5, atol=1e-5)
@@ -71,9 +77,30 @@ def test_near_ties_the_int8_logits_cannot_see(kernels):
     q = kernels.pack_head_screen(w)[0]
     codes = q.permute(0, 2, 1, 3).reshape(-1, k)[:80]
     assert (codes[0::2] == codes[1::2]).all(1).float().mean() > 0.5  # int8 alone cannot tell most pairs apart
-    out, _, _, _ = screen(kernels, w, x)
+    out, _, _ = screen(kernels, w, x)
     exact = x.double() @ w.double().t()
     assert torch.equal(out.argmax(1), exact.argmax(1))
+
+
+def test_per_channel_bounds_recheck_few_tokens_where_a_few_channels_are_large(kernels):
+    """A head whose largest rows are 20x the typical one: bounding every logit by the largest row's norm would
+    recompute a large share of the vocabulary; each channel's own bound leaves a handful per row, and exactly
+    those whose L~ + B reaches max (L~ - B) (within float32 noise)."""
+    gen = torch.Generator().manual_seed(31)
+    vocab, k, rows = 4096, 256, 8
+    w = torch.randn(vocab, k, generator=gen) * 0.05
+    w[::512] *= 20.0  # 8 large rows, as an embedding table's rare tokens can be
+    x = torch.randn(rows, k, generator=gen)
+    x[:, 5] *= 30.0
+    out, recomputed, bounds = screen(kernels, w, x)
+    exact = x.double() @ w.double().t()
+    assert torch.equal(out.argmax(1), exact.argmax(1))
+    b = logit_bounds(x, bounds)
+    approx = out.double()  # L~, and the exact logit (within b of it) where recomputed
+    per_channel = (approx + b >= (approx - b).max(1, keepdim=True).values).sum().item()
+    largest = (approx >= approx.max(1, keepdim=True).values - 2 * b.max(1, keepdim=True).values).sum().item()
+    assert rows <= recomputed <= per_channel + rows
+    assert recomputed * 8 < largest
 
 
 def test_q8_0_weights_are_held_exactly(kernels):
@@ -84,9 +111,10 @@ def test_q8_0_weights_are_held_exactly(kernels):
     codes[:, ::32] = 127.0  # every group reaches +-127, as GGUF's quantizer makes it
     d = (torch.rand(128, 2, generator=gen) * 0.01).half().float()  # fp16 scales
     w = (codes.view(128, 2, 32) * d[..., None]).view(128, 64).contiguous()
-    _, _, werr, wnorm = screen(kernels, w, torch.randn(2, 64, generator=gen))
-    assert werr == 0.0
-    assert wnorm == pytest.approx(w.double().norm(dim=1).max().item(), rel=1e-6)
+    _, _, bounds = screen(kernels, w, torch.randn(2, 64, generator=gen))
+    assert (bounds[0] == 0.0).all()
+    torch.testing.assert_close(bounds[1].double(), w.double().norm(dim=1), rtol=1e-6, atol=0.0)
+    assert (bounds[1].double() >= w.double().norm(dim=1)).all()  # rounded up: a bound never below its norm
 
 
 def test_non_finite_row_is_recomputed_whole(kernels):
@@ -94,7 +122,7 @@ def test_non_finite_row_is_recomputed_whole(kernels):
     w = torch.randn(200, 32, generator=gen)
     x = torch.randn(3, 32, generator=gen)
     x[1, 4] = float("inf")
-    out, recomputed, _, _ = screen(kernels, w, x)
+    out, recomputed, _ = screen(kernels, w, x)
     assert recomputed >= 200  # the whole non-finite row, plus the others' candidates
     ref = x @ w.t()
     assert torch.equal(out[1].isnan(), ref[1].isnan())
@@ -106,9 +134,11 @@ def test_rejects_bad_shapes(kernels):
     with pytest.raises(RuntimeError, match="multiple of 32"):
         kernels.pack_head_screen(w)
     w = torch.randn(100, 64)
-    q, scales, offsets, werr, wnorm = kernels.pack_head_screen(w)
+    q, scales, offsets, bounds = kernels.pack_head_screen(w)
     with pytest.raises(RuntimeError, match="logits"):
-        kernels.head_screen(torch.empty(2, 99), torch.randn(2, 64), q, scales, offsets, w, werr, wnorm)
+        kernels.head_screen(torch.empty(2, 99), torch.randn(2, 64), q, scales, offsets, w, bounds)
+    with pytest.raises(RuntimeError, match="bounds"):
+        kernels.head_screen(torch.empty(2, 100), torch.randn(2, 64), q, scales, offsets, w, bounds[:1])
 
 
 # ---- structured output: a bitmask row per screened row (bit set = allowed) ----
@@ -126,10 +156,10 @@ def pack_mask(allowed: torch.Tensor) -> torch.Tensor:
 def masked_screen(kernels, w: torch.Tensor, x: torch.Tensor, bitmask: torch.Tensor,
                   mask_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(the screen's tokens, its logits) with bitmask row mask_rows[r] on row r (-1: none)."""
-    q, scales, offsets, werr, wnorm = kernels.pack_head_screen(w)
+    q, scales, offsets, bounds = kernels.pack_head_screen(w)
     out = torch.full((x.shape[0], w.shape[0]), float("nan"))
     tokens = torch.full((x.shape[0],), -1, dtype=torch.int64)
-    kernels.head_screen(out, x, q, scales, offsets, w, werr, wnorm, tokens, bitmask,
+    kernels.head_screen(out, x, q, scales, offsets, w, bounds, tokens, bitmask,
                         torch.tensor(mask_rows, dtype=torch.int64))
     return tokens, out
 
@@ -217,8 +247,8 @@ def test_masked_non_finite_row_is_recomputed_over_allowed_tokens(kernels):
 
 def test_mask_arguments_are_checked(kernels):
     w = torch.randn(100, 64)
-    q, scales, offsets, werr, wnorm = kernels.pack_head_screen(w)
-    args = (torch.empty(2, 100), torch.randn(2, 64), q, scales, offsets, w, werr, wnorm, None)
+    q, scales, offsets, bounds = kernels.pack_head_screen(w)
+    args = (torch.empty(2, 100), torch.randn(2, 64), q, scales, offsets, w, bounds, None)
     bitmask = torch.full((1, 4), -1, dtype=torch.int32)
     with pytest.raises(RuntimeError, match="go together"):
         kernels.head_screen(*args, bitmask, None)

@@ -412,7 +412,7 @@ void gguf_rows(torch::Tensor out, torch::Tensor blocks, int64_t ggml_type, torch
 
 // logits [M, N] fp32 for greedy rows: int8 screen, exact float32 wherever a row's maximum may be (variant/head_screen.cpp).
 int64_t head_screen(torch::Tensor logits, torch::Tensor x, torch::Tensor q, torch::Tensor scales, torch::Tensor offsets,
-                    torch::Tensor table, double weight_error, double weight_norm,
+                    torch::Tensor table, torch::Tensor bounds,
                     c10::optional<torch::Tensor> argmax, c10::optional<torch::Tensor> bitmask,
                     c10::optional<torch::Tensor> mask_rows, int64_t table_ggml_type) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "head_screen: x must be contiguous float32 [M, K]");
@@ -425,6 +425,9 @@ int64_t head_screen(torch::Tensor logits, torch::Tensor x, torch::Tensor q, torc
     TORCH_CHECK(t->dim() == 3 && t->size(0) == tiles && t->size(1) * 32 == K && t->size(2) == kGemvTile &&
                     t->is_contiguous(), "head_screen: scales / offsets must come from pack_head_screen");
   TORCH_CHECK(scales.scalar_type() == at::kFloat && offsets.scalar_type() == at::kInt, "head_screen: scales float32, offsets int32");
+  TORCH_CHECK(bounds.dim() == 3 && bounds.size(0) == tiles && bounds.size(1) == 2 && bounds.size(2) == kGemvTile &&
+                  bounds.is_contiguous() && bounds.scalar_type() == at::kFloat,
+              "head_screen: bounds must be the float32 [T, 2, 64] of pack_head_screen");
   pagemill::GGUFRows rows_src{};
   if (table_ggml_type == 0) {
     TORCH_CHECK(table.dim() == 2 && table.is_contiguous() && table.scalar_type() == at::kFloat && table.size(1) == K,
@@ -444,7 +447,7 @@ int64_t head_screen(torch::Tensor logits, torch::Tensor x, torch::Tensor q, torc
   } else {
     a.table = nullptr, a.table_rows = &pagemill::gguf_dequantize_rows_cb, a.table_rows_src = &rows_src;
   }
-  a.weight_error = static_cast<float>(weight_error), a.weight_norm = static_cast<float>(weight_norm);
+  a.bounds = bounds.data_ptr<float>();
   TORCH_CHECK(!argmax || (argmax->scalar_type() == at::kLong && argmax->is_contiguous() && argmax->numel() == M),
               "head_screen: argmax must be a contiguous int64 [M]");
   a.argmax = argmax ? argmax->data_ptr<int64_t>() : nullptr;
@@ -543,10 +546,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("w"), py::arg("group_size"));
   m.def("pack_head_screen", &pack_head_screen,
         "int8 screen of an LM head [N, K] (per channel and group of 32): (q [T, K/4, 64, 4], scales, offsets [T, K/32, 64], "
-        "max per-channel |w - w~|, max |w~|)", py::arg("w"));
+        "bounds [T, 2, 64]: each channel's |w - w~| and |w~|)", py::arg("w"));
   m.def("head_screen", &head_screen, "Greedy-exact LM head logits: int8 screen plus exact float32 recheck (a row with "
         "a bitmask row, mask_rows[r] >= 0: over its allowed tokens only); returns the number of logits recomputed", py::arg("logits"), py::arg("x"), py::arg("q"), py::arg("scales"),
-        py::arg("offsets"), py::arg("table"), py::arg("weight_error"), py::arg("weight_norm"),
+        py::arg("offsets"), py::arg("table"), py::arg("bounds"),
         py::arg("argmax") = py::none(), py::arg("bitmask") = py::none(), py::arg("mask_rows") = py::none(),
         py::arg("table_ggml_type") = 0);
   m.def("gguf_rows", &gguf_rows, "out[i] = row ids[i] of a GGUF block-quantized matrix (its blocks, uint8 [N, nb, "

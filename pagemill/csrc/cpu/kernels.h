@@ -84,7 +84,7 @@ struct GemvArgs {
 
 // The LM head's greedy screen (variant/head_screen.cpp): logits [M, N] fp32, exact (float32, from `table` [N, K])
 // wherever a row's maximum may be, int8 approximations elsewhere. Weights from pack_head_screen: q [T, K / 4, 64, 4]
-// int8, scales and offsets [T, K / 32, 64]; weight_error / weight_norm: max per channel of |w - w~| and |w~|.
+// int8, scales and offsets [T, K / 32, 64]; bounds [T, 2, 64]: each channel's |w - w~| and |w~| (rounded up).
 struct HeadScreenArgs {
   float* logits;
   const float* x;
@@ -102,7 +102,7 @@ struct HeadScreenArgs {
   const int32_t* bitmask = nullptr;
   const int64_t* mask_rows = nullptr;
   int64_t mask_words = 0;
-  float weight_error, weight_norm;
+  const float* bounds;
   int64_t M, K, N, tiles;
   int num_threads;
 };

@@ -150,8 +150,9 @@ double q4_max_error(torch::Tensor w, int64_t group_size) {
 
 // The LM head's int8 screen (variant/head_screen.cpp): per channel and group of 32, s = max|w| / 127 and q = round(w / s)
 // (exact for GGUF Q8_0 weights: s is the block's d), laid out as q [T, K / 4, 64, 4] (four consecutive k per channel),
-// scales and offsets (-128 * the group's code sum) [T, K / 32, 64]; also max over channels of |w - s q| and |s q|.
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, double, double> pack_head_screen(torch::Tensor w) {
+// scales and offsets (-128 * the group's code sum) [T, K / 32, 64]; and each channel's |w - s q| and |s q| as
+// bounds [T, 2, 64] (rounded up to float32; 0 for the padding channels of the last tile).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> pack_head_screen(torch::Tensor w) {
   constexpr int64_t QG = 32;
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat && w.is_contiguous() && w.size(1) % QG == 0,
               "pack_head_screen: w must be a contiguous float32 [N, K] matrix with K a multiple of 32");
@@ -159,11 +160,14 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, double, double> pack_hea
   auto q = torch::zeros({T, K / 4, NT, 4}, torch::dtype(at::kChar));
   auto scales = torch::zeros({T, G, NT}, torch::dtype(at::kFloat));
   auto offsets = torch::zeros({T, G, NT}, torch::dtype(at::kInt));
+  auto bounds = torch::zeros({T, 2, NT}, torch::dtype(at::kFloat));
   const float* wp = w.data_ptr<float>();
   int8_t* qp = q.data_ptr<int8_t>();
   float* sp = scales.data_ptr<float>();
   int32_t* op = offsets.data_ptr<int32_t>();
-  std::vector<double> err(N), norm(N);
+  float* bp = bounds.data_ptr<float>();
+  // A norm stored as float32 must not be below its double value: rounded up by one float32 ulp.
+  auto up = [](double v) { return std::nextafter(static_cast<float>(v), std::numeric_limits<float>::infinity()); };
   bool finite = true;
   at::parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
@@ -188,11 +192,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, double, double> pack_hea
         sp[(t * G + g) * NT + c] = s;
         op[(t * G + g) * NT + c] = -128 * sum;
       }
-      err[n] = std::sqrt(e2), norm[n] = std::sqrt(q2);
+      bp[(t * 2) * NT + c] = e2 > 0.0 ? up(std::sqrt(e2)) : 0.0f;
+      bp[(t * 2 + 1) * NT + c] = q2 > 0.0 ? up(std::sqrt(q2)) : 0.0f;
     }
   });
   TORCH_CHECK(finite, "pack_head_screen: the weight has non-finite values");
-  const double max_err = N ? *std::max_element(err.begin(), err.end()) : 0.0;
-  const double max_norm = N ? *std::max_element(norm.begin(), norm.end()) : 0.0;
-  return {q, scales, offsets, max_err, max_norm};
+  return {q, scales, offsets, bounds};
 }

@@ -11,4 +11,4 @@ torch::Tensor pack_gemv_weight_f16(torch::Tensor w);
 std::vector<torch::Tensor> pack_gemv_weight_int8(torch::Tensor w, int64_t group_size);
 std::vector<torch::Tensor> pack_gemv_weight_q4(torch::Tensor w, int64_t group_size);
 double q4_max_error(torch::Tensor w, int64_t group_size);
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, double, double> pack_head_screen(torch::Tensor w);
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> pack_head_screen(torch::Tensor w);

@@ -25,8 +25,9 @@ from safetensors.torch import save_file
 logger = logging.getLogger(__name__)
 
 Records = torch.Tensor | list[torch.Tensor]
+# What decides the bytes (paths relative to this package; packing.cpp lays out the LM head's screen).
 _LAYOUT_SOURCES = ("gguf_records.py", "gguf.py", "int8_grid.py", "records_cache.py", "checkpoint_formats.py",
-                   "prequantized.py")  # what decides the bytes
+                   "prequantized.py", "../head_screen.py", "../../csrc/cpu/packing.cpp")
 _META_KEY = "pagemill.records"
 
 

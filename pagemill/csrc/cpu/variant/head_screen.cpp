@@ -5,11 +5,13 @@
 // 1. x [M, K] is quantized per row and group of 32 (symmetric int8, scale max|x| / 127), keeping per row the norm of
 //    the quantization error e and of x.
 // 2. int8 logits L~ = sum_g sw sx (q_w . q_x) (int32 dots per group). The weights are w~ = sw q_w, per channel and
-//    group of 32 (packing.cpp: pack_head_screen), whose error |w - w~| has norm <= Dw per channel and |w~| <= Nw.
-//    By Cauchy-Schwarz, |L - L~| <= B = Dw |x| + Nw |e| (+ the float32 rounding of L~, bounded by `rounding`).
-// 3. A token whose L~ is below max L~ - 2B cannot be the maximum (the L~-maximal token beats it for sure); every
-//    other logit (a handful) is recomputed exactly from the float32 table. So the row's argmax is exactly float32's;
-//    the rest of the row keeps L~ (approximate: callers use it only for argmax).
+//    group of 32 (packing.cpp: pack_head_screen), whose error has norm Dw_n = |w_n - w~_n| and Nw_n = |w~_n| for
+//    channel n. By Cauchy-Schwarz, |L_n - L~_n| <= B_n = Dw_n |x| + Nw_n |e| (+ the float32 rounding of L~_n,
+//    at most a multiple of Nw_n |x~|): B_n = Dw_n a + Nw_n b with a row's a and b.
+// 3. Every L_m >= L~_m - B_m, so a token with L~_n + B_n below lower = max_m (L~_m - B_m) cannot be the maximum;
+//    every other logit (a handful: per-channel norms, not the largest one, keep B small for most tokens) is
+//    recomputed exactly from the float32 table. So the row's argmax is exactly float32's; the rest of the row keeps
+//    L~ (approximate: callers use it only for argmax). Each tile keeps, per row, max (L~ - B) and max (L~ + B).
 // 4. A row with a structured-output bitmask takes the max and the candidates over its allowed tokens only, so its
 //    argmax is float32's over the allowed tokens (the exact head, the mask, then argmax); disallowed tokens keep L~.
 //
@@ -25,6 +27,20 @@ namespace {
 constexpr int64_t NT = 64;  // channels per tile
 constexpr int64_t QG = 32;  // quantization group along K
 constexpr int64_t KQ = QG / 4;  // k quads per group
+
+// Each row's bound terms (B_n = Dw_n a[r] + Nw_n b[r]) and, per row and tile, max (L~ - B) and max (L~ + B).
+struct RowBounds {
+  const float* a;
+  const float* b;
+  float* tile_lo;  // [M, tiles]
+  float* tile_hi;
+};
+
+// B_n of channel n for a row with terms (ra, rb).
+inline float channel_bound(const HeadScreenArgs& a, int64_t n, float ra, float rb) {
+  const float* tb = a.bounds + (n / 64) * 128 + n % 64;  // bounds [T, 2, 64]
+  return tb[0] * ra + tb[64] * rb;
+}
 
 // Per-row quantization of x: codes (int8; +128 as uint8 for VNNI), group scales, and the bound's row terms.
 void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* xq, uint8_t* xu, float* sx, float* err_norm,
@@ -94,13 +110,13 @@ inline void group_dots(const int8_t* xq, const uint8_t* xu, int64_t K, const int
 #endif
 }
 
-// Logits of one tile (64 channels) for rows [r0, r0 + R): out rows of N, the tile's max per row into tmax.
+// Logits of one tile (64 channels) for rows [r0, r0 + R): out rows of N; per row the tile's max (L~ - B) and max (L~ + B).
 template <int R>
 void tile_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t* xu, const float* sx, int64_t t, int64_t r0,
-               float* tmax) {
+               const RowBounds& rb) {
   const int64_t K = a.K, G = K / QG, n0 = t * NT;
-  float best[MR];
-  for (int r = 0; r < R; ++r) best[r] = -FLT_MAX;
+  float best_lo[MR], best_hi[MR];
+  for (int r = 0; r < R; ++r) best_lo[r] = best_hi[r] = -FLT_MAX;
   for (int64_t half = 0; half < NT / (16 * NVB); ++half) {
     const int64_t c0 = half * 16 * NVB;  // first channel of this pass within the tile
     __m512 facc[MR][NVB];
@@ -126,8 +142,11 @@ void tile_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t* xu, con
                                        facc[r][v]);
       }
     }
+    const float* dw = a.bounds + t * 2 * NT + c0;  // the channels' Dw, then their Nw
     for (int r = 0; r < R; ++r) {
       float* out = a.logits + (r0 + r) * a.N + n0 + c0;
+      const __m512 ra = _mm512_set1_ps(rb.a[r0 + r]), rbv = _mm512_set1_ps(rb.b[r0 + r]);
+      __m512 lo = _mm512_set1_ps(-FLT_MAX), hi = lo;
       for (int v = 0; v < NVB; ++v) {
         const int64_t n = a.N - (n0 + c0 + v * 16);
         if (n <= 0) break;
@@ -139,11 +158,19 @@ void tile_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t* xu, con
           _mm512_stream_ps(out + v * 16, facc[r][v]);
         else
           _mm512_mask_storeu_ps(out + v * 16, m, facc[r][v]);
-        best[r] = fmaxf(best[r], _mm512_mask_reduce_max_ps(m, facc[r][v]));
+        const __m512 b = _mm512_fmadd_ps(_mm512_loadu_ps(dw + v * 16), ra,
+                                         _mm512_mul_ps(_mm512_loadu_ps(dw + NT + v * 16), rbv));
+        lo = _mm512_mask_max_ps(lo, m, lo, _mm512_sub_ps(facc[r][v], b));
+        hi = _mm512_mask_max_ps(hi, m, hi, _mm512_add_ps(facc[r][v], b));
       }
+      best_lo[r] = fmaxf(best_lo[r], _mm512_reduce_max_ps(lo));
+      best_hi[r] = fmaxf(best_hi[r], _mm512_reduce_max_ps(hi));
     }
   }
-  for (int r = 0; r < R; ++r) tmax[(r0 + r) * a.tiles + t] = best[r];
+  for (int r = 0; r < R; ++r) {
+    rb.tile_lo[(r0 + r) * a.tiles + t] = best_lo[r];
+    rb.tile_hi[(r0 + r) * a.tiles + t] = best_hi[r];
+  }
 }
 
 #elif defined(__AVX2__)
@@ -152,11 +179,11 @@ constexpr int NVB = 4;  // 8-lane vectors per pass (a tile is 8 vectors: two pas
 
 template <int R>
 void tile_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t*, const float* sx, int64_t t, int64_t r0,
-               float* tmax) {
+               const RowBounds& rb) {
   const int64_t K = a.K, G = K / QG, n0 = t * NT;
   const __m256i ones = _mm256_set1_epi16(1);
-  float best[MR];
-  for (int r = 0; r < R; ++r) best[r] = -FLT_MAX;
+  float best_lo[MR], best_hi[MR];
+  for (int r = 0; r < R; ++r) best_lo[r] = best_hi[r] = -FLT_MAX;
   for (int64_t half = 0; half < NT / (8 * NVB); ++half) {
     const int64_t c0 = half * 8 * NVB;
     __m256 facc[MR][NVB];
@@ -196,12 +223,17 @@ void tile_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t*, const 
         const int64_t n = imin(8, a.N - (n0 + c0 + v * 8));
         for (int64_t j = 0; j < n; ++j) {
           out[v * 8 + j] = lane[j];
-          best[r] = fmaxf(best[r], lane[j]);
+          const float b = channel_bound(a, n0 + c0 + v * 8 + j, rb.a[r0 + r], rb.b[r0 + r]);
+          best_lo[r] = fmaxf(best_lo[r], lane[j] - b);
+          best_hi[r] = fmaxf(best_hi[r], lane[j] + b);
         }
       }
     }
   }
-  for (int r = 0; r < R; ++r) tmax[(r0 + r) * a.tiles + t] = best[r];
+  for (int r = 0; r < R; ++r) {
+    rb.tile_lo[(r0 + r) * a.tiles + t] = best_lo[r];
+    rb.tile_hi[(r0 + r) * a.tiles + t] = best_hi[r];
+  }
 }
 
 #else
@@ -209,11 +241,11 @@ constexpr int MR = 4;
 
 template <int R>
 void tile_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t*, const float* sx, int64_t t, int64_t r0,
-               float* tmax) {
+               const RowBounds& rb) {
   const int64_t K = a.K, G = K / QG, n0 = t * NT, n = imin(NT, a.N - n0);
   for (int r = 0; r < R; ++r) {
     const int8_t* xr = xq + (r0 + r) * K;
-    float best = -FLT_MAX;
+    float best_lo = -FLT_MAX, best_hi = -FLT_MAX;
     for (int64_t c = 0; c < n; ++c) {
       float sum = 0.0f;
       for (int64_t g = 0; g < G; ++g) {
@@ -225,21 +257,24 @@ void tile_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t*, const 
         sum += float(dot) * (a.scales[(t * G + g) * NT + c] * sx[(r0 + r) * G + g]);
       }
       a.logits[(r0 + r) * a.N + n0 + c] = sum;
-      best = fmaxf(best, sum);
+      const float b = channel_bound(a, n0 + c, rb.a[r0 + r], rb.b[r0 + r]);
+      best_lo = fmaxf(best_lo, sum - b);
+      best_hi = fmaxf(best_hi, sum + b);
     }
-    tmax[(r0 + r) * a.tiles + t] = best;
+    rb.tile_lo[(r0 + r) * a.tiles + t] = best_lo;
+    rb.tile_hi[(r0 + r) * a.tiles + t] = best_hi;
   }
 }
 #endif
 
 void tile_all_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t* xu, const float* sx, int64_t t,
-                   float* tmax) {
+                   const RowBounds& rb) {
   int64_t r0 = 0;
-  for (; r0 + MR <= a.M; r0 += MR) tile_rows<MR>(a, xq, xu, sx, t, r0, tmax);
+  for (; r0 + MR <= a.M; r0 += MR) tile_rows<MR>(a, xq, xu, sx, t, r0, rb);
   switch (a.M - r0) {
-    case 3: tile_rows<3>(a, xq, xu, sx, t, r0, tmax); break;
-    case 2: tile_rows<2>(a, xq, xu, sx, t, r0, tmax); break;
-    case 1: tile_rows<1>(a, xq, xu, sx, t, r0, tmax); break;
+    case 3: tile_rows<3>(a, xq, xu, sx, t, r0, rb); break;
+    case 2: tile_rows<2>(a, xq, xu, sx, t, r0, rb); break;
+    case 1: tile_rows<1>(a, xq, xu, sx, t, r0, rb); break;
     default: break;
   }
 }
@@ -290,40 +325,44 @@ struct RowMask {
   }
 };
 
-// The largest int8 logit of row r among its allowed tokens (-FLT_MAX when none is allowed). A tile whose maximum over
-// all its tokens is below the best so far cannot raise it: skipped without reading its mask.
-float allowed_max(const HeadScreenArgs& a, const float* row, const float* tm, const RowMask& mask) {
+// max (L~_n - B_n) over row r's allowed tokens (-FLT_MAX when none is allowed): a lower bound on its largest allowed
+// exact logit. A tile whose max (L~ - B) over all its tokens is not above the best so far is skipped unread.
+float allowed_lower(const HeadScreenArgs& a, const float* row, const float* tile_lo, const RowMask& mask, float ra,
+                    float rb) {
   float top = -FLT_MAX;
   for (int64_t t = 0; t < a.tiles; ++t) {
-    if (!(tm[t] > top)) continue;
+    if (!(tile_lo[t] > top)) continue;
     const int64_t n1 = imin(a.N, (t + 1) * NT);
     for (int64_t w = t * NT / 32; w * 32 < n1; ++w) {
       uint32_t bits = w < mask.num_words ? mask.words[w] : 0u;
       while (bits) {
         const int64_t n = w * 32 + __builtin_ctz(bits);
         bits &= bits - 1;
-        if (n < n1) top = fmaxf(top, row[n]);
+        if (n < n1) top = fmaxf(top, row[n] - channel_bound(a, n, ra, rb));
       }
     }
   }
   return top;
 }
 
-// Recomputes every (allowed) logit of row r within 2B of the row's (allowed) int8 maximum, and the row's argmax (the
-// first maximum) from them; returns how many. A masked row's argmax is that of the float32 logits with every
-// disallowed token at -inf: token 0 when no allowed logit is above -inf, as torch's max over such a row gives.
-int64_t recheck_row(const HeadScreenArgs& a, int64_t r, const float* tmax, float bound) {
-  const float* tm = tmax + r * a.tiles;
+// Recomputes every (allowed) logit of row r whose L~ + B reaches the row's lower bound (max of L~ - B over its
+// allowed tokens), and the row's argmax (the first maximum) from them; returns how many. A masked row's argmax is
+// that of the float32 logits with every disallowed token at -inf: token 0 when no allowed logit is above -inf, as
+// torch's max over such a row gives.
+int64_t recheck_row(const HeadScreenArgs& a, int64_t r, const RowBounds& rb) {
+  const float* tile_lo = rb.tile_lo + r * a.tiles;
+  const float* tile_hi = rb.tile_hi + r * a.tiles;
+  const float ra = rb.a[r], rbb = rb.b[r];
   float* row = a.logits + r * a.N;
   const float* x = a.x + r * a.K;
   const int64_t mask_row = a.bitmask && a.mask_rows ? a.mask_rows[r] : -1;
   const RowMask mask{mask_row >= 0 ? reinterpret_cast<const uint32_t*>(a.bitmask + mask_row * a.mask_words) : nullptr,
                      a.mask_words};
-  float top = -FLT_MAX;
+  float lower = -FLT_MAX;
   if (mask.words) {
-    top = allowed_max(a, row, tm, mask);
+    lower = allowed_lower(a, row, tile_lo, mask, ra, rbb);
   } else {
-    for (int64_t t = 0; t < a.tiles; ++t) top = fmaxf(top, tm[t]);
+    for (int64_t t = 0; t < a.tiles; ++t) lower = fmaxf(lower, tile_lo[t]);
   }
   int64_t best = -1;
   float best_value = 0.0f;
@@ -335,7 +374,7 @@ int64_t recheck_row(const HeadScreenArgs& a, int64_t r, const float* tmax, float
     }
   };
   int64_t count = 0;
-  if (bound < 0.0f || !finite_bits(top)) {  // a non-finite input: no bound holds, the whole row is exact
+  if (ra < 0.0f || !finite_bits(lower)) {  // a non-finite input: no bound holds, the whole row is exact
     Scratch row_buf;
     float* decoded = a.table ? nullptr : row_buf.get(a.K);
     for (int64_t n = 0; n < a.N; ++n) {
@@ -347,15 +386,14 @@ int64_t recheck_row(const HeadScreenArgs& a, int64_t r, const float* tmax, float
       }
     }
   } else {
-    const float threshold = top - 2.0f * bound;
     // The candidates, ascending (so the first maximum wins, as in a scan): counted, then listed into a Scratch
     // buffer (a std::vector's out-of-line template code would be a symbol every ISA variant's object defines).
     auto each_candidate = [&](auto&& f) {
       for (int64_t t = 0; t < a.tiles; ++t) {
-        if (tm[t] < threshold) continue;
+        if (tile_hi[t] < lower) continue;
         const int64_t n1 = imin(a.N, (t + 1) * NT);
         for (int64_t n = t * NT; n < n1; ++n)
-          if (row[n] >= threshold && mask.allowed(n)) f(n);
+          if (row[n] + channel_bound(a, n, ra, rbb) >= lower && mask.allowed(n)) f(n);
       }
     };
     int64_t nc = 0;
@@ -404,22 +442,25 @@ int64_t head_screen(const HeadScreenArgs& a) {
   const int64_t M = a.M, K = a.K, G = K / QG;
   int8_t* xq = static_cast<int8_t*>(malloc(size_t(M * K)));
   uint8_t* xu = static_cast<uint8_t*>(malloc(size_t(M * K)));
-  float* sx = static_cast<float*>(malloc(sizeof(float) * size_t(M * G + 4 * M + M * a.tiles)));
+  float* sx = static_cast<float*>(malloc(sizeof(float) * size_t(M * G + 5 * M + 2 * M * a.tiles)));
   float* err_norm = sx + M * G;
   float* x_norm = err_norm + M;
   float* xq_norm = x_norm + M;
-  float* bound = xq_norm + M;
-  float* tmax = bound + M;
+  float* ra = xq_norm + M;
+  float* rb = ra + M;
+  const RowBounds bounds{ra, rb, rb + M, rb + M + M * a.tiles};
   quantize_rows(a.x, M, K, xq, xu, sx, err_norm, x_norm, xq_norm);
   for (int64_t r = 0; r < M; ++r) {
-    // Dw |x| + Nw |e|, plus the float32 rounding of L~ (G + 3 roundings of terms summing to at most Nw |x~|),
-    // doubled for safety; a non-finite x makes it infinite (recheck_row then recomputes the row).
-    const float rounding = 2.0f * float(G + 3) * 0x1p-24f * a.weight_norm * xq_norm[r];
-    bound[r] = (a.weight_error * x_norm[r] + a.weight_norm * err_norm[r] + rounding) * (1.0f + 0x1p-16f);
-    if (!finite_bits(x_norm[r]) || !finite_bits(bound[r])) bound[r] = -1.0f;
+    // B_n = Dw_n |x| + Nw_n (|e| + the float32 rounding of L~: G + 3 roundings of terms summing to at most
+    // Nw_n |x~|, doubled for safety), both terms raised by 2^-16 for the float32 arithmetic of B itself; a
+    // non-finite x makes a < 0 (recheck_row then recomputes the row).
+    const float rounding = 2.0f * float(G + 3) * 0x1p-24f * xq_norm[r];
+    ra[r] = x_norm[r] * (1.0f + 0x1p-16f);
+    rb[r] = (err_norm[r] + rounding) * (1.0f + 0x1p-16f);
+    if (!finite_bits(x_norm[r]) || !finite_bits(ra[r]) || !finite_bits(rb[r])) ra[r] = -1.0f, rb[r] = 0.0f;
   }
   parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) tile_all_rows(a, xq, xu, sx, t, tmax);
+    for (int64_t t = t0; t < t1; ++t) tile_all_rows(a, xq, xu, sx, t, bounds);
 #if defined(__AVX512F__)
     _mm_sfence();  // the streamed logits, visible before the recheck reads them
 #endif
@@ -428,7 +469,7 @@ int64_t head_screen(const HeadScreenArgs& a) {
   const int64_t chunks = imin(64, M);
   parallel_for(chunks, 1, a.num_threads, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c)
-      for (int64_t r = c * M / chunks; r < (c + 1) * M / chunks; ++r) counts[c] += recheck_row(a, r, tmax, bound[r]);
+      for (int64_t r = c * M / chunks; r < (c + 1) * M / chunks; ++r) counts[c] += recheck_row(a, r, bounds);
   });
   int64_t total = 0;
   for (int64_t c = 0; c < chunks; ++c) total += counts[c];
