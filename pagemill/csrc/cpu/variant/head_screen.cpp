@@ -215,19 +215,35 @@ void tile_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t*, const 
                                        facc[r][v]);
       }
     }
+    const float* dw = a.bounds + t * 2 * NT + c0;  // the channels' Dw, then their Nw
     for (int r = 0; r < R; ++r) {
       float* out = a.logits + (r0 + r) * a.N + n0 + c0;
+      const float ra = rb.a[r0 + r], rbr = rb.b[r0 + r];
+      const __m256 rav = _mm256_set1_ps(ra), rbv = _mm256_set1_ps(rbr);
+      __m256 lo = _mm256_set1_ps(-FLT_MAX), hi = lo;
       for (int v = 0; v < NVB; ++v) {
-        float lane[8];
-        _mm256_storeu_ps(lane, facc[r][v]);
         const int64_t n = imin(8, a.N - (n0 + c0 + v * 8));
+        if (n == 8) {
+          _mm256_storeu_ps(out + v * 8, facc[r][v]);
+          const __m256 b = _mm256_fmadd_ps(_mm256_loadu_ps(dw + v * 8), rav,
+                                           _mm256_mul_ps(_mm256_loadu_ps(dw + NT + v * 8), rbv));
+          lo = _mm256_max_ps(lo, _mm256_sub_ps(facc[r][v], b));
+          hi = _mm256_max_ps(hi, _mm256_add_ps(facc[r][v], b));
+          continue;
+        }
+        float lane[8];  // the last tile's partial vector
+        _mm256_storeu_ps(lane, facc[r][v]);
         for (int64_t j = 0; j < n; ++j) {
           out[v * 8 + j] = lane[j];
-          const float b = channel_bound(a, n0 + c0 + v * 8 + j, rb.a[r0 + r], rb.b[r0 + r]);
+          const float b = channel_bound(a, n0 + c0 + v * 8 + j, ra, rbr);
           best_lo[r] = fmaxf(best_lo[r], lane[j] - b);
           best_hi[r] = fmaxf(best_hi[r], lane[j] + b);
         }
       }
+      float l8[8], h8[8];
+      _mm256_storeu_ps(l8, lo);
+      _mm256_storeu_ps(h8, hi);
+      for (int j = 0; j < 8; ++j) best_lo[r] = fmaxf(best_lo[r], l8[j]), best_hi[r] = fmaxf(best_hi[r], h8[j]);
     }
   }
   for (int r = 0; r < R; ++r) {
