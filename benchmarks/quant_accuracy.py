@@ -11,14 +11,15 @@ quantization reads the corpus paragraphs with prompt logprobs against the float3
                                         [--chunk 64] [--dither-seed 0]
     python benchmarks/quant_accuracy.py --int8-activations [--model FILE.gguf | --gemma3]
     python benchmarks/quant_accuracy.py --kv-cache-dtype int8 fp8 [--model FILE.gguf | --gemma3]
-    python benchmarks/quant_accuracy.py --compressed-tensors W8A8 W4A16 [--gemma3]
+    python benchmarks/quant_accuracy.py --compressed-tensors W8A8 W4A16 [--gemma3] [--smooth-alpha 0.5]
 
 --int8-activations measures linear_dtype="int8" (int8 activations x the GGUF's own records) against the exact
 float32 default on the GGUF file itself; --kv-cache-dtype does the same for each quantized (or float16) KV cache
 (prefills in chunks of --chunk tokens, so every chunk after the first reads the quantized cache through the kernel).
 --compressed-tensors writes each preset's checkpoint of the dithered float model with the `compressed-tensors`
 package (tests/loader/quant_checkpoints.py: W8A8 = int8 weights per channel + dynamic per-token int8 activations)
-and measures it against the float32 engine on that float model.
+and measures it against the float32 engine on that float model; --smooth-alpha adds the W8A8 checkpoint of the same
+model smoothed first (SmoothQuant, as llm-compressor's W8A8 recipe does: pagemill.benchmarks.quant_accuracy).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import os
 import sys
 import tempfile
 
-from pagemill.benchmarks.quant_accuracy import gguf_grids, load_gguf_as_hf, measure, measure_checkpoints, save_hf_dir
+from pagemill.benchmarks.quant_accuracy import (calibration_sequences, gguf_grids, load_gguf_as_hf, measure,
+                                                measure_checkpoints, save_hf_dir, smooth_quant_)
 from pagemill.loader.default_model import default_model_path
 
 
@@ -77,6 +79,13 @@ def measure_compressed_tensors(args: argparse.Namespace) -> None:
                 dithered.config.tie_word_embeddings = False
             group = 128 if preset == "W8A16" else 32
             checkpoints[preset] = write_compressed_tensors(dithered, tok, os.path.join(tmp, preset), preset, group)
+            if args.smooth_alpha is not None and preset in ("W8A8", "FP8_DYNAMIC"):  # quantized activations
+                smoothed = AutoModelForCausalLM.from_pretrained(reference, dtype="float32")
+                smoothed.lm_head.weight = torch.nn.Parameter(smoothed.lm_head.weight.detach().clone())
+                smoothed.config.tie_word_embeddings = False
+                smooth_quant_(smoothed, calibration_sequences(smoothed, tok), args.smooth_alpha)
+                name = f"{preset}+sq{args.smooth_alpha:g}"
+                checkpoints[name] = write_compressed_tensors(smoothed, tok, os.path.join(tmp, name), preset, group)
         print(f"{'model':<24} {'checkpoint':<12} {'positions':>9} {'top-1 agree':>11} {'mean |dlp|':>10} "
               f"{'max |dlp|':>9} {'missing':>7}")
         for a in measure_checkpoints(reference, checkpoints, chunk=args.chunk):
@@ -105,6 +114,9 @@ def main() -> None:
     parser.add_argument("--compressed-tensors", nargs="+", default=None, metavar="PRESET",
                         choices=("W8A8", "W4A16", "W8A16", "FP8_DYNAMIC"),
                         help="compressed-tensors checkpoints of the dithered float model against that float model")
+    parser.add_argument("--smooth-alpha", type=float, default=None, metavar="ALPHA",
+                        help="with --compressed-tensors: also a W8A8 / FP8_DYNAMIC checkpoint of the model smoothed by "
+                             "SmoothQuant (migration strength ALPHA, e.g. 0.5; calibrated on the model's own text)")
     args = parser.parse_args()
     if args.compressed_tensors:
         measure_compressed_tensors(args)

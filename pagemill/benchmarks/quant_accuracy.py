@@ -141,6 +141,73 @@ def save_hf_dir(model: Any, tokenizer: Any, out_dir: str, dither_seed: int | Non
     return out_dir
 
 
+CALIBRATION_SEEDS = ("The", "In 1850,", "def ", "Once upon a time", "The capital of", "Water is", "import", "Dear")
+
+
+def calibration_sequences(model: Any, tokenizer: Any, new_tokens: int = 96) -> list[list[int]]:
+    """Token sequences for calibration, written by the float model itself (greedy continuations of a few seed
+    words): independent of the corpus the accuracy is measured on."""
+    import torch
+
+    seqs = []
+    with torch.no_grad():
+        for seed in CALIBRATION_SEEDS:
+            ids = torch.tensor([tokenizer.encode(seed)])
+            out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+            seqs.append(out[0].tolist())
+    return seqs
+
+
+def _smoothing_pairs(model: Any) -> list[tuple[Any, list[Any]]]:
+    """(RMSNorm, the linears that read its output) of each decoder layer: the attention input's norm and q / k / v,
+    the MLP input's norm (Gemma 3's pre-feedforward norm) and gate / up."""
+    pairs = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        pairs.append((layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj]))
+        mlp_norm = getattr(layer, "pre_feedforward_layernorm", None) or layer.post_attention_layernorm
+        pairs.append((mlp_norm, [mlp.gate_proj, mlp.up_proj]))
+    return pairs
+
+
+def smooth_quant_(model: Any, calibration: list[list[int]], alpha: float = 0.5) -> int:
+    """SmoothQuant (Xiao et al., 2023) in place, as llm-compressor's W8A8 recipe applies it before quantizing: for
+    input channel j of the linears after each RMSNorm, s_j = max|X_j|^alpha / max|W[:, j]|^(1 - alpha) over the
+    calibration tokens and those linears; the norm's output is divided by s and the linears' columns multiplied by
+    it, so the float model computes the same function while per-token int8 activations lose less to outlier
+    channels. Returns the number of (norm, linears) pairs smoothed."""
+    import torch
+
+    pairs = _smoothing_pairs(model)
+    amax: dict[int, torch.Tensor] = {}
+
+    def hook(i: int):
+        def record(_module, _inputs, output):
+            m = output.detach().abs().flatten(0, -2).amax(0).float()
+            amax[i] = m if i not in amax else torch.maximum(amax[i], m)
+        return record
+
+    handles = [norm.register_forward_hook(hook(i)) for i, (norm, _) in enumerate(pairs)]
+    try:
+        with torch.no_grad():
+            for ids in calibration:
+                model(torch.tensor([ids]))
+    finally:
+        for h in handles:
+            h.remove()
+    with torch.no_grad():
+        for i, (norm, linears) in enumerate(pairs):
+            wmax = torch.stack([lin.weight.abs().amax(0) for lin in linears]).amax(0).float()
+            scale = (amax[i].clamp(min=1e-5) ** alpha / wmax.clamp(min=1e-5) ** (1 - alpha)).clamp(min=1e-5)
+            if type(norm).__name__.startswith("Gemma"):  # Gemma's RMSNorm scales by (1 + weight)
+                norm.weight.copy_((1.0 + norm.weight.float()) / scale - 1.0)
+            else:
+                norm.weight.div_(scale)
+            for lin in linears:
+                lin.weight.mul_(scale)
+    return len(pairs)
+
+
 def prompt_topk(model: str, token_lists: list[list[int]], chunk: int = 64,
                 **llm_kwargs: Any) -> list[list[dict[int, float]]]:
     """Per sequence and position (from the second token on), the TOP_K tokens' logprobs of an engine built with
