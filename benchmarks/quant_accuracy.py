@@ -58,6 +58,19 @@ def hf_dirs(args: argparse.Namespace, tmp: str) -> dict[str, str]:
     return dirs
 
 
+def untied_float_model(directory: str):
+    """The float32 transformers model of `directory` with its own LM head tensor (safetensors refuses the shared
+    tensors of tied embeddings, and the checkpoint writers save the head apart)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype="float32")
+    if model.config.tie_word_embeddings:
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+        model.config.tie_word_embeddings = False
+    return model
+
+
 def measure_compressed_tensors(args: argparse.Namespace) -> None:
     """One row per preset: its checkpoint (written by the compressed-tensors package) against the float model."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -68,21 +81,13 @@ def measure_compressed_tensors(args: argparse.Namespace) -> None:
         model, tok = load_gguf_as_hf(path)
         reference = save_hf_dir(model, tok, os.path.join(tmp, "float"), dither_seed=args.dither_seed,
                                 grids=gguf_grids(path))
-        import torch
-        from transformers import AutoModelForCausalLM
-
         checkpoints = {}
         for preset in args.compressed_tensors:
-            dithered = AutoModelForCausalLM.from_pretrained(reference, dtype="float32")
-            if dithered.config.tie_word_embeddings:  # (safetensors refuses shared tensors: the head saved apart)
-                dithered.lm_head.weight = torch.nn.Parameter(dithered.lm_head.weight.detach().clone())
-                dithered.config.tie_word_embeddings = False
             group = 128 if preset == "W8A16" else 32
-            checkpoints[preset] = write_compressed_tensors(dithered, tok, os.path.join(tmp, preset), preset, group)
+            checkpoints[preset] = write_compressed_tensors(untied_float_model(reference), tok,
+                                                           os.path.join(tmp, preset), preset, group)
             if args.smooth_alpha is not None and preset in ("W8A8", "FP8_DYNAMIC"):  # quantized activations
-                smoothed = AutoModelForCausalLM.from_pretrained(reference, dtype="float32")
-                smoothed.lm_head.weight = torch.nn.Parameter(smoothed.lm_head.weight.detach().clone())
-                smoothed.config.tie_word_embeddings = False
+                smoothed = untied_float_model(reference)
                 smooth_quant_(smoothed, calibration_sequences(smoothed, tok), args.smooth_alpha)
                 name = f"{preset}+sq{args.smooth_alpha:g}"
                 checkpoints[name] = write_compressed_tensors(smoothed, tok, os.path.join(tmp, name), preset, group)

@@ -118,7 +118,7 @@ class GreedyHeadScreen:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the screen adds to the head (its int8 codes, scales and offsets)."""
+        """Bytes the screen adds to the head (its int8 codes, scales, offsets and per-channel bounds)."""
         return sum(t.numel() * t.element_size() for t in (self.q, self.scales, self.offsets, self.bounds))
 
     def logits(self, hidden: torch.Tensor, bitmask: torch.Tensor | None = None,

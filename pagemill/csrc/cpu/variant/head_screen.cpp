@@ -38,8 +38,8 @@ struct RowBounds {
 
 // B_n of channel n for a row with terms (ra, rb).
 inline float channel_bound(const HeadScreenArgs& a, int64_t n, float ra, float rb) {
-  const float* tb = a.bounds + (n / 64) * 128 + n % 64;  // bounds [T, 2, 64]
-  return tb[0] * ra + tb[64] * rb;
+  const float* tb = a.bounds + (n / NT) * 2 * NT + n % NT;  // bounds [T, 2, NT]: Dw, then Nw
+  return tb[0] * ra + tb[NT] * rb;
 }
 
 // Per-row quantization of x: codes (int8; +128 as uint8 for VNNI), group scales, and the bound's row terms.
