@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pagemill.config.config_snapshot import as_transformers_config
 from pagemill.platforms import current_platform
 
 
@@ -13,8 +14,6 @@ def _inv_freq(hf_config, layer_type: str | None) -> tuple[torch.Tensor, float]:
 
     `layer_type`: for configs with RoPE parameters per layer type (Gemma 3: sliding / full attention).
     """
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
     params = getattr(hf_config, "rope_parameters", None) or {}
     if layer_type is not None and layer_type in params:
         params = params[layer_type]
@@ -25,9 +24,11 @@ def _inv_freq(hf_config, layer_type: str | None) -> tuple[torch.Tensor, float]:
         dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         dim = int(dim * params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0)))
         return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim)), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     if rope_type not in ROPE_INIT_FUNCTIONS or rope_type == "dynamic":
         raise ValueError(f"rope type {rope_type!r} is not supported.")
-    return ROPE_INIT_FUNCTIONS[rope_type](hf_config, device, layer_type=layer_type)
+    return ROPE_INIT_FUNCTIONS[rope_type](as_transformers_config(hf_config), device, layer_type=layer_type)
 
 
 class RotaryEmbedding(nn.Module):

@@ -22,6 +22,14 @@ class ResolvedModel:
 
 
 def gguf_hf_config(path: str) -> Any:
+    """The config of a GGUF file: a ConfigSnapshot of the transformers config, cached beside the records so that
+    a second start builds none (`config_snapshot`)."""
+    from pagemill.loader.config_cache import cached_config
+
+    return cached_config(path, lambda: _build_gguf_hf_config(path))
+
+
+def _build_gguf_hf_config(path: str) -> Any:
     """The transformers config of a GGUF file, built from its metadata as `AutoConfig` builds it.
 
     transformers reads the whole file with `gguf.GGUFReader` for it (~5 s for SmolLM2); this reads the metadata
@@ -43,8 +51,6 @@ def gguf_hf_config(path: str) -> Any:
 
 def resolve_model(model: str | None, tokenizer: str | None = None) -> ResolvedModel:
     """Resolve `model` (None = embedded default, a HF directory, or a .gguf file) and load its config."""
-    from transformers import AutoConfig
-
     display = model
     if model is None:
         model, display = default_model_path(), DEFAULT_MODEL_NAME
@@ -66,6 +72,8 @@ def resolve_model(model: str | None, tokenizer: str | None = None) -> ResolvedMo
         gguf_file = model
         hf_config = gguf_hf_config(model)
     else:
+        from transformers import AutoConfig
+
         hf_config = AutoConfig.from_pretrained(model)
     return ResolvedModel(model, _tokenizer_path(tokenizer) or model, gguf_file, hf_config, display or model)
 

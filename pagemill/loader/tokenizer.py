@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from pagemill.config.config_snapshot import config_class_name
+
 
 def load_tokenizer(tokenizer_path: str, gguf_file: str | None = None, hf_config: Any = None) -> Any:
     """A transformers fast tokenizer; for GGUF it is built from the file's metadata.
@@ -33,7 +35,6 @@ def _gguf_tokenizer_class(directory: str, gguf_file: str, hf_config: Any) -> typ
     the config's type (TokenizersBackend when none is). The tokenizer itself is then built from the GGUF metadata
     by that class either way. None (use AutoTokenizer) in the cases it decides otherwise.
     """
-    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     if os.path.exists(os.path.join(directory, "tokenizer_config.json")):
@@ -44,10 +45,25 @@ def _gguf_tokenizer_class(directory: str, gguf_file: str, hf_config: Any) -> typ
         hf_config = gguf_hf_config(gguf_file)
     if getattr(hf_config, "tokenizer_class", None):
         return None
-    cls = TOKENIZER_MAPPING.get(type(hf_config), TokenizersBackend) or TokenizersBackend
+    cls = registered_tokenizer_class(config_class_name(hf_config)) or TokenizersBackend
     if cls.__name__ in ("MistralCommonBackend", "PythonBackend"):
         return None
     return cls
+
+
+def registered_tokenizer_class(config_class: str) -> type | None:
+    """`TOKENIZER_MAPPING.get(<config class>)` by the class's name: transformers' lookup without importing the
+    config class (a config snapshot has none)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
+
+    model_types = [t for t, name in CONFIG_MAPPING_NAMES.items() if name == config_class]
+    # the lazy mapping's reverse lookup (the last model type naming the class), then any other that has one
+    for model_type in model_types[-1:] + model_types:
+        if model_type in TOKENIZER_MAPPING_NAMES:
+            name = TOKENIZER_MAPPING_NAMES[model_type]
+            return tokenizer_class_from_name(name) if name else None
+    return None
 
 
 SKIP_TOKENIZER_MESSAGE = ("the engine runs with skip_tokenizer_init (--skip-tokenizer-init): it has no tokenizer, "
