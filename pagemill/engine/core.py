@@ -39,6 +39,10 @@ class EngineCore:
     """Owns the scheduler and the executor; knows nothing of text."""
 
     def __init__(self, config: EngineConfig, tokenizer: Any = None) -> None:
+        # What is alive before loading (imported modules: ~1M objects with torch and transformers) is permanent:
+        # the full collections that loading triggers, and the one below, then traverse only what loading made
+        # (a SmolLM2 start: 0.18 -> 0.08 s of weight loading).
+        gc.freeze()
         self.config = config
         self.executor = executor_class(config)(config)
         self.kv_cache_config = self.executor.kv_cache_config

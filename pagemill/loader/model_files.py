@@ -24,7 +24,7 @@ class ResolvedModel:
 def gguf_hf_config(path: str) -> Any:
     """The config of a GGUF file: a ConfigSnapshot of the transformers config, cached beside the records so that
     a second start builds none (`config_snapshot`)."""
-    from pagemill.loader.config_cache import cached_config
+    from pagemill.loader.metadata_cache import cached_config
 
     return cached_config(path, lambda: _build_gguf_hf_config(path))
 

@@ -9,22 +9,31 @@ from pagemill.config.config_snapshot import config_class_name
 
 
 def load_tokenizer(tokenizer_path: str, gguf_file: str | None = None, hf_config: Any = None) -> Any:
-    """A transformers fast tokenizer; for GGUF it is built from the file's metadata.
+    """A transformers fast tokenizer; for GGUF it is built from the file's metadata (once: `metadata_cache`).
 
     `tokenizer_path`: a HF tokenizer directory, or a .gguf file (the model's, `gguf_file`, or another one).
     """
-    from transformers import AutoTokenizer
-
     if tokenizer_path.endswith(".gguf") and os.path.isfile(tokenizer_path) and (
             gguf_file is None or os.path.abspath(tokenizer_path) != os.path.abspath(gguf_file)):
         gguf_file, hf_config = tokenizer_path, None  # another GGUF's tokenizer: its own config picks the class
     if gguf_file is not None and os.path.abspath(tokenizer_path) == os.path.abspath(gguf_file):
-        directory, name = os.path.dirname(gguf_file), os.path.basename(gguf_file)
-        cls = _gguf_tokenizer_class(directory, gguf_file, hf_config)
-        if cls is not None:
-            return cls.from_pretrained(directory, gguf_file=name, _from_auto=True)
-        return AutoTokenizer.from_pretrained(directory, gguf_file=name)
+        from pagemill.loader.metadata_cache import cached_tokenizer
+
+        return cached_tokenizer(gguf_file, lambda: _build_gguf_tokenizer(gguf_file, hf_config))
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(tokenizer_path)
+
+
+def _build_gguf_tokenizer(gguf_file: str, hf_config: Any) -> Any:
+    """The tokenizer transformers builds from a GGUF file's metadata."""
+    from transformers import AutoTokenizer
+
+    directory, name = os.path.dirname(gguf_file), os.path.basename(gguf_file)
+    cls = _gguf_tokenizer_class(directory, gguf_file, hf_config)
+    if cls is not None:
+        return cls.from_pretrained(directory, gguf_file=name, _from_auto=True)
+    return AutoTokenizer.from_pretrained(directory, gguf_file=name)
 
 
 def _gguf_tokenizer_class(directory: str, gguf_file: str, hf_config: Any) -> type | None:

@@ -1,0 +1,117 @@
+"""A GGUF file's config and tokenizer saved on disk, so that a second start builds neither.
+
+Building them costs most of a small model's start: the config needs transformers' configuration classes (~1.2 s of
+imports), the tokenizer transformers' own pass over the file's metadata (~0.3 s for SmolLM2) and its model
+registry (~0.3 s). Files live in $PAGEMILL_CACHE_DIR/metadata (~/.cache/pagemill/metadata), named by the source
+file's identity (real path, size, modification time), the library versions and the code that builds them, so an
+edited file or an upgrade never reads a stale one; PAGEMILL_METADATA_CACHE=0 turns the cache off.
+
+The config is saved as a JSON `ConfigSnapshot`, and every start returns the snapshot (the first decodes what it
+saved), so a first and a second start behave alike. The tokenizer is saved with pickle, which restores its exact
+state; only files this module wrote in the user's own cache directory are read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import pickle
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pagemill.config.config_snapshot import FORMAT, ConfigSnapshot, UnsavableConfig
+
+logger = logging.getLogger(__name__)
+
+_TOKENIZER_SOURCES = ("tokenizer.py", "metadata_cache.py")  # what decides the tokenizer built (beside this file)
+
+
+def metadata_cache_dir() -> Path:
+    """$PAGEMILL_CACHE_DIR/metadata (default ~/.cache/pagemill/metadata)."""
+    root = os.environ.get("PAGEMILL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pagemill"))
+    return Path(root) / "metadata"
+
+
+def metadata_cache_enabled() -> bool:
+    """False when PAGEMILL_METADATA_CACHE is 0 / false / off."""
+    return os.environ.get("PAGEMILL_METADATA_CACHE", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def _cache_path(source_file: str, kind: str, extra: str) -> Path | None:
+    """The cache file of `kind` ("config.json" / "tokenizer.pkl") derived from `source_file`; None when off."""
+    if not metadata_cache_enabled():
+        return None
+    real = os.path.realpath(source_file)
+    st = os.stat(real)
+    key = f"{real}|{st.st_size}|{st.st_mtime_ns}|{_version('transformers')}|{extra}"
+    return metadata_cache_dir() / f"{Path(real).stem[:48]}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.{kind}"
+
+
+def cached_config(source_file: str, build: Callable[[], Any]) -> Any:
+    """The config built from `source_file`, as a ConfigSnapshot read from the cache; on a miss `build()` makes the
+    transformers config and its snapshot is saved. Configs a snapshot cannot hold are returned as built."""
+    path = _cache_path(source_file, "config.json", f"snapshot{FORMAT}")
+    if path is not None and path.is_file():
+        try:
+            return ConfigSnapshot.decode(json.loads(path.read_text()))
+        except Exception as e:  # noqa: BLE001 - a damaged cache file is rebuilt, never fatal
+            logger.warning("Ignoring the unreadable config cache %s (%s)", path, e)
+    config = build()
+    try:
+        data = ConfigSnapshot.encode(config)
+    except UnsavableConfig as e:
+        logger.debug("Keeping the transformers config of %s: %s", source_file, e)
+        return config
+    if path is not None:
+        _write_atomically(path, json.dumps(data).encode())
+    return ConfigSnapshot.decode(data)
+
+
+def cached_tokenizer(gguf_file: str, build: Callable[[], Any]) -> Any:
+    """The tokenizer built from a GGUF file's metadata, unpickled from the cache; on a miss `build()` makes it
+    and it is saved."""
+    here = Path(__file__).resolve().parent
+    code = hashlib.sha256(b"".join((here / name).read_bytes() for name in _TOKENIZER_SOURCES)).hexdigest()[:16]
+    beside = os.path.join(os.path.dirname(os.path.realpath(gguf_file)), "tokenizer_config.json")
+    beside_id = os.stat(beside).st_mtime_ns if os.path.exists(beside) else "-"  # decides the class when present
+    path = _cache_path(gguf_file, "tokenizer.pkl", f"{_version('tokenizers')}|{code}|{beside_id}")
+    if path is not None and path.is_file():
+        try:
+            with open(path, "rb") as f:
+                return pickle.load(f)
+        except Exception as e:  # noqa: BLE001 - a damaged cache file is rebuilt, never fatal
+            logger.warning("Ignoring the unreadable tokenizer cache %s (%s)", path, e)
+    tokenizer = build()
+    if path is not None:
+        try:
+            data = pickle.dumps(tokenizer, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001 - a tokenizer pickle cannot hold is rebuilt on every start
+            logger.debug("Not caching the tokenizer of %s: %s", gguf_file, e)
+        else:
+            _write_atomically(path, data)
+    return tokenizer
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write to a temporary name and rename into place (concurrent starts never see half a file); errors are logged:
+    a read-only cache directory only costs the next start the build."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        logger.warning("Could not write the cache file %s (%s)", path, e)
