@@ -58,6 +58,14 @@ print("RESULT " + json.dumps({"phases": phases, "peak_rss_mb": peak}))
 """
 
 
+def _engine_arg_value(text: str) -> object:
+    """An --engine-arg value: JSON where it parses (2048, true, 0.5), else the string (512MiB)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def run_llm_once(engine_args: dict) -> dict:
     """One `LLM(**engine_args)` in a fresh interpreter: phase times (s) and peak RSS (MB)."""
     out = subprocess.run([sys.executable, "-c", _LLM_CHILD, json.dumps(engine_args)], capture_output=True,
@@ -153,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-serve", action="store_true")
     ap.add_argument("--save-result", default=None)
     args = ap.parse_args(argv)
-    engine_args = dict(a.split("=", 1) for a in args.engine_arg)
+    engine_args = {k: _engine_arg_value(v) for k, v in (a.split("=", 1) for a in args.engine_arg)}
     if args.model:
         engine_args["model"] = args.model
     result: dict = {"args": vars(args), "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),

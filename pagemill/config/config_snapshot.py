@@ -2,17 +2,16 @@
 
 The engine only reads a config's attributes; transformers' configuration classes cost ~1.2 s to import (their
 validators pull in most of transformers and `torch.distributed.tensor`). A `ConfigSnapshot` holds the attributes of
-one config instance, so a saved config (`pagemill.loader.metadata_cache`) is read back with `json` alone.
+one config instance, so a saved config (`pagemill.loader.metadata_cache`) is read back with `json` alone (`encode` / `decode`).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
 
-FORMAT = 1  # of encode's output: part of the config cache's key
+FORMAT = 3  # of encode's output: part of the config cache's key
 # transformers' PreTrainedConfig properties that only rename an attribute (num_labels is computed below)
 _PROPERTY_ALIASES = {"rope_scaling": "rope_parameters", "torch_dtype": "dtype", "use_return_dict": "return_dict",
                      "name_or_path": "_name_or_path", "output_attentions": "_output_attentions"}
@@ -67,7 +66,7 @@ class ConfigSnapshot:
 
     def to_dict(self) -> dict[str, Any]:
         """The original's `to_dict()`, as saved."""
-        return json.loads(json.dumps(self._snapshot["source"]))
+        return _decode(self._snapshot["source"])
 
     def to_transformers(self) -> Any:
         """The transformers config this snapshot was taken from, rebuilt from its `to_dict()` (imports transformers)."""
@@ -83,16 +82,18 @@ class ConfigSnapshot:
     @staticmethod
     def encode(config: Any) -> dict[str, Any]:
         """The JSON-able form of a transformers config: its attributes, its class's aliases, its to_dict()."""
-        return {"attributes": {k: _encode(v) for k, v in vars(config).items()},
+        attributes = {"model_type": getattr(type(config), "model_type", None)}  # a class attribute unless loaded
+        attributes.update({k: _encode(v) for k, v in vars(config).items()})
+        return {"attributes": attributes,
                 "aliases": dict(getattr(type(config), "attribute_map", {}) or {}),
                 "config_class": type(config).__name__,
-                "source": json.loads(config.to_json_string(use_diff=False))}
+                "source": _encode(config.to_dict())}
 
     @staticmethod
     def decode(data: dict[str, Any]) -> ConfigSnapshot:
         """The snapshot of `encode`'s output."""
         return ConfigSnapshot({k: _decode(v) for k, v in data["attributes"].items()}, data["aliases"],
-                              data["config_class"], data["source"])
+                              data["config_class"], data["source"])  # source: decoded by to_dict
 
 
 def as_transformers_config(config: Any) -> Any:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from pagemill.config.config_snapshot import config_class_name
 from pagemill.layers.quantization.gguf import pack_q4_1_blocks, pack_q8_0_blocks
 from pagemill.loader.gguf_file import GGML_Q4_1, GGML_Q8_0, GGUFFile, open_gguf
 from pagemill.loader.gguf_loader import (GGUFWeights, _reverse_permute, dequantize_q4_1, dequantize_q8_0,
@@ -29,6 +30,15 @@ def _config_dict(config) -> dict:
     d = config.to_dict()
     d.pop("_name_or_path", None)
     return d
+
+
+def _assert_same_config(ours, reference) -> None:
+    """Our config (a snapshot of the transformers one) reads as transformers' own: class, attributes, to_dict()."""
+    assert config_class_name(ours) == type(reference).__name__
+    attributes = {k: v for k, v in vars(ours).items() if k not in ("_snapshot", "_name_or_path")}
+    assert attributes == {k: v for k, v in vars(reference).items() if k != "_name_or_path"}
+    assert _config_dict(ours) == _config_dict(reference)
+    assert type(ours.to_transformers()) is type(reference)
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +83,7 @@ def test_open_gguf_is_shared(smol_path):
 
 
 def test_config_equals_transformers(smol_path, smol_config):
-    reference = _hf_config(smol_path)
-    assert type(smol_config) is type(reference)
-    assert _config_dict(smol_config) == _config_dict(reference)
+    _assert_same_config(smol_config, _hf_config(smol_path))
 
 
 def _write_gguf(path: str, arch: str, name: str, with_output: bool) -> None:
@@ -109,9 +117,7 @@ def _write_gguf(path: str, arch: str, name: str, with_output: bool) -> None:
 def test_config_equals_transformers_other_files(tmp_path, arch, name, with_output):
     path = str(tmp_path / f"{arch}.gguf")
     _write_gguf(path, arch, name, with_output)
-    ours, reference = gguf_hf_config(path), _hf_config(path)
-    assert type(ours) is type(reference)
-    assert _config_dict(ours) == _config_dict(reference)
+    _assert_same_config(gguf_hf_config(path), _hf_config(path))
 
 
 def test_tokenizer_equals_auto_tokenizer(smol_path, smol_config):
