@@ -2,7 +2,7 @@
 
 The engine only reads a config's attributes; transformers' configuration classes cost ~1.2 s to import (their
 validators pull in most of transformers and `torch.distributed.tensor`). A `ConfigSnapshot` holds the attributes of
-one config instance, so a saved config (`pagemill.loader.metadata_cache`) is read back with `json` alone (`encode` / `decode`).
+one config instance, so a saved config (`pagemill.loader.metadata_cache`) is read back with `json` alone.
 """
 
 from __future__ import annotations
