@@ -1,7 +1,8 @@
-"""A GGUF file's config and tokenizer saved on disk, so that a second start builds neither.
+"""Model configs (of a GGUF file or a HF directory's config.json) and GGUF tokenizers saved on disk, so that a second
+start builds neither.
 
 Building them costs most of a small model's start: the config needs transformers' configuration classes (~1.2 s of
-imports), the tokenizer transformers' own pass over the file's metadata (~0.3 s for SmolLM2) and its model
+imports), a GGUF's tokenizer transformers' own pass over the file's metadata (~0.3 s for SmolLM2) and its model
 registry (~0.3 s). Files live in $PAGEMILL_CACHE_DIR/metadata (~/.cache/pagemill/metadata), named by the source
 file's identity (real path, size, modification time), the library versions and the code that builds them, so an
 edited file or an upgrade never reads a stale one; PAGEMILL_METADATA_CACHE=0 turns the cache off.

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagemill.loader.default_model import DEFAULT_MODEL_NAME, default_model_path
+from pagemill.loader.metadata_cache import cached_config
 
 
 @dataclass
@@ -22,11 +23,16 @@ class ResolvedModel:
 
 
 def gguf_hf_config(path: str) -> Any:
-    """The config of a GGUF file: a ConfigSnapshot of the transformers config, cached beside the records so that
-    a second start builds none (`config_snapshot`)."""
-    from pagemill.loader.metadata_cache import cached_config
-
+    """The config of a GGUF file: a ConfigSnapshot of the transformers config, saved once so that a second start
+    builds none (`metadata_cache`)."""
     return cached_config(path, lambda: _build_gguf_hf_config(path))
+
+
+def _build_hf_config(directory: str) -> Any:
+    """The transformers config of a HF model directory."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(directory)
 
 
 def _build_gguf_hf_config(path: str) -> Any:
@@ -72,9 +78,7 @@ def resolve_model(model: str | None, tokenizer: str | None = None) -> ResolvedMo
         gguf_file = model
         hf_config = gguf_hf_config(model)
     else:
-        from transformers import AutoConfig
-
-        hf_config = AutoConfig.from_pretrained(model)
+        hf_config = cached_config(os.path.join(model, "config.json"), lambda: _build_hf_config(model))
     return ResolvedModel(model, _tokenizer_path(tokenizer) or model, gguf_file, hf_config, display or model)
 
 

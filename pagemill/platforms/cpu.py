@@ -75,11 +75,7 @@ class CpuPlatform(Platform):
             _log_gpu_memory_utilization_ignored(gpu_memory_utilization)
         if kv_cache_memory is not None:
             return parse_size(kv_cache_memory)
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError):
-            avail = 8 * 2**30
-        return int(min(DEFAULT_KV_CACHE_BYTES, avail // 4))
+        return int(min(DEFAULT_KV_CACHE_BYTES, available_memory_bytes() // 4))
 
     def set_up_process_env(self) -> None:
         """OpenMP threads sleep when idle, after a short spin.
@@ -100,6 +96,22 @@ class CpuPlatform(Platform):
     def pin_to_cores(self, cores: list[int] | None) -> int | None:
         """Pin this process to `cores` (where the OS allows it)."""
         return cpu_binding.pin_to_cores(cores)
+
+
+def available_memory_bytes() -> int:
+    """Memory a new allocation can get: Linux's MemAvailable (free pages plus the page cache it can drop: a machine
+    that has read a large model file has little *free* memory), else free pages, else 8 GiB."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 8 * 2**30
 
 
 @functools.cache

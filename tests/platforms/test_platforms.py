@@ -109,6 +109,19 @@ def test_kv_cache_sizing_and_gpu_memory_utilization_said_once(caplog):
     assert len(said) == 1 and "kv_cache_memory" in said[0].getMessage()
 
 
+def test_default_kv_cache_counts_the_page_cache_as_available(monkeypatch):
+    """The default budget is a quarter of MemAvailable (free + droppable page cache), not of free pages: a machine
+    whose page cache holds a large model file has little free memory, and LLM() must still start."""
+    from pagemill.platforms import cpu as cpu_module
+
+    meminfo = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in open("/proc/meminfo")}
+    assert cpu_module.available_memory_bytes() == pytest.approx(meminfo["MemAvailable"], rel=0.05)
+    monkeypatch.setattr(cpu_module, "available_memory_bytes", lambda: 2 * 2**30)
+    assert CpuPlatform().kv_cache_memory_bytes(None, None) == 2**29
+    monkeypatch.setattr(cpu_module, "available_memory_bytes", lambda: 64 * 2**30)
+    assert CpuPlatform().kv_cache_memory_bytes(None, None) == 2 * 2**30
+
+
 def test_process_env_keeps_the_users_settings(monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.setenv("GOMP_SPINCOUNT", "7")
