@@ -146,3 +146,17 @@ def test_second_start_builds_neither_config_nor_tokenizer(tmp_path):
     first, second = results
     assert "transformers.models.llama.configuration_llama" in first["built"]  # the first start did build them
     assert second["built"] == [] and second["text"] == first["text"]
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "gpt2",
+                                        "starcoder2", "falcon", "olmo2", "qwen3_moe"])
+def test_tokenizer_class_by_config_class_name_is_transformers_choice(model_type):
+    """A snapshot has no config class: the tokenizer class found by the class's name is the one transformers'
+    TOKENIZER_MAPPING gives for the class itself."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
+
+    from pagemill.loader.tokenizer import registered_tokenizer_class
+
+    config_class = CONFIG_MAPPING[model_type]
+    assert registered_tokenizer_class(config_class.__name__) is TOKENIZER_MAPPING.get(config_class, None)
