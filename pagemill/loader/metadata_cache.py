@@ -1,9 +1,9 @@
-"""Model configs (of a GGUF file or a HF directory's config.json) and GGUF tokenizers saved on disk, so that a second
+"""Model configs (of a GGUF file or a HF directory's config.json) and tokenizers saved on disk, so that a second
 start builds neither.
 
 Building them costs most of a small model's start: the config needs transformers' configuration classes (~1.2 s of
 imports), a GGUF's tokenizer transformers' own pass over the file's metadata (~0.3 s for SmolLM2) and its model
-registry (~0.3 s). Files live in $PAGEMILL_CACHE_DIR/metadata (~/.cache/pagemill/metadata), named by the source
+registry (~0.3 s), a directory's `AutoTokenizer` the config class again (~1.1 s). Files live in $PAGEMILL_CACHE_DIR/metadata (~/.cache/pagemill/metadata), named by the source
 file's identity (real path, size, modification time), the library versions and the code that builds them, so an
 edited file or an upgrade never reads a stale one; PAGEMILL_METADATA_CACHE=0 turns the cache off.
 
@@ -30,6 +30,7 @@ from pagemill.config.config_snapshot import FORMAT, ConfigSnapshot, UnsavableCon
 logger = logging.getLogger(__name__)
 
 _TOKENIZER_SOURCES = ("tokenizer.py", "metadata_cache.py")  # what decides the tokenizer built (beside this file)
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".index.json")
 
 
 def metadata_cache_dir() -> Path:
@@ -56,7 +57,8 @@ def _cache_path(source_file: str, kind: str, extra: str) -> Path | None:
         return None
     real = os.path.realpath(source_file)
     st = os.stat(real)
-    key = f"{real}|{st.st_size}|{st.st_mtime_ns}|{_version('transformers')}|{extra}"
+    identity = "dir" if os.path.isdir(real) else f"{st.st_size}|{st.st_mtime_ns}"  # a directory's files: in extra
+    key = f"{real}|{identity}|{_version('transformers')}|{extra}"
     return metadata_cache_dir() / f"{Path(real).stem[:48]}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.{kind}"
 
 
@@ -80,14 +82,12 @@ def cached_config(source_file: str, build: Callable[[], Any]) -> Any:
     return ConfigSnapshot.decode(data)
 
 
-def cached_tokenizer(gguf_file: str, build: Callable[[], Any]) -> Any:
-    """The tokenizer built from a GGUF file's metadata, unpickled from the cache; on a miss `build()` makes it
-    and it is saved."""
+def cached_tokenizer(source: str, build: Callable[[], Any]) -> Any:
+    """The tokenizer of `source` (a GGUF file, or a HF tokenizer directory), unpickled from the cache; on a miss
+    `build()` makes it and it is saved."""
     here = Path(__file__).resolve().parent
     code = hashlib.sha256(b"".join((here / name).read_bytes() for name in _TOKENIZER_SOURCES)).hexdigest()[:16]
-    beside = os.path.join(os.path.dirname(os.path.realpath(gguf_file)), "tokenizer_config.json")
-    beside_id = os.stat(beside).st_mtime_ns if os.path.exists(beside) else "-"  # decides the class when present
-    path = _cache_path(gguf_file, "tokenizer.pkl", f"{_version('tokenizers')}|{code}|{beside_id}")
+    path = _cache_path(source, "tokenizer.pkl", f"{_version('tokenizers')}|{code}|{_tokenizer_files_id(source)}")
     if path is not None and path.is_file():
         try:
             with open(path, "rb") as f:
@@ -99,10 +99,26 @@ def cached_tokenizer(gguf_file: str, build: Callable[[], Any]) -> Any:
         try:
             data = pickle.dumps(tokenizer, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:  # noqa: BLE001 - a tokenizer pickle cannot hold is rebuilt on every start
-            logger.debug("Not caching the tokenizer of %s: %s", gguf_file, e)
+            logger.debug("Not caching the tokenizer of %s: %s", source, e)
         else:
             _write_atomically(path, data)
     return tokenizer
+
+
+def _tokenizer_files_id(source: str) -> str:
+    """What else decides the tokenizer: a directory's files but its weights (name, size, mtime), or the
+    tokenizer_config.json beside a GGUF file (it picks the class when present)."""
+    if os.path.isdir(source):
+        names = sorted(n for n in os.listdir(source) if not n.endswith(_WEIGHT_SUFFIXES))
+    else:
+        source, names = os.path.dirname(os.path.realpath(source)), ["tokenizer_config.json"]
+    ids = []
+    for name in names:
+        full = os.path.join(source, name)
+        if os.path.isfile(full):
+            st = os.stat(full)
+            ids.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
+    return ",".join(ids) or "-"
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -6,10 +6,12 @@ import os
 from typing import Any
 
 from pagemill.config.config_snapshot import config_class_name
+from pagemill.loader.metadata_cache import cached_tokenizer
 
 
 def load_tokenizer(tokenizer_path: str, gguf_file: str | None = None, hf_config: Any = None) -> Any:
-    """A transformers fast tokenizer; for GGUF it is built from the file's metadata (once: `metadata_cache`).
+    """A transformers fast tokenizer (built once per file version: `metadata_cache`); for GGUF it is built from the
+    file's metadata.
 
     `tokenizer_path`: a HF tokenizer directory, or a .gguf file (the model's, `gguf_file`, or another one).
     """
@@ -17,12 +19,17 @@ def load_tokenizer(tokenizer_path: str, gguf_file: str | None = None, hf_config:
             gguf_file is None or os.path.abspath(tokenizer_path) != os.path.abspath(gguf_file)):
         gguf_file, hf_config = tokenizer_path, None  # another GGUF's tokenizer: its own config picks the class
     if gguf_file is not None and os.path.abspath(tokenizer_path) == os.path.abspath(gguf_file):
-        from pagemill.loader.metadata_cache import cached_tokenizer
-
         return cached_tokenizer(gguf_file, lambda: _build_gguf_tokenizer(gguf_file, hf_config))
+    if os.path.isdir(tokenizer_path):
+        return cached_tokenizer(tokenizer_path, lambda: _auto_tokenizer(tokenizer_path))
+    return _auto_tokenizer(tokenizer_path)
+
+
+def _auto_tokenizer(path: str) -> Any:
+    """transformers' AutoTokenizer for a HF tokenizer directory."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(tokenizer_path)
+    return AutoTokenizer.from_pretrained(path)
 
 
 def _build_gguf_tokenizer(gguf_file: str, hf_config: Any) -> Any:

@@ -160,3 +160,23 @@ def test_tokenizer_class_by_config_class_name_is_transformers_choice(model_type)
 
     config_class = CONFIG_MAPPING[model_type]
     assert registered_tokenizer_class(config_class.__name__) is TOKENIZER_MAPPING.get(config_class, None)
+
+
+def test_directory_tokenizer_is_cached_until_a_file_changes(cache_dir, smol_path, tmp_path):
+    """A HF tokenizer directory's tokenizer is built once; editing any of its files (not its weights) rebuilds it."""
+    from transformers import AutoTokenizer
+
+    directory = tmp_path / "tok"
+    load_tokenizer(smol_path, smol_path).save_pretrained(directory)
+    built = AutoTokenizer.from_pretrained(directory)
+    first = load_tokenizer(str(directory))
+    assert type(first) is type(built) and first.backend_tokenizer.to_str() == built.backend_tokenizer.to_str()
+    again = cached_tokenizer(str(directory), lambda: pytest.fail("built again"))
+    chat = [{"role": "user", "content": "Hi"}]
+    assert again.apply_chat_template(chat, tokenize=False) == built.apply_chat_template(chat, tokenize=False)
+    (directory / "model.safetensors").write_bytes(b"weights do not count")
+    cached_tokenizer(str(directory), lambda: pytest.fail("built again"))
+    template = directory / "chat_template.jinja"
+    template.write_text("{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}")
+    edited = load_tokenizer(str(directory))
+    assert edited.apply_chat_template(chat, tokenize=False) == "<<Hi>>"
