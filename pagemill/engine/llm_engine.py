@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +25,6 @@ class LLMEngine:
     """Adds requests and steps the engine; each step returns the outputs it completed."""
 
     def __init__(self, config: EngineConfig) -> None:
-        gc.freeze()  # as EngineCore does: collections while loading skip the imported modules
         self.config = config
         mc = config.model_config
         self.tokenizer = load_engine_tokenizer(mc)

@@ -83,8 +83,9 @@ def _cache_dir(prefix: str, base: str, paths: list[str], flags: str) -> str:
     for path in sorted(paths):
         with open(path, "rb") as f:
             digest.update(os.path.relpath(path, base).encode() + f.read())
-    root = os.environ.get("PAGEMILL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pagemill"))
-    return os.path.join(root, f"{prefix}_{digest.hexdigest()[:12]}")
+    from pagemill.utils.cache_dirs import cache_root
+
+    return os.path.join(cache_root(), f"{prefix}_{digest.hexdigest()[:12]}")
 
 
 def build_dir() -> str:

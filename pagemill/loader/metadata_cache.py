@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pagemill.config.config_snapshot import FORMAT, ConfigSnapshot, UnsavableConfig
+from pagemill.utils.cache_dirs import cache_enabled, cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -35,13 +36,12 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", 
 
 def metadata_cache_dir() -> Path:
     """$PAGEMILL_CACHE_DIR/metadata (default ~/.cache/pagemill/metadata)."""
-    root = os.environ.get("PAGEMILL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pagemill"))
-    return Path(root) / "metadata"
+    return Path(cache_root()) / "metadata"
 
 
 def metadata_cache_enabled() -> bool:
     """False when PAGEMILL_METADATA_CACHE is 0 / false / off."""
-    return os.environ.get("PAGEMILL_METADATA_CACHE", "1").strip().lower() not in ("0", "false", "off", "no")
+    return cache_enabled("PAGEMILL_METADATA_CACHE")
 
 
 def _version(package: str) -> str:

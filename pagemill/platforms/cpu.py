@@ -10,6 +10,7 @@ from typing import ClassVar
 from pagemill.config import parse_size
 from pagemill.platforms import cpu_binding
 from pagemill.platforms.interface import Platform, PlatformEnum
+from pagemill.utils.memory import available_memory_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -96,22 +97,6 @@ class CpuPlatform(Platform):
     def pin_to_cores(self, cores: list[int] | None) -> int | None:
         """Pin this process to `cores` (where the OS allows it)."""
         return cpu_binding.pin_to_cores(cores)
-
-
-def available_memory_bytes() -> int:
-    """Memory a new allocation can get: Linux's MemAvailable (free pages plus the page cache it can drop: a machine
-    that has read a large model file has little *free* memory), else free pages, else 8 GiB."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 8 * 2**30
 
 
 @functools.cache

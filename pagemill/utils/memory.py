@@ -85,17 +85,37 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
 
 
-def resident_bytes() -> int:
-    """The process's resident set now (Linux /proc), else its peak (getrusage)."""
+def _proc_kib_field(path: str, key: str) -> int | None:
+    """A "key: N kB" line of a Linux /proc file, in bytes; None where there is none."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
+    return None
+
+
+def resident_bytes() -> int:
+    """The process's resident set now (Linux /proc), else its peak (getrusage)."""
+    rss = _proc_kib_field("/proc/self/status", "VmRSS:")
+    if rss is not None:
+        return rss
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+def available_memory_bytes() -> int:
+    """Memory a new allocation can get: Linux's MemAvailable (free pages plus the page cache it can drop: a machine
+    that has read a large model file has little *free* memory), else free pages, else 8 GiB."""
+    available = _proc_kib_field("/proc/meminfo", "MemAvailable:")
+    if available is not None:
+        return available
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 8 * 2**30
 
 
 _MADV_DONTNEED = 4  # Linux

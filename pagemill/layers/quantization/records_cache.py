@@ -22,6 +22,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from pagemill.utils.cache_dirs import cache_enabled, cache_root
+
 logger = logging.getLogger(__name__)
 
 Records = torch.Tensor | list[torch.Tensor]
@@ -35,13 +37,12 @@ def records_cache_dir() -> Path:
     """$PAGEMILL_RECORDS_CACHE_DIR, else $PAGEMILL_CACHE_DIR/records (default ~/.cache/pagemill/records)."""
     if os.environ.get("PAGEMILL_RECORDS_CACHE_DIR"):
         return Path(os.environ["PAGEMILL_RECORDS_CACHE_DIR"])
-    root = os.environ.get("PAGEMILL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pagemill"))
-    return Path(root) / "records"
+    return Path(cache_root()) / "records"
 
 
 def records_cache_enabled() -> bool:
     """False when PAGEMILL_RECORDS_CACHE is 0 / false / off."""
-    return os.environ.get("PAGEMILL_RECORDS_CACHE", "1").strip().lower() not in ("0", "false", "off", "no")
+    return cache_enabled("PAGEMILL_RECORDS_CACHE")
 
 
 def _layout_digest() -> str:
