@@ -5,7 +5,8 @@ Building them costs most of a small model's start: the config needs transformers
 imports), a GGUF's tokenizer transformers' own pass over the file's metadata (~0.3 s for SmolLM2) and its model
 registry (~0.3 s), a directory's `AutoTokenizer` the config class again (~1.1 s). Files live in $PAGEMILL_CACHE_DIR/metadata (~/.cache/pagemill/metadata), named by the source
 file's identity (real path, size, modification time), the library versions and the code that builds them, so an
-edited file or an upgrade never reads a stale one; PAGEMILL_METADATA_CACHE=0 turns the cache off.
+edited file or an upgrade never reads a stale one; PAGEMILL_METADATA_CACHE=0 turns the cache off. A write trims the
+least recently used files beyond PAGEMILL_METADATA_CACHE_MAX_GB (default 0.5).
 
 The config is saved as a JSON `ConfigSnapshot`, and every start returns the snapshot (the first decodes what it
 saved), so a first and a second start behave alike. The tokenizer is saved with pickle, which restores its exact
@@ -26,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from pagemill.config.config_snapshot import FORMAT, ConfigSnapshot, UnsavableConfig
-from pagemill.utils.cache_dirs import cache_enabled, cache_root
+from pagemill.utils.cache_dirs import cache_enabled, cache_limit_bytes, cache_root, mark_used, room_to_write, trim_cache
 
 logger = logging.getLogger(__name__)
 
 _TOKENIZER_SOURCES = ("tokenizer.py", "metadata_cache.py")  # what decides the tokenizer built (beside this file)
+_DEFAULT_MAX_GIB = 0.5
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".index.json")
 
 
@@ -68,7 +70,9 @@ def cached_config(source_file: str, build: Callable[[], Any]) -> Any:
     path = _cache_path(source_file, "config.json", f"snapshot{FORMAT}")
     if path is not None and path.is_file():
         try:
-            return ConfigSnapshot.decode(json.loads(path.read_text()))
+            snapshot = ConfigSnapshot.decode(json.loads(path.read_text()))
+            mark_used(path)
+            return snapshot
         except Exception as e:  # noqa: BLE001 - a damaged cache file is rebuilt, never fatal
             logger.warning("Ignoring the unreadable config cache %s (%s)", path, e)
     config = build()
@@ -91,7 +95,9 @@ def cached_tokenizer(source: str, build: Callable[[], Any]) -> Any:
     if path is not None and path.is_file():
         try:
             with open(path, "rb") as f:
-                return pickle.load(f)
+                tokenizer = pickle.load(f)
+            mark_used(path)
+            return tokenizer
         except Exception as e:  # noqa: BLE001 - a damaged cache file is rebuilt, never fatal
             logger.warning("Ignoring the unreadable tokenizer cache %s (%s)", path, e)
     tokenizer = build()
@@ -123,12 +129,21 @@ def _tokenizer_files_id(source: str) -> str:
 
 def _write_atomically(path: Path, data: bytes) -> None:
     """Write to a temporary name and rename into place (concurrent starts never see half a file); errors are logged:
-    a read-only cache directory only costs the next start the build."""
+    a read-only cache directory or a full disk only costs the next start the build. Then trims the directory."""
     try:
+        if not room_to_write(path.parent, len(data)):
+            logger.warning("Not writing the cache file %s: the disk would be nearly full", path)
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     except OSError as e:
         logger.warning("Could not write the cache file %s (%s)", path, e)
+        return
+    trim_cache(path.parent, cache_limit_bytes("PAGEMILL_METADATA_CACHE_MAX_GB", _DEFAULT_MAX_GIB), keep=[path])

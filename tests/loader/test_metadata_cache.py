@@ -98,6 +98,26 @@ def test_cached_config_is_built_once_per_file_version(cache_dir, tmp_path):
     assert cached_config(str(source), build).vocab_size == 103  # a damaged file is rebuilt
 
 
+def test_the_directory_keeps_under_its_limit(cache_dir, tmp_path, monkeypatch):
+    """Beyond PAGEMILL_METADATA_CACHE_MAX_GB a write removes the least recently used entries; a hit counts as use."""
+    sources = []
+    for i in range(3):
+        sources.append(tmp_path / f"model{i}.gguf")
+        sources[-1].write_bytes(b"weights")
+        cached_config(str(sources[-1]), lambda: LlamaConfig(hidden_size=64, num_attention_heads=4))
+    entries = sorted(cache_dir.iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    for age, path in enumerate(reversed(entries)):  # model0's entry the oldest
+        os.utime(path, (path.stat().st_mtime - 100 * (age + 1),) * 2)
+    cached_config(str(sources[0]), lambda: pytest.fail("a cached config was rebuilt"))  # now the most recent
+    size = entries[0].stat().st_size
+    monkeypatch.setenv("PAGEMILL_METADATA_CACHE_MAX_GB", str(2.5 * size / 2**30))
+    sources.append(tmp_path / "model3.gguf")
+    sources[-1].write_bytes(b"weights")
+    cached_config(str(sources[-1]), lambda: LlamaConfig(hidden_size=64, num_attention_heads=4))
+    assert sorted(cache_dir.iterdir()) == sorted([entries[0], max(cache_dir.iterdir(), key=os.path.getmtime)])
+    assert not entries[1].exists() and not entries[2].exists()
+
+
 def test_cache_off(cache_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("PAGEMILL_METADATA_CACHE", "0")
     source = tmp_path / "model.gguf"

@@ -169,3 +169,36 @@ def test_released_mapped_pages_leave_the_resident_set_and_read_back(tmp_path):
     assert release_mapped_pages(t)
     assert resident_bytes() < before - 48 * 2**20
     assert int(t.sum()) == want
+
+
+def test_a_failed_write_is_not_fatal(smol_path, cache_dir, monkeypatch, caplog):
+    """A full disk fails safetensors' write with its own error (not an OSError): the start goes on, nothing is
+    left half written, and the next start packs again."""
+    from safetensors import SafetensorError
+
+    import pagemill.layers.quantization.records_cache as records_cache
+
+    def disk_full(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"partial")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(records_cache, "save_file", disk_full)
+    llm = _start(smol_path)
+    assert _tokens(llm)
+    assert "Could not write the records cache" in caplog.text
+    assert not cache_dir.exists() or not list(cache_dir.iterdir())
+
+
+def test_the_directory_keeps_under_its_limit(smol_path, cache_dir, tmp_path, monkeypatch):
+    """Beyond PAGEMILL_RECORDS_CACHE_MAX_GB a write removes the least recently used records (another file's), never
+    the records the start just wrote."""
+    monkeypatch.setenv("PAGEMILL_RECORDS_CACHE_MAX_GB", "0.15")  # one SmolLM2's records and head screen (~134 MB)
+    first, second = tmp_path / "first.gguf", tmp_path / "second.gguf"
+    shutil.copyfile(smol_path, first)
+    shutil.copyfile(smol_path, second)
+    _close(_start(str(first)))
+    (first_records,) = _cache_files(cache_dir)
+    _close(_start(str(second)))
+    (second_records,) = _cache_files(cache_dir)
+    assert second_records != first_records and not first_records.exists()
+    assert sum(p.stat().st_size for p in cache_dir.iterdir()) <= 0.15 * 2**30

@@ -5,11 +5,14 @@ The cache is one safetensors file per (weight file, tensor / pipeline-parallel r
 path, size, modification time) and the source of the code that lays records out, so an edited file or a changed
 layout never reads stale records. A hit maps the file read-only: the records cost page cache, shared between
 processes, and no packing time. A miss packs as before and writes the file once the model is loaded (to a temporary
-name, renamed into place: concurrent starts never see half a file). PAGEMILL_RECORDS_CACHE=0 turns it off.
+name, renamed into place: concurrent starts never see half a file). PAGEMILL_RECORDS_CACHE=0 turns it off. The
+directory is kept under PAGEMILL_RECORDS_CACHE_MAX_GB (default 20): a write deletes the least recently used files
+beyond it, and a write that would leave the disk nearly full is skipped.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
@@ -22,7 +25,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from pagemill.utils.cache_dirs import cache_enabled, cache_root
+from pagemill.utils.cache_dirs import cache_enabled, cache_limit_bytes, cache_root, mark_used, room_to_write, trim_cache
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +34,7 @@ Records = torch.Tensor | list[torch.Tensor]
 _LAYOUT_SOURCES = ("gguf_records.py", "gguf.py", "int8_grid.py", "records_cache.py", "checkpoint_formats.py",
                    "prequantized.py", "../head_screen.py", "../../csrc/cpu/packing.cpp")
 _META_KEY = "pagemill.records"
+_DEFAULT_MAX_GIB = 20.0
 
 
 def records_cache_dir() -> Path:
@@ -64,10 +68,12 @@ class RecordsCache:
         self._index: dict[str, dict] = {}
         self._file = None
         self._stale: str | None = None
+        self._model_prefix = path.stem  # the names of this weight file's records and their siblings start with it
         if path.is_file():
             try:
                 self._file = safe_open(str(path), framework="pt")
                 self._index = json.loads(self._file.metadata()[_META_KEY])
+                mark_used(path)
             except Exception as e:  # noqa: BLE001 - a damaged cache file is repacked, never fatal
                 logger.warning("Ignoring the unreadable records cache %s (%s); repacking", path, e)
                 self._file, self._index = None, {}
@@ -83,7 +89,7 @@ class RecordsCache:
         owner = f"{Path(real).stem[:48]}-{hashlib.sha256(f'{real}|{rank}'.encode()).hexdigest()[:8]}"
         version = hashlib.sha256(f"{st.st_size}|{st.st_mtime_ns}|{_layout_digest()}".encode()).hexdigest()[:12]
         cache = cls(records_cache_dir() / f"{owner}-{version}.safetensors")
-        cache._stale = f"{owner}-*"  # earlier versions of this file's records (replaced by save)
+        cache._stale = f"{glob.escape(owner)}-*"  # earlier versions of this file's records (replaced by save)
         return cache
 
     @property
@@ -94,7 +100,9 @@ class RecordsCache:
     def sibling(self, part: str) -> RecordsCache:
         """The cache of something else derived from the same weights and rank (e.g. the LM head's screen), in a
         file of its own beside this one."""
-        return RecordsCache(self.path.with_name(f"{self.path.stem}.{part}{self.path.suffix}"))
+        sibling = RecordsCache(self.path.with_name(f"{self.path.stem}.{part}{self.path.suffix}"))
+        sibling._model_prefix = self._model_prefix
+        return sibling
 
     def lookup(self, key: str) -> tuple[str, Records] | None:
         """(record kind, records) of layer `key`, mapped read-only from the cache file; None if not cached."""
@@ -123,6 +131,11 @@ class RecordsCache:
             parts = records if isinstance(records, list) else [records]
             index[key] = {"kind": kind, "parts": len(parts), "list": isinstance(records, list), "extra": extra}
             tensors.update({f"{key}#{i}": p.contiguous() for i, p in enumerate(parts)})
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        if not room_to_write(self.path.parent, nbytes):
+            logger.warning("Not writing the records cache %s (%.2f GB): the disk would be nearly full", self.path,
+                           nbytes / 1e9)
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
@@ -133,11 +146,13 @@ class RecordsCache:
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001 - disk full (SafetensorError), read-only: never fatal
             logger.warning("Could not write the records cache %s (%s); the next start packs again", self.path, e)
             return
         logger.info("Records cache written: %s (%.2f GB)", self.path, self.path.stat().st_size / 1e9)
         self._remove_stale()
+        this_model = self.path.parent.glob(f"{glob.escape(self._model_prefix)}*")  # this file and its siblings
+        trim_cache(self.path.parent, cache_limit_bytes("PAGEMILL_RECORDS_CACHE_MAX_GB", _DEFAULT_MAX_GIB), this_model)
 
     def _remove_stale(self) -> None:
         """Delete the caches of earlier versions of the same weight file and rank (and their siblings)."""
