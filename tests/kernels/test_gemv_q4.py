@@ -16,7 +16,8 @@ pytestmark = requires_kernels
 TILE, GROUP = 64, 32
 # Odd N (partial tiles) with K a multiple of the group, then SmolLM2's qkv, o_proj, gate_up, down and LM head.
 SHAPES = [(1, 32), (100, 64), (130, 96), (960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]
-MS = [1, 2, 3, 5, 8, 16, 17, 40]  # above 16 (and above 2-4 for Q4): the fp32-panel path
+MS = [1, 2, 3, 5, 8, 16, 17, 40, 50, 97]  # above 16 (and above 2-4 for Q4): the fp32 panels; from 48 on two
+# threads, the tiles left over (tiles % threads) are split by rows
 
 
 def _q4_weight(n: int, k: int, g: torch.Generator, spanning: bool = False) -> torch.Tensor:
@@ -72,6 +73,22 @@ def test_gemv_q4(n: int, k: int, dtype: torch.dtype) -> None:
             out = torch.full((m, n), float("nan"), dtype=dtype)
             kernels.gemv_q4(out, x, packed, b)
             assert_gemv_close(out, F.linear(x.double(), w.double(), None if b is None else b.double()).float())
+
+
+@pytest.mark.parametrize("n", [576, 960, 130])  # 9, 15 and 3 tiles: one left over on two threads
+def test_panel_rows_do_not_depend_on_the_rows_beside_them(n: int) -> None:
+    """On the fp32 panels a row's output bits are the same whatever rows share the call, split by rows or not."""
+    g = torch.Generator().manual_seed(n)
+    w = _q4_weight(n, 576, g)
+    packed, _ = kernels.pack_gemv_weight_q4(w, GROUP)
+    x = torch.randn(200, 576, generator=g)
+    full = torch.empty(200, n)
+    kernels.gemv_q4(full, x, packed, None)
+    for m0, m in [(0, 17), (3, 47), (5, 48), (60, 97), (199, 1), (100, 100)]:
+        part = torch.empty(m, n)
+        kernels.gemv_q4(part, x[m0:m0 + m].contiguous(), packed, None)
+        if m > 16:  # (the direct kernels below: their own order)
+            assert torch.equal(part, full[m0:m0 + m]), (m0, m)
 
 
 def test_gemv_q4_other_group_size() -> None:

@@ -10,19 +10,21 @@ namespace {
 constexpr int64_t NT = 64;  // output channels per tile
 constexpr int NV = NT / W;  // vectors per row of a tile
 
-// out[:, tile t's channels] = acc (M rows of NT fp32) + bias; padding channels are dropped.
+// out[:, tile t's channels] = acc (M rows of NT fp32) + bias; padding channels are dropped. Row by row: a row's
+// NT outputs are adjacent lines (column by column, every store of a many-row tile missed the cache).
 inline void store_tile(const GemvArgs& a, const float* acc, int64_t t) {
   const int64_t n0 = t * NT, nn = imin(NT, a.N - n0);
-  for (int64_t c = 0; c < nn; c += W) {
-    const int64_t live = nn - c;
-    const vf b = a.bias ? vloadn(a.bias + n0 + c, live) : vzero();
-    for (int64_t m = 0; m < a.M; ++m) {
-      const vf y = vadd(vload(acc + m * NT + c), b);
-      const int64_t o = m * a.N + n0 + c;
-      if (a.out_dtype == DType::F16)
-        vstoren(static_cast<f16*>(a.out) + o, y, live);
+  vf b[NV];
+  for (int v = 0; v < NV; ++v) b[v] = a.bias && v * W < nn ? vloadn(a.bias + n0 + v * W, nn - v * W) : vzero();
+  const bool f16_out = a.out_dtype == DType::F16;
+  for (int64_t m = 0; m < a.M; ++m) {
+    const int64_t o = m * a.N + n0;
+    for (int v = 0; v < NV && v * W < nn; ++v) {
+      const vf y = vadd(vload(acc + m * NT + v * W), b[v]);
+      if (f16_out)
+        vstoren(static_cast<f16*>(a.out) + o + v * W, y, nn - v * W);
       else
-        vstoren(static_cast<float*>(a.out) + o, y, live);
+        vstoren(static_cast<float*>(a.out) + o + v * W, y, nn - v * W);
     }
   }
 }
