@@ -16,7 +16,7 @@ pytestmark = requires_kernels
 TILE, GROUP = 64, 32
 # Odd N (partial tiles) with K a multiple of the group, then SmolLM2's qkv, o_proj, gate_up, down and LM head.
 SHAPES = [(1, 32), (100, 64), (130, 96), (960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]
-MS = [1, 2, 3, 5, 8, 16, 17, 40, 50, 97]  # above 16 (and above 2-4 for Q4): the fp32 panels; from 48 on two
+MS = [1, 2, 3, 5, 8, 16, 17, 40, 50, 97]  # above 16 (and above 2-4 for Q4): the fp32 panels; there, on two
 # threads, the tiles left over (tiles % threads) are split by rows
 
 

@@ -168,8 +168,9 @@ void run_panel(const GemvArgs& a, int64_t step, const void* weights, int64_t til
   const int64_t M = a.M, K = a.K, kp = round_up(KP, step);
   const char* base = static_cast<const char*>(weights);
   const int64_t threads = omp_in_parallel() ? 1 : imax(1, imin(a.num_threads, a.tiles * M));
-  // Leftover tiles are split when each share keeps a few row blocks (else the extra dequantizing costs more).
-  const int64_t whole = M >= 4 * MR_MAX * threads ? a.tiles - a.tiles % threads : a.tiles;
+  // Leftover tiles are split when each share keeps a whole row block: dequantizing such a tile once per thread still
+  // ends sooner than one thread doing all its rows while the others wait.
+  const int64_t whole = M >= MR_MAX * threads ? a.tiles - a.tiles % threads : a.tiles;
   const auto tile_rows = [&](Scratch& acc_buf, Scratch& panel_buf, int64_t t, int64_t r0, int64_t r1) {
     float* acc = acc_buf.get((r1 - r0) * NT);
     float* panel = panel_buf.get(kp * NT);
