@@ -157,16 +157,14 @@ __attribute__((noinline)) void panel_rows(const float* panel, int64_t k0, int64_
 }
 
 // `tile_bytes`: each tile's weights are that many bytes from `weights` on (tile t at weights + t tile_bytes), read
-// in k order: the bytes of the next k block (the next tile's first at the last) are prefetched into L2 while the
-// current one is computed. Without, a tile's records came from DRAM a few misses at a time (the hardware streamers
-// stop at every 4 KiB page): Gemma 3's 18 gate_up at 32 rows took 11.0 ms against 7.7 with the weights in cache.
+// in k order: the next k block is prefetched while the current one is computed (NextBlock; without it
+// Gemma 3's 18 gate_up at 32 rows took 11.0 ms against 7.7 with the weights in cache).
 // Work is shared evenly: each thread takes whole tiles, and the tiles left over (tiles % threads) are split by rows,
 // a share of each per thread (whole tiles alone left one thread waiting a tile in 9 or 15: SmolLM2's o_proj / qkv).
 // A row's sums do not depend on the rows beside it, so the split changes no result.
 template <class Dequant>
 void run_panel(const GemvArgs& a, int64_t step, const void* weights, int64_t tile_bytes, Dequant dequant) {
   const int64_t M = a.M, K = a.K, kp = round_up(KP, step);
-  const char* base = static_cast<const char*>(weights);
   const int64_t threads = omp_in_parallel() ? 1 : imax(1, imin(a.num_threads, a.tiles * M));
   // Leftover tiles are split when each share keeps a whole row block: dequantizing such a tile once per thread still
   // ends sooner than one thread doing all its rows while the others wait.
@@ -176,12 +174,7 @@ void run_panel(const GemvArgs& a, int64_t step, const void* weights, int64_t til
     float* panel = panel_buf.get(kp * NT);
     for (int64_t k0 = 0; k0 < K; k0 += kp) {
       const int64_t k1 = imin(k0 + kp, K);
-      const int64_t nk0 = k1 < K ? k1 : 0, nt = k1 < K ? t : t + 1;  // the next k block
-      if (nt < a.tiles) {
-        const char* p = base + nt * tile_bytes;
-        const int64_t b1 = imin(tile_bytes, (imin(K, nk0 + kp) * tile_bytes + K - 1) / K);
-        for (int64_t b = nk0 * tile_bytes / K / 64 * 64; b < b1; b += 64) prefetch_l2(p + b);
-      }
+      NextBlock(weights, tile_bytes, K, a.tiles, t, k1, kp).all();
       dequant(t, k0, k1, panel);
       panel_rows(panel, k0, k1, a.x + r0 * K, r1 - r0, K, acc);
     }

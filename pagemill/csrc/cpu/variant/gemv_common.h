@@ -29,6 +29,30 @@ inline void store_tile(const GemvArgs& a, const float* acc, int64_t t) {
   }
 }
 
+// The weights of the k block [k1, k1 + kb) of tile t (the next tile's first block when k1 = K), to be prefetched
+// into L2 while the current block is computed: tile t's weights are tile_bytes from base + t tile_bytes, laid out
+// in k order (the block's bytes are taken as its share of the tile). The blocks' records otherwise come from DRAM a
+// few misses at a time (the hardware streamers stop at every 4 KiB page). `slice(i, n)` prefetches the i-th of n
+// slices, so that a block computed in steps spreads its prefetches over them (a burst of all at once stalls the core
+// on its miss buffers).
+struct NextBlock {
+  const char* p = nullptr;
+  int64_t b0 = 0, b1 = 0;
+  NextBlock(const void* base, int64_t tile_bytes, int64_t K, int64_t tiles, int64_t t, int64_t k1, int64_t kb) {
+    const int64_t nk0 = k1 < K ? k1 : 0, nt = k1 < K ? t : t + 1;
+    if (base == nullptr || nt >= tiles) return;
+    p = static_cast<const char*>(base) + nt * tile_bytes;
+    b0 = nk0 * tile_bytes / K / 64 * 64;
+    b1 = imin(tile_bytes, (imin(K, nk0 + kb) * tile_bytes + K - 1) / K);
+  }
+  inline void slice(int64_t i, int64_t n) const {
+    if (p == nullptr) return;
+    const int64_t lines = (b1 - b0 + 63) / 64, l0 = lines * i / n, l1 = lines * (i + 1) / n;
+    for (int64_t l = l0; l < l1; ++l) prefetch_l2(p + b0 + 64 * l);
+  }
+  inline void all() const { slice(0, 1); }
+};
+
 // Rows [r0, r0 + n) of a call: x, out and M narrowed to them.
 inline GemvArgs row_chunk(const GemvArgs& a, int64_t r0, int64_t n) {
   GemvArgs c = a;

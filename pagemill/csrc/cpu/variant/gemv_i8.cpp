@@ -230,6 +230,14 @@ inline void channel_order(const float* in, float* out) {
 }
 
 #if defined(PAGEMILL_I8_ZMM)
+// acc += the dword dot products of unsigned bytes u and signed bytes s. In inline assembly: around the intrinsic,
+// GCC 12 copied each accumulator to a scratch register and back (two moves per product), so the front end, not the
+// multiplier, bounded the inner loop.
+inline __m512i dpbusd(__m512i acc, __m512i u, __m512i s) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+}
+
 // A whole k block [k0, k0 + nspan SP) for R rows, both halves at once: zmm j of a quad is panel-order positions
 // [16 j, 16 j + 16) (vectors 2 j and 2 j + 1 of the quad's eight), so the accumulators, and the group scales d / m
 // given in panel order ([groups of the block][NT]), are plain zmm at 16 j. The float sums stay in registers over
@@ -242,7 +250,8 @@ inline void kblock_dot_zmm(const uint8_t* panel, int64_t nspan, int64_t SP, int6
   __m512 y[R][4];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) y[r][j] = _mm512_loadu_ps(acc_out + r * NT + 16 * j);
-  for (int64_t sp = 0; sp < nspan; ++sp) {
+  const int64_t spans_per_group = G / SP;  // (SP = min(G, XB) divides G)
+  for (int64_t sp = 0, gl = 0, c = 0; sp < nspan; ++sp) {  // gl: the span's group within the block, c: its place
     const int64_t ks = sp * SP, q0 = ks / 4;
     __m512i acc[R][4];
     for (int r = 0; r < R; ++r)
@@ -264,14 +273,12 @@ inline void kblock_dot_zmm(const uint8_t* panel, int64_t nspan, int64_t SP, int6
         const __m512i xb = _mm512_set1_epi32(quad);
         for (int j = 0; j < 4; ++j) {
           if constexpr (Signed)
-            acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], w[j],
-                                            _mm512_mask_sub_epi8(xb, neg[j], _mm512_setzero_si512(), xb));
+            acc[r][j] = dpbusd(acc[r][j], w[j], _mm512_mask_sub_epi8(xb, neg[j], _mm512_setzero_si512(), xb));
           else
-            acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], w[j], xb);
+            acc[r][j] = dpbusd(acc[r][j], w[j], xb);
         }
       }
     }
-    const int64_t gl = ks / G;  // the span's group within the block
     const float* dg = d + gl * NT;
     for (int j = 0; j < 4; ++j) {
       const __m512 dj = _mm512_loadu_ps(dg + 16 * j);
@@ -279,13 +286,14 @@ inline void kblock_dot_zmm(const uint8_t* panel, int64_t nspan, int64_t SP, int6
         y[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), _mm512_mul_ps(dj, _mm512_set1_ps(dxr[r][ks / XB])),
                                   y[r][j]);
     }
-    if (m != nullptr && ks % G == 0) {
+    if (m != nullptr && c == 0) {
       const float* mg = m + gl * NT;
       for (int j = 0; j < 4; ++j) {
         const __m512 mj = _mm512_loadu_ps(mg + 16 * j);
         for (int r = 0; r < R; ++r) y[r][j] = _mm512_fmadd_ps(mj, _mm512_set1_ps(sxr[r][gl]), y[r][j]);
       }
     }
+    if (++c == spans_per_group) c = 0, ++gl;
   }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc_out + r * NT + 16 * j, y[r][j]);
@@ -369,9 +377,12 @@ struct RecordScales {
 };
 
 // y = x W^T + b for every row: `build(t, k0, k1, panel)` lays out tile t's rows [k0, k1) (whole groups of G),
-// `sc` gives the group scales. Kw: the weights' K (>= a.K; x is zero beyond a.K).
+// `sc` gives the group scales. Kw: the weights' K (>= a.K; x is zero beyond a.K). Tile t's weights are the
+// tile_bytes from weights + t tile_bytes, in k order: the next k block's are prefetched while one is computed (at 32
+// rows, a 1B model's records otherwise stalled the panel builds on DRAM for a fifth of the time).
 template <bool Signed, class Build, class Scales>
-void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, Build build, const Scales& sc) {
+void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, const void* weights, int64_t tile_bytes, Build build,
+            const Scales& sc) {
   const int64_t M = a.M, Kq = round_up(Kw, XB), nb = Kq / XB, ng = Kw / G, SP = imin(G, XB);
   Scratch q_buf, dx_buf, sx_buf;
   int8_t* xq = reinterpret_cast<int8_t*>(q_buf.get((M * Kq + 3) / 4));
@@ -395,6 +406,7 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, Build build, const Scales&
       for (int64_t k0 = 0; k0 < Kw; k0 += KBI) {
         const int64_t k1 = imin(k0 + KBI, Kw), g0 = k0 / G;
         build(t, k0, k1, panel);
+        const NextBlock next(weights, tile_bytes, Kw, a.tiles, t, k1, KBI);
 #if defined(PAGEMILL_I8_ZMM)
         // the k block's scales in panel order: zmm j = channels 32 h + 4 n0 + {0..3, 16..19, 4..7, 20..23} of the
         // half h = j / 2 (n0 = 2 (j % 2)), from the half's two channel-order vectors
@@ -421,6 +433,7 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, Build build, const Scales&
             dxr[r] = dx + (m0 + r) * nb + k0 / XB;
             sxr[r] = sc.has_min() ? sx + (m0 + r) * ng + g0 : nullptr;
           }
+          next.slice(i, nblk);
           with_static_count<RMAX>(R, [&](auto rc) {
             kblock_dot_zmm<decltype(rc)::value, Signed>(panel, (k1 - k0) / SP, SP, G, xr, dxr, sxr, dbuf,
                                                         sc.has_min() ? mbuf : nullptr, acc + m0 * NT);
@@ -435,6 +448,7 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, Build build, const Scales&
           }
         for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
           const int R = int(base + (i < extra));
+          next.slice(i, nblk);
           for (int64_t ks = k0; ks < k1; ks += SP) {
             const int64_t g = ks / G;
             const bool min_term = sc.has_min() && ks % G == 0;
@@ -465,7 +479,7 @@ template <class S>
 void records_i8(const GemvArgs& a, const uint8_t* packed, int64_t G) {
   const int64_t ng = a.K / G, tile_bytes = ng / S::GR * record_bytes<S>(G);
   const RecordScales<S> sc{packed, G, tile_bytes};
-  run_i8<false>(a, a.K, G, [&](int64_t t, int64_t k0, int64_t k1, uint8_t* panel) {
+  run_i8<false>(a, a.K, G, packed, tile_bytes, [&](int64_t t, int64_t k0, int64_t k1, uint8_t* panel) {
     const uint8_t* rec = packed + t * tile_bytes;
     for (int64_t g = k0 / G; g < k1 / G; ++g) {
       const uint8_t* p = rec + g / S::GR * record_bytes<S>(G) + (g % S::GR) * group_bytes<S>(G);
@@ -732,7 +746,7 @@ bool gemv_int8_i8(const GemvArgs& a, const int8_t* q, const float* scales, const
   // measured (1B down_proj shape, Zen 3): 1.7x the panel kernel at one row, even at two, slower from three
   if (a.M <= 2 && !a.direct_only && (G % XB == 0 || XB % G == 0)) return int8_decode(a, q, sc, Kp, G), true;
 #endif
-  run_i8<true>(a, Kp, G, [&](int64_t t, int64_t k0, int64_t k1, uint8_t* panel) {
+  run_i8<true>(a, Kp, G, q, Kp * NT, [&](int64_t t, int64_t k0, int64_t k1, uint8_t* panel) {
     const int8_t* tile = q + t * Kp * NT;
     for (int64_t k = k0; k < k1; k += 4) quad_from_rows(tile + k * NT, panel + (k - k0) / 4 * 8 * PV);
   }, sc);
