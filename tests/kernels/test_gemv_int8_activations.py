@@ -109,3 +109,15 @@ def test_which_wider_records_take_integer_products(fmt: str, rows: int, integer:
     err = (gemv_i8(kind, records, x, n, None) - ref).abs().max().item() / ref.abs().max().item()
     integer = kind == "int8" or (integer and kernels.isa() == "avx512_vbmi")
     assert (1e-4 < err < 0.02) if integer else err < 1e-5
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q4_1"])
+def test_rows_do_not_depend_on_the_rows_beside_them(fmt: str) -> None:
+    """A row's output bits are the same whatever rows share the call (above the decode kernel's 3 rows), whether its
+    tile is one thread's or split by rows between threads (3 tiles: one left over on two threads)."""
+    n, k = 130, 512
+    kind, records = pack_records([(fmt, make_blocks(fmt, n, k, seed=3))], kernels.isa())
+    x = torch.randn(120, k, generator=torch.Generator().manual_seed(4))
+    full = gemv_i8(kind, records, x, n, None)
+    for m0, m in [(0, 4), (7, 17), (50, 64), (3, 117)]:
+        assert torch.equal(gemv_i8(kind, records, x[m0:m0 + m].contiguous(), n, None), full[m0:m0 + m]), (m0, m)

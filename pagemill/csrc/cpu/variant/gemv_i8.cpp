@@ -393,16 +393,20 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, const void* weights, int64
     sx = sx_buf.get(M * ng);
     group_sums(a, G, ng, sx);
   }
-  const int64_t nblk = (M + RMAX - 1) / RMAX, base = M / nblk, extra = M % nblk, gpb = KBI / G;
-  parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
+  const int64_t gpb = KBI / G;
+  // Shared as run_panel shares (gemv.cpp): whole tiles per thread, the leftover tiles split by rows.
+  const int64_t threads = omp_in_parallel() ? 1 : imax(1, imin(a.num_threads, a.tiles * M));
+  const int64_t whole = M >= RMAX * threads ? a.tiles - a.tiles % threads : a.tiles;
+  parallel_for(threads, 1, int(threads), [&](int64_t i0, int64_t i1) {
     Scratch acc_buf, out_buf, panel_buf, scale_buf;
-    float* acc = acc_buf.get(M * NT);  // panel order
-    float* out = out_buf.get(M * NT);  // channel order
     uint8_t* panel = reinterpret_cast<uint8_t*>(panel_buf.get(KBI / 4 * 8 * PV / 4));
     float* dbuf = scale_buf.get(2 * gpb * NT);  // the k block's group scales d, then mins m [gpb, NT]
     float* mbuf = dbuf + gpb * NT;
-    for (int64_t t = t0; t < t1; ++t) {
-      memset(acc, 0, sizeof(float) * M * NT);
+    const auto tile_rows = [&](int64_t t, int64_t r0, int64_t r1) {
+      const int64_t Mr = r1 - r0, nblk = (Mr + RMAX - 1) / RMAX, base = Mr / nblk, extra = Mr % nblk;
+      float* acc = acc_buf.get(Mr * NT);  // panel order
+      float* out = out_buf.get(Mr * NT);  // channel order
+      memset(acc, 0, sizeof(float) * Mr * NT);
       for (int64_t k0 = 0; k0 < Kw; k0 += KBI) {
         const int64_t k1 = imin(k0 + KBI, Kw), g0 = k0 / G;
         build(t, k0, k1, panel);
@@ -429,9 +433,9 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, const void* weights, int64
           const float* dxr[RMAX];
           const float* sxr[RMAX];
           for (int r = 0; r < R; ++r) {
-            xr[r] = xq + (m0 + r) * Kq + k0;
-            dxr[r] = dx + (m0 + r) * nb + k0 / XB;
-            sxr[r] = sc.has_min() ? sx + (m0 + r) * ng + g0 : nullptr;
+            xr[r] = xq + (r0 + m0 + r) * Kq + k0;
+            dxr[r] = dx + (r0 + m0 + r) * nb + k0 / XB;
+            sxr[r] = sc.has_min() ? sx + (r0 + m0 + r) * ng + g0 : nullptr;
           }
           next.slice(i, nblk);
           with_static_count<RMAX>(R, [&](auto rc) {
@@ -453,13 +457,13 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, const void* weights, int64
             const int64_t g = ks / G;
             const bool min_term = sc.has_min() && ks % G == 0;
             const int8_t* xr[RMAX];
-            for (int r = 0; r < R; ++r) xr[r] = xq + (m0 + r) * Kq + ks;
+            for (int r = 0; r < R; ++r) xr[r] = xq + (r0 + m0 + r) * Kq + ks;
             with_static_count<RMAX>(R, [&](auto rc) {
               constexpr int RC = decltype(rc)::value;
               SpanScales<RC> ss{dbuf + (g - g0) * NT, min_term ? mbuf + (g - g0) * NT : nullptr, {}, {}};
               for (int r = 0; r < RC; ++r) {
-                ss.dx[r] = dx[(m0 + r) * nb + ks / XB];
-                ss.sx[r] = min_term ? sx[(m0 + r) * ng + g] : 0.0f;
+                ss.dx[r] = dx[(r0 + m0 + r) * nb + ks / XB];
+                ss.sx[r] = min_term ? sx[(r0 + m0 + r) * ng + g] : 0.0f;
               }
               for (int h = 0; h < 2; ++h)
                 span_dot<RC, Signed>(panel, (ks - k0) / 4, (ks - k0 + SP) / 4, h, xr, ss, acc + m0 * NT);
@@ -469,8 +473,15 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, const void* weights, int64
         }
 #endif
       }
-      for (int64_t m = 0; m < M; ++m) channel_order(acc + m * NT, out + m * NT);
-      store_tile(a, out, t);
+      for (int64_t m = 0; m < Mr; ++m) channel_order(acc + m * NT, out + m * NT);
+      store_tile(row_chunk(a, r0, Mr), out, t);
+    };
+    for (int64_t i = i0; i < i1; ++i) {
+      for (int64_t t = whole * i / threads; t < whole * (i + 1) / threads; ++t) tile_rows(t, 0, M);
+      for (int64_t t = whole; t < a.tiles; ++t) {
+        const int64_t r0 = M * i / threads, r1 = M * (i + 1) / threads;
+        if (r0 < r1) tile_rows(t, r0, r1);
+      }
     }
   });
 }
