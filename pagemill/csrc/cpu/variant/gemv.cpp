@@ -158,18 +158,20 @@ __attribute__((noinline)) void panel_rows(const float* panel, int64_t k0, int64_
 
 // `tile_bytes`: each tile's weights are that many bytes from `weights` on (tile t at weights + t tile_bytes), read
 // in k order: the next k block is prefetched while the current one is computed (NextBlock; without it
-// Gemma 3's 18 gate_up at 32 rows took 11.0 ms against 7.7 with the weights in cache). Leftover tiles are split by
-// rows once each share keeps a whole row block: dequantizing such a tile once per thread still ends sooner than one
-// thread doing all its rows while the others wait.
+// Gemma 3's 18 gate_up at 32 rows took 11.0 ms against 7.7 with the weights in cache).
+// Work is shared evenly: each thread takes whole tiles, and the tiles left over (tiles % threads) are split by rows,
+// a share of each per thread (whole tiles alone left one thread waiting a tile in 9 or 15: SmolLM2's o_proj / qkv).
+// A row's sums do not depend on the rows beside it, so the split changes no result.
 template <class Dequant>
 void run_panel(const GemvArgs& a, int64_t step, const void* weights, int64_t tile_bytes, Dequant dequant) {
-  const int64_t K = a.K, kp = round_up(KP, step);
-  struct Buffers {
-    Scratch acc, panel;
-  };
-  for_tile_shares<Buffers>(a, MR_MAX, [&](Buffers& buf, int64_t t, int64_t r0, int64_t r1) {
-    float* acc = buf.acc.get((r1 - r0) * NT);
-    float* panel = buf.panel.get(kp * NT);
+  const int64_t M = a.M, K = a.K, kp = round_up(KP, step);
+  const int64_t threads = omp_in_parallel() ? 1 : imax(1, imin(a.num_threads, a.tiles * M));
+  // Leftover tiles are split when each share keeps a whole row block: dequantizing such a tile once per thread still
+  // ends sooner than one thread doing all its rows while the others wait.
+  const int64_t whole = M >= MR_MAX * threads ? a.tiles - a.tiles % threads : a.tiles;
+  const auto tile_rows = [&](Scratch& acc_buf, Scratch& panel_buf, int64_t t, int64_t r0, int64_t r1) {
+    float* acc = acc_buf.get((r1 - r0) * NT);
+    float* panel = panel_buf.get(kp * NT);
     for (int64_t k0 = 0; k0 < K; k0 += kp) {
       const int64_t k1 = imin(k0 + kp, K);
       NextBlock(weights, tile_bytes, K, a.tiles, t, k1, kp).all();
@@ -177,6 +179,16 @@ void run_panel(const GemvArgs& a, int64_t step, const void* weights, int64_t til
       panel_rows(panel, k0, k1, a.x + r0 * K, r1 - r0, K, acc);
     }
     store_tile(row_chunk(a, r0, r1 - r0), acc, t);
+  };
+  parallel_for(threads, 1, int(threads), [&](int64_t i0, int64_t i1) {
+    Scratch acc_buf, panel_buf;
+    for (int64_t i = i0; i < i1; ++i) {
+      for (int64_t t = whole * i / threads; t < whole * (i + 1) / threads; ++t) tile_rows(acc_buf, panel_buf, t, 0, M);
+      for (int64_t t = whole; t < a.tiles; ++t) {
+        const int64_t r0 = M * i / threads, r1 = M * (i + 1) / threads;
+        if (r0 < r1) tile_rows(acc_buf, panel_buf, t, r0, r1);
+      }
+    }
   });
 }
 

@@ -62,28 +62,6 @@ inline GemvArgs row_chunk(const GemvArgs& a, int64_t r0, int64_t n) {
   return c;
 }
 
-
-// Runs body(state, t, r0, r1) for rows [r0, r1) of every tile, shared evenly between the threads, each with its own
-// default-constructed State (its scratch buffers): a thread takes whole tiles, and the tiles left over
-// (tiles % threads) are split by rows, a share of each per thread, once every share has min_rows (whole tiles alone
-// left one thread waiting a tile in 9 or 15: SmolLM2's o_proj / qkv). A row's sums do not depend on the rows beside
-// it, so the split changes no result.
-template <class State, class Body>
-void for_tile_shares(const GemvArgs& a, int64_t min_rows, const Body& body) {
-  const int64_t M = a.M, threads = omp_in_parallel() ? 1 : imax(1, imin(a.num_threads, a.tiles * M));
-  const int64_t whole = M >= min_rows * threads ? a.tiles - a.tiles % threads : a.tiles;
-  parallel_for(threads, 1, int(threads), [&](int64_t i0, int64_t i1) {
-    State state;
-    for (int64_t i = i0; i < i1; ++i) {
-      for (int64_t t = whole * i / threads; t < whole * (i + 1) / threads; ++t) body(state, t, int64_t(0), M);
-      for (int64_t t = whole; t < a.tiles; ++t) {
-        const int64_t r0 = M * i / threads, r1 = M * (i + 1) / threads;
-        if (r0 < r1) body(state, t, r0, r1);
-      }
-    }
-  });
-}
-
 // One group per record; scale section d [NT] fp16, then m [NT] fp16: Q4_1, Q5_1, and Q4_0 / Q5_0 (m = -8 d / -16 d).
 template <int Bits>
 struct DMScales {

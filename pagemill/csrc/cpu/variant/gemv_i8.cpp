@@ -394,85 +394,95 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, const void* weights, int64
     group_sums(a, G, ng, sx);
   }
   const int64_t gpb = KBI / G;
-  struct Buffers {
-    Scratch acc, out, panel, scales;
-  };
-  for_tile_shares<Buffers>(a, RMAX, [&](Buffers& buf, int64_t t, int64_t r0, int64_t r1) {
-    uint8_t* panel = reinterpret_cast<uint8_t*>(buf.panel.get(KBI / 4 * 8 * PV / 4));
-    float* dbuf = buf.scales.get(2 * gpb * NT);  // the k block's group scales d, then mins m [gpb, NT]
+  // Shared as run_panel shares (gemv.cpp): whole tiles per thread, the leftover tiles split by rows.
+  const int64_t threads = omp_in_parallel() ? 1 : imax(1, imin(a.num_threads, a.tiles * M));
+  const int64_t whole = M >= RMAX * threads ? a.tiles - a.tiles % threads : a.tiles;
+  parallel_for(threads, 1, int(threads), [&](int64_t i0, int64_t i1) {
+    Scratch acc_buf, out_buf, panel_buf, scale_buf;
+    uint8_t* panel = reinterpret_cast<uint8_t*>(panel_buf.get(KBI / 4 * 8 * PV / 4));
+    float* dbuf = scale_buf.get(2 * gpb * NT);  // the k block's group scales d, then mins m [gpb, NT]
     float* mbuf = dbuf + gpb * NT;
-    const int64_t Mr = r1 - r0, nblk = (Mr + RMAX - 1) / RMAX, base = Mr / nblk, extra = Mr % nblk;
-    float* acc = buf.acc.get(Mr * NT);  // panel order
-    float* out = buf.out.get(Mr * NT);  // channel order
-    memset(acc, 0, sizeof(float) * Mr * NT);
-    for (int64_t k0 = 0; k0 < Kw; k0 += KBI) {
-      const int64_t k1 = imin(k0 + KBI, Kw), g0 = k0 / G;
-      build(t, k0, k1, panel);
-      const NextBlock next(weights, tile_bytes, Kw, a.tiles, t, k1, KBI);
+    const auto tile_rows = [&](int64_t t, int64_t r0, int64_t r1) {
+      const int64_t Mr = r1 - r0, nblk = (Mr + RMAX - 1) / RMAX, base = Mr / nblk, extra = Mr % nblk;
+      float* acc = acc_buf.get(Mr * NT);  // panel order
+      float* out = out_buf.get(Mr * NT);  // channel order
+      memset(acc, 0, sizeof(float) * Mr * NT);
+      for (int64_t k0 = 0; k0 < Kw; k0 += KBI) {
+        const int64_t k1 = imin(k0 + KBI, Kw), g0 = k0 / G;
+        build(t, k0, k1, panel);
+        const NextBlock next(weights, tile_bytes, Kw, a.tiles, t, k1, KBI);
 #if defined(PAGEMILL_I8_ZMM)
-      // the k block's scales in panel order: zmm j = channels 32 h + 4 n0 + {0..3, 16..19, 4..7, 20..23} of the
-      // half h = j / 2 (n0 = 2 (j % 2)), from the half's two channel-order vectors
-      const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-      const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-      for (int64_t g = g0; g < k1 / G; ++g)
-        for (int h = 0; h < 2; ++h) {
-          const __m512 a = sc.d(t, g, 2 * h), b = sc.d(t, g, 2 * h + 1);
-          _mm512_storeu_ps(dbuf + (g - g0) * NT + 32 * h, _mm512_permutex2var_ps(a, lo, b));
-          _mm512_storeu_ps(dbuf + (g - g0) * NT + 32 * h + 16, _mm512_permutex2var_ps(a, hi, b));
-          if (sc.has_min()) {
-            const __m512 ma = sc.m(t, g, 2 * h), mb = sc.m(t, g, 2 * h + 1);
-            _mm512_storeu_ps(mbuf + (g - g0) * NT + 32 * h, _mm512_permutex2var_ps(ma, lo, mb));
-            _mm512_storeu_ps(mbuf + (g - g0) * NT + 32 * h + 16, _mm512_permutex2var_ps(ma, hi, mb));
-          }
-        }
-      for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
-        const int R = int(base + (i < extra));
-        const int8_t* xr[RMAX];
-        const float* dxr[RMAX];
-        const float* sxr[RMAX];
-        for (int r = 0; r < R; ++r) {
-          xr[r] = xq + (r0 + m0 + r) * Kq + k0;
-          dxr[r] = dx + (r0 + m0 + r) * nb + k0 / XB;
-          sxr[r] = sc.has_min() ? sx + (r0 + m0 + r) * ng + g0 : nullptr;
-        }
-        next.slice(i, nblk);
-        with_static_count<RMAX>(R, [&](auto rc) {
-          kblock_dot_zmm<decltype(rc)::value, Signed>(panel, (k1 - k0) / SP, SP, G, xr, dxr, sxr, dbuf,
-                                                      sc.has_min() ? mbuf : nullptr, acc + m0 * NT);
-        });
-        m0 += R;
-      }
-#else
-      for (int64_t g = g0; g < k1 / G; ++g)
-        for (int v = 0; v < NV; ++v) {
-          vstore(dbuf + (g - g0) * NT + v * W, sc.d(t, g, v));
-          if (sc.has_min()) vstore(mbuf + (g - g0) * NT + v * W, sc.m(t, g, v));
-        }
-      for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
-        const int R = int(base + (i < extra));
-        next.slice(i, nblk);
-        for (int64_t ks = k0; ks < k1; ks += SP) {
-          const int64_t g = ks / G;
-          const bool min_term = sc.has_min() && ks % G == 0;
-          const int8_t* xr[RMAX];
-          for (int r = 0; r < R; ++r) xr[r] = xq + (r0 + m0 + r) * Kq + ks;
-          with_static_count<RMAX>(R, [&](auto rc) {
-            constexpr int RC = decltype(rc)::value;
-            SpanScales<RC> ss{dbuf + (g - g0) * NT, min_term ? mbuf + (g - g0) * NT : nullptr, {}, {}};
-            for (int r = 0; r < RC; ++r) {
-              ss.dx[r] = dx[(r0 + m0 + r) * nb + ks / XB];
-              ss.sx[r] = min_term ? sx[(r0 + m0 + r) * ng + g] : 0.0f;
+        // the k block's scales in panel order: zmm j = channels 32 h + 4 n0 + {0..3, 16..19, 4..7, 20..23} of the
+        // half h = j / 2 (n0 = 2 (j % 2)), from the half's two channel-order vectors
+        const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+        const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+        for (int64_t g = g0; g < k1 / G; ++g)
+          for (int h = 0; h < 2; ++h) {
+            const __m512 a = sc.d(t, g, 2 * h), b = sc.d(t, g, 2 * h + 1);
+            _mm512_storeu_ps(dbuf + (g - g0) * NT + 32 * h, _mm512_permutex2var_ps(a, lo, b));
+            _mm512_storeu_ps(dbuf + (g - g0) * NT + 32 * h + 16, _mm512_permutex2var_ps(a, hi, b));
+            if (sc.has_min()) {
+              const __m512 ma = sc.m(t, g, 2 * h), mb = sc.m(t, g, 2 * h + 1);
+              _mm512_storeu_ps(mbuf + (g - g0) * NT + 32 * h, _mm512_permutex2var_ps(ma, lo, mb));
+              _mm512_storeu_ps(mbuf + (g - g0) * NT + 32 * h + 16, _mm512_permutex2var_ps(ma, hi, mb));
             }
-            for (int h = 0; h < 2; ++h)
-              span_dot<RC, Signed>(panel, (ks - k0) / 4, (ks - k0 + SP) / 4, h, xr, ss, acc + m0 * NT);
+          }
+        for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
+          const int R = int(base + (i < extra));
+          const int8_t* xr[RMAX];
+          const float* dxr[RMAX];
+          const float* sxr[RMAX];
+          for (int r = 0; r < R; ++r) {
+            xr[r] = xq + (r0 + m0 + r) * Kq + k0;
+            dxr[r] = dx + (r0 + m0 + r) * nb + k0 / XB;
+            sxr[r] = sc.has_min() ? sx + (r0 + m0 + r) * ng + g0 : nullptr;
+          }
+          next.slice(i, nblk);
+          with_static_count<RMAX>(R, [&](auto rc) {
+            kblock_dot_zmm<decltype(rc)::value, Signed>(panel, (k1 - k0) / SP, SP, G, xr, dxr, sxr, dbuf,
+                                                        sc.has_min() ? mbuf : nullptr, acc + m0 * NT);
           });
+          m0 += R;
         }
-        m0 += R;
-      }
+#else
+        for (int64_t g = g0; g < k1 / G; ++g)
+          for (int v = 0; v < NV; ++v) {
+            vstore(dbuf + (g - g0) * NT + v * W, sc.d(t, g, v));
+            if (sc.has_min()) vstore(mbuf + (g - g0) * NT + v * W, sc.m(t, g, v));
+          }
+        for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
+          const int R = int(base + (i < extra));
+          next.slice(i, nblk);
+          for (int64_t ks = k0; ks < k1; ks += SP) {
+            const int64_t g = ks / G;
+            const bool min_term = sc.has_min() && ks % G == 0;
+            const int8_t* xr[RMAX];
+            for (int r = 0; r < R; ++r) xr[r] = xq + (r0 + m0 + r) * Kq + ks;
+            with_static_count<RMAX>(R, [&](auto rc) {
+              constexpr int RC = decltype(rc)::value;
+              SpanScales<RC> ss{dbuf + (g - g0) * NT, min_term ? mbuf + (g - g0) * NT : nullptr, {}, {}};
+              for (int r = 0; r < RC; ++r) {
+                ss.dx[r] = dx[(r0 + m0 + r) * nb + ks / XB];
+                ss.sx[r] = min_term ? sx[(r0 + m0 + r) * ng + g] : 0.0f;
+              }
+              for (int h = 0; h < 2; ++h)
+                span_dot<RC, Signed>(panel, (ks - k0) / 4, (ks - k0 + SP) / 4, h, xr, ss, acc + m0 * NT);
+            });
+          }
+          m0 += R;
+        }
 #endif
+      }
+      for (int64_t m = 0; m < Mr; ++m) channel_order(acc + m * NT, out + m * NT);
+      store_tile(row_chunk(a, r0, Mr), out, t);
+    };
+    for (int64_t i = i0; i < i1; ++i) {
+      for (int64_t t = whole * i / threads; t < whole * (i + 1) / threads; ++t) tile_rows(t, 0, M);
+      for (int64_t t = whole; t < a.tiles; ++t) {
+        const int64_t r0 = M * i / threads, r1 = M * (i + 1) / threads;
+        if (r0 < r1) tile_rows(t, r0, r1);
+      }
     }
-    for (int64_t m = 0; m < Mr; ++m) channel_order(acc + m * NT, out + m * NT);
-    store_tile(row_chunk(a, r0, Mr), out, t);
   });
 }
 
