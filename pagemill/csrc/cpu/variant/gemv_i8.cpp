@@ -1,15 +1,12 @@
 // Linear layers with int8 activations (linear_dtype="int8", llama.cpp's scheme). x is quantized per row and block of
-// XB = 32 along K (symmetric): a row's scale s = max|x| / 127, and per block the largest power-of-two fraction
-// dx = s 2^-t (t <= kMaxShift) under which its codes stay in [-127, 127] (round-to-nearest-even). Each k block of a
+// XB = 32 along K (symmetric: scale dx = max|x| / 127, codes round-to-nearest-even in [-127, 127]); each k block of a
 // tile's weights is laid out once into a panel of integer codes, four consecutive k of a channel in one dword (the
 // operand of vpdpbusd, or of maddubs + madd without VNNI), which every row block then multiplies in integers. The
 // integer sums of a span (min(G, XB) k) become float once per row and channel:
 //   y += isum * (d * dx) + m * (sum of x over the group)
-// with the min term taken from the float x (exact). With VNNI the power-of-two block scales cost no multiply:
-// y' += float(isum << (kMaxShift - t)) * d, y = y' * s 2^-kMaxShift once per tile (integer shifts and conversions
-// issue beside the multiplies; a multiply or FMA takes a product's slot). 4-bit records: codes 0..15 are the unsigned
-// operand (a span of <= 8 quads fits 16-bit sums: 8 * 2 * 15 * 127 < 2^15); int8 tiles: signed codes, by the sign
-// trick (|w| unsigned, x carrying w's sign).
+// with the min term taken from the float x (exact). 4-bit records: codes 0..15 are the unsigned operand (a span of
+// <= 8 quads fits 16-bit sums: 8 * 2 * 15 * 127 < 2^15); int8 tiles: signed codes, by the sign trick (|w| unsigned,
+// x carrying w's sign).
 //
 // Panel: [KBI / 4 quads][2 halves of 32 channels][4 vectors][32 bytes]. Vector n of half h holds, in its lane L and
 // dword i, channel 32 h + 16 L + 4 n + i (the order the byte / word unpacks give), bytes k .. k + 3.
@@ -26,8 +23,6 @@ constexpr int RMAX = 3;       // rows per register block (ymm: 12 accumulators; 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define PAGEMILL_I8_ZMM 1  // 512-bit: a quad row of the panel (64 channels) is four zmm
 #endif
-
-constexpr int kMaxShift = 11;  // a span's |isum| < 2^19 (32 * 127 * 127), so isum << 11 stays in int32
 
 // x [M, K] -> L = 3 levels of codes per row (the exact default's split on AVX2), q [M L, Kq] (row m level l at
 // m L + l), per-32 scales dx [M L, Kq / XB]: x = s1 q1 + s2 q2 + s3 q3 + r with s_{l+1} = s_l / 254.
@@ -58,94 +53,55 @@ void split_x(const GemvArgs& a, int64_t Kq, int8_t* q, float* dx, int64_t b0 = 0
     }
 }
 
-// The int8 preset's codes of x [M, K]: q [M, Kq] (zero beyond K), per block of 32 the scale dx [M, Kq / XB] and
-// kMaxShift - t (shift, where given), per 16 k the sum of the codes (sum16, where given), and per row the scale
-// s = max|x| / 127 (row_scale; base = s 2^-kMaxShift where given).
+// The int8 preset's codes of x [M, K]: q [M, Kq] (zero beyond K), per block of 32 the scale dx [M, Kq / XB] and,
+// where given, per 16 k the sum of the codes (sum16 [M, Kq / 16]).
 struct XCodes {
   int8_t* q;
   float* dx;
-  int32_t* shift = nullptr;
   int32_t* sum16 = nullptr;
-  float* row_scale = nullptr;
-  float* base = nullptr;
 };
 
-// The largest t <= kMaxShift with a 2^t <= A (kMaxShift for a = 0): the block's codes then reach at least 127 / 2.
-inline int block_shift(float a, float A) {
-  if (!(a > 0.0f)) return kMaxShift;
-  int t = ilogbf(A) - ilogbf(a);
-  if (ldexpf(a, t) > A) --t;
-  return imin(t, kMaxShift);
-}
-
-// Each row's scale s = max|x| / 127 (and base), rows split over the threads.
-void row_scales(const GemvArgs& a, const XCodes& c, int num_threads) {
-  parallel_for(a.M, 4, num_threads, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) {
-      const float* x = a.x + m * a.K;
-      int64_t k = 0;
-      float amax = 0.0f;
-#if defined(PAGEMILL_I8_ZMM)
-      __m512 vmax = _mm512_setzero_ps();
-      for (; k + 16 <= a.K; k += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
-      amax = _mm512_reduce_max_ps(vmax);
-#endif
-      for (; k < a.K; ++k) amax = fmaxf(amax, fabsf(x[k]));
-      c.row_scale[m] = amax / 127.0f;
-      if (c.base) c.base[m] = ldexpf(amax / 127.0f, -kMaxShift);
-    }
-  });
-}
-
-// Blocks [b0, b1) of every row's codes (row_scales first).
+// Blocks [b0, b1) of every row's codes.
 void code_blocks(const GemvArgs& a, int64_t Kq, const XCodes& c, int64_t b0, int64_t b1) {
   const int64_t K = a.K, nb = Kq / XB;
-  for (int64_t m = 0; m < a.M; ++m) {
-    const float A = c.row_scale[m] * 127.0f;
+  for (int64_t m = 0; m < a.M; ++m)
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t k0 = b * XB, n = imax(0, imin(XB, K - k0));
       const float* x = a.x + m * K + k0;
       int8_t* ql = c.q + m * Kq + k0;
+      int32_t* sums = c.sum16 ? c.sum16 + m * 2 * nb + 2 * b : nullptr;
 #if defined(PAGEMILL_I8_ZMM)
       if (n == XB) {  // a whole block in two zmm: the same products and round-to-nearest-even as below
         const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-        const int t = block_shift(_mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1))), A);
-        const __m512 inv = _mm512_set1_ps(A > 0.0f ? ldexpf(127.0f / A, t) : 0.0f);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
         const __m512i q0 = _mm512_min_epi32(lim, _mm512_max_epi32(nlim, _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv))));
         const __m512i q1 = _mm512_min_epi32(lim, _mm512_max_epi32(nlim, _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv))));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(ql), _mm512_cvtepi32_epi8(q0));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(ql + 16), _mm512_cvtepi32_epi8(q1));
-        c.dx[m * nb + b] = ldexpf(c.row_scale[m], -t);
-        if (c.shift) c.shift[m * nb + b] = kMaxShift - t;
-        if (c.sum16) {
-          c.sum16[m * 2 * nb + 2 * b] = _mm512_reduce_add_epi32(q0);
-          c.sum16[m * 2 * nb + 2 * b + 1] = _mm512_reduce_add_epi32(q1);
-        }
+        c.dx[m * nb + b] = amax / 127.0f;
+        if (sums) sums[0] = _mm512_reduce_add_epi32(q0), sums[1] = _mm512_reduce_add_epi32(q1);
         continue;
       }
 #endif
       float amax = 0.0f;
       for (int64_t i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[i]));
-      const int t = block_shift(amax, A);
-      const float inv = A > 0.0f ? ldexpf(127.0f / A, t) : 0.0f;
-      int32_t sums[2] = {0, 0};
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int32_t s16[2] = {0, 0};
       for (int64_t i = 0; i < XB; ++i) {
         int v = i < n ? int(lrintf(x[i] * inv)) : 0;
         v = v > 127 ? 127 : (v < -127 ? -127 : v);
         ql[i] = int8_t(v);
-        sums[i / 16] += v;
+        s16[i / 16] += v;
       }
-      c.dx[m * nb + b] = ldexpf(c.row_scale[m], -t);
-      if (c.shift) c.shift[m * nb + b] = kMaxShift - t;
-      if (c.sum16) c.sum16[m * 2 * nb + 2 * b] = sums[0], c.sum16[m * 2 * nb + 2 * b + 1] = sums[1];
+      c.dx[m * nb + b] = amax / 127.0f;
+      if (sums) sums[0] = s16[0], sums[1] = s16[1];
     }
-  }
 }
 
 // x [M, K] fp32 -> the int8 preset's codes (XCodes), split over the threads.
 void quantize_x(const GemvArgs& a, int64_t Kq, const XCodes& c) {
-  row_scales(a, c, a.num_threads);
   parallel_for(Kq / XB, 16, a.num_threads, [&](int64_t b0, int64_t b1) { code_blocks(a, Kq, c, b0, b1); });
 }
 
@@ -304,16 +260,15 @@ inline void channel_order(const float* in, float* out) {
 }
 
 #if defined(PAGEMILL_I8_ZMM)
-// A row of accumulators from panel order to channel order, times the row's base: zmm 2 h and 2 h + 1 of the panel
-// order hold channels 32 h + {0..3, 16..19, 4..7, 20..23} and {8..11, 24..27, 12..15, 28..31}.
-inline void channel_order_scaled(const float* in, float base, float* out) {
+// A row of accumulators from panel order to channel order: zmm 2 h and 2 h + 1 of the panel order hold channels
+// 32 h + {0..3, 16..19, 4..7, 20..23} and {8..11, 24..27, 12..15, 28..31}.
+inline void channel_order_zmm(const float* in, float* out) {
   const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
   const __m512i hi = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  const __m512 b = _mm512_set1_ps(base);
   for (int h = 0; h < 2; ++h) {
     const __m512 p0 = _mm512_loadu_ps(in + 32 * h), p1 = _mm512_loadu_ps(in + 32 * h + 16);
-    _mm512_storeu_ps(out + 32 * h, _mm512_mul_ps(b, _mm512_permutex2var_ps(p0, lo, p1)));
-    _mm512_storeu_ps(out + 32 * h + 16, _mm512_mul_ps(b, _mm512_permutex2var_ps(p0, hi, p1)));
+    _mm512_storeu_ps(out + 32 * h, _mm512_permutex2var_ps(p0, lo, p1));
+    _mm512_storeu_ps(out + 32 * h + 16, _mm512_permutex2var_ps(p0, hi, p1));
   }
 }
 
@@ -376,13 +331,12 @@ inline void quad_loop(const uint8_t* p, const int8_t* const* xr, int64_t q0, int
 // A whole k block [k0, k0 + nspan SP) for R rows, both halves at once: zmm j of a quad is panel-order positions
 // [16 j, 16 j + 16) (vectors 2 j and 2 j + 1 of the quad's eight), so the accumulators, and the group scales d / m
 // given in panel order ([groups of the block][NT]), are plain zmm at 16 j. The sums stay in registers over the block
-// (R = 3: 12 float + 12 integer accumulators), in units of the row's base (y' above); xr / shr / sxr: each row's
-// codes at k0, block shifts at k0 / XB and group sums over base at k0 / G. Offset > 0 (codes standing for
-// q - Offset, m == nullptr): the offset is taken in integers, isum -= Offset * (sum of the span's codes; s16r: the
-// row's sums of 16 codes at k0 / 16).
+// (R = 3: 12 float + 12 integer accumulators); xr / dxr / sxr: each row's codes at k0, activation scales at k0 / XB
+// and group sums at k0 / G. Offset > 0 (codes standing for q - Offset, m == nullptr): the offset is taken in
+// integers, isum -= Offset * (sum of the span's codes; s16r: the row's sums of 16 codes at k0 / 16).
 template <int R, bool Signed, int Offset>
 inline void kblock_dot_zmm(const uint8_t* panel, int64_t nspan, int64_t SP, int64_t G, const int8_t* const* xr,
-                           const int32_t* const* shr, const int32_t* const* s16r, const float* const* sxr,
+                           const float* const* dxr, const int32_t* const* s16r, const float* const* sxr,
                            const float* d, const float* m, float* acc_out) {
   __m512 y[R][4];
   for (int r = 0; r < R; ++r)
@@ -412,18 +366,16 @@ inline void kblock_dot_zmm(const uint8_t* panel, int64_t nspan, int64_t SP, int6
       }
     }
     const float* dg = d + gl * NT;
-    __m512i sh[R];
-    for (int r = 0; r < R; ++r) {
-      sh[r] = _mm512_set1_epi32(shr[r][ks / XB]);
-      if constexpr (Offset > 0) {  // SP = 16: one sum per span
+    if constexpr (Offset > 0)  // SP = 16: one sum per span
+      for (int r = 0; r < R; ++r) {
         const __m512i off = _mm512_set1_epi32(Offset * s16r[r][ks / 16]);
         for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_sub_epi32(acc[r][j], off);
       }
-    }
     for (int j = 0; j < 4; ++j) {
       const __m512 dj = _mm512_loadu_ps(dg + 16 * j);
       for (int r = 0; r < R; ++r)
-        y[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sllv_epi32(acc[r][j], sh[r])), dj, y[r][j]);
+        y[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), _mm512_mul_ps(dj, _mm512_set1_ps(dxr[r][ks / XB])),
+                                  y[r][j]);
     }
     if (Offset == 0 && m != nullptr && c == 0) {
       const float* mg = m + gl * NT;
@@ -536,33 +488,22 @@ template <bool Signed, class Build, class Scales>
 void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, const void* weights, int64_t tile_bytes, Build build,
             const Scales& sc) {
   const int64_t M = a.M, Kq = round_up(Kw, XB), nb = Kq / XB, ng = Kw / G, SP = imin(G, XB);
-  Scratch q_buf, dx_buf, sx_buf, code_buf;
+  Scratch q_buf, dx_buf, sx_buf, sum_buf;
   XCodes xc{reinterpret_cast<int8_t*>(q_buf.get((M * Kq + 3) / 4)), dx_buf.get(M * nb)};
   const int8_t* xq = xc.q;
-  [[maybe_unused]] const float* dx = xc.dx;
+  const float* dx = xc.dx;
 #if defined(PAGEMILL_I8_ZMM)
   constexpr int Offset = Scales::kOffset;
+  if (Offset > 0) xc.sum16 = reinterpret_cast<int32_t*>(sum_buf.get(2 * M * nb));
   const bool min_term = sc.has_min() && Offset == 0;
-  {  // block shifts [M, nb], sums of 16 codes [M, 2 nb] (Offset > 0), row scales and bases [M] each
-    int32_t* ints = reinterpret_cast<int32_t*>(code_buf.get(3 * M * nb + 2 * M));
-    xc.shift = ints, xc.sum16 = Offset > 0 ? ints + M * nb : nullptr;
-    xc.row_scale = reinterpret_cast<float*>(ints + 3 * M * nb), xc.base = xc.row_scale + M;
-  }
 #else
   const bool min_term = sc.has_min();
-  xc.row_scale = code_buf.get(M);
 #endif
   quantize_x(a, Kq, xc);
   float* sx = nullptr;
   if (min_term) {
     sx = sx_buf.get(M * ng);
     group_sums(a, G, ng, sx);
-#if defined(PAGEMILL_I8_ZMM)
-    for (int64_t m = 0; m < M; ++m) {  // the sums in units of the row's base
-      const float inv = xc.base[m] > 0.0f ? 1.0f / xc.base[m] : 0.0f;
-      for (int64_t g = 0; g < ng; ++g) sx[m * ng + g] *= inv;
-    }
-#endif
   }
   const int64_t gpb = KBI / G;
   // Shared as run_panel shares (gemv.cpp): whole tiles per thread, the leftover tiles split by rows.
@@ -601,19 +542,19 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, const void* weights, int64
         for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
           const int R = int(base + (i < extra));
           const int8_t* xr[RMAX];
-          const int32_t* shr[RMAX];
+          const float* dxr[RMAX];
           const int32_t* s16r[RMAX];
           const float* sxr[RMAX];
           for (int r = 0; r < R; ++r) {
             const int64_t row = r0 + m0 + r;
             xr[r] = xq + row * Kq + k0;
-            shr[r] = xc.shift + row * nb + k0 / XB;
+            dxr[r] = dx + row * nb + k0 / XB;
             s16r[r] = Offset > 0 ? xc.sum16 + row * 2 * nb + k0 / 16 : nullptr;
             sxr[r] = min_term ? sx + row * ng + g0 : nullptr;
           }
           next.slice(i, nblk);
           with_static_count<RMAX>(R, [&](auto rc) {
-            kblock_dot_zmm<decltype(rc)::value, Signed, Offset>(panel, (k1 - k0) / SP, SP, G, xr, shr, s16r, sxr,
+            kblock_dot_zmm<decltype(rc)::value, Signed, Offset>(panel, (k1 - k0) / SP, SP, G, xr, dxr, s16r, sxr,
                                                                 dbuf, min_term ? mbuf : nullptr, acc + m0 * NT);
           });
           m0 += R;
@@ -648,7 +589,7 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, const void* weights, int64
 #endif
       }
 #if defined(PAGEMILL_I8_ZMM)
-      for (int64_t m = 0; m < Mr; ++m) channel_order_scaled(acc + m * NT, xc.base[r0 + m], out + m * NT);
+      for (int64_t m = 0; m < Mr; ++m) channel_order_zmm(acc + m * NT, out + m * NT);
 #else
       for (int64_t m = 0; m < Mr; ++m) channel_order(acc + m * NT, out + m * NT);
 #endif
@@ -739,10 +680,9 @@ void records_decode(const GemvArgs& a, const uint8_t* packed, int64_t G) {
   Scratch q_buf, pair_buf, dx_buf, sx_buf;
   int8_t* q = reinterpret_cast<int8_t*>(q_buf.get((streams * Kq + 3) / 4));
   int32_t* pairs = reinterpret_cast<int32_t*>(pair_buf.get(streams * Kq / 2));
-  float* dx = dx_buf.get(streams * nb + M);
+  float* dx = dx_buf.get(streams * nb);
   float* sx = sx_buf.get(M * ng);
-  const XCodes xc{q, dx, nullptr, nullptr, dx + streams * nb};
-  if constexpr (L == 1) row_scales(a, xc, 1);
+  const XCodes xc{q, dx};
   // x's levels, code pairs and group sums, split over the threads by blocks of 32 (serial, they cost ~10% at 2
   // threads on a 1B model's layers)
   parallel_for(nb, 16, a.num_threads, [&](int64_t b0, int64_t b1) {
@@ -838,10 +778,8 @@ void int8_decode(const GemvArgs& a, const int8_t* q, const TileScales& sc, int64
   const int64_t M = a.M, Kq = round_up(Kp, XB), nb = Kq / XB, ng = Kp / G, SP = imin(G, XB);
   Scratch q_buf, dx_buf, sx_buf;
   int8_t* xq = reinterpret_cast<int8_t*>(q_buf.get((M * Kq + 3) / 4));
-  float* dx = dx_buf.get(M * nb + M);
-  const XCodes xc{xq, dx, nullptr, nullptr, dx + M * nb};
-  row_scales(a, xc, 1);
-  code_blocks(a, Kq, xc, 0, nb);
+  float* dx = dx_buf.get(M * nb);
+  code_blocks(a, Kq, XCodes{xq, dx}, 0, nb);
   float* sx = nullptr;
   if (sc.has_min()) {
     sx = sx_buf.get(M * ng);
