@@ -9,7 +9,8 @@
 // x carrying w's sign).
 //
 // Panel: [KBI / 4 quads][2 halves of 32 channels][4 vectors][32 bytes]. Vector n of half h holds, in its lane L and
-// dword i, channel 32 h + 16 L + 4 n + i (the order the byte / word unpacks give), bytes k .. k + 3.
+// dword i, channel 32 h + 16 L + 4 n + i (the order the byte / word unpacks give), bytes k .. k + 3. With VNNI the quad is
+// four zmm as the 512-bit unpacks give them: zmm n, lane L, dword i holds channel 16 L + 4 n + i.
 #include "gemv_common.h"
 
 namespace pagemill {
@@ -116,16 +117,22 @@ struct SpanScales {
 
 #if defined(__AVX2__)
 #if defined(PAGEMILL_I8_ZMM)
-// Two pairs of k rows of the tile's 64 channels as 16-bit (k, k + 1) pairs -> the quad's panel bytes. Unpacking
-// within 128-bit lanes gives v_n with lane L' = channels 16 L' + 4 n + {0..3}; panel zmm j (half h = j / 2, vectors
-// n0 = 2 (j % 2) and n0 + 1) takes lanes 2 h and 2 h + 1 of v_n0 and of v_n0+1.
+// Two pairs of k rows of the tile's 64 channels as 16-bit (k, k + 1) pairs -> the quad's panel bytes, as the
+// unpacks leave them: zmm n, lane L holds channels 16 L + 4 n + {0..3} (the zmm panel order; a lane transpose of
+// channel order, undone once per row at the end: no shuffle per quad).
 inline void store_quads(__m512i a_lo, __m512i a_hi, __m512i b_lo, __m512i b_hi, uint8_t* out) {
-  const __m512i v0 = _mm512_unpacklo_epi16(a_lo, b_lo), v1 = _mm512_unpackhi_epi16(a_lo, b_lo);
-  const __m512i v2 = _mm512_unpacklo_epi16(a_hi, b_hi), v3 = _mm512_unpackhi_epi16(a_hi, b_hi);
-  _mm512_storeu_si512(out, _mm512_shuffle_i32x4(v0, v1, 0x44));
-  _mm512_storeu_si512(out + 64, _mm512_shuffle_i32x4(v2, v3, 0x44));
-  _mm512_storeu_si512(out + 128, _mm512_shuffle_i32x4(v0, v1, 0xEE));
-  _mm512_storeu_si512(out + 192, _mm512_shuffle_i32x4(v2, v3, 0xEE));
+  _mm512_storeu_si512(out, _mm512_unpacklo_epi16(a_lo, b_lo));
+  _mm512_storeu_si512(out + 64, _mm512_unpackhi_epi16(a_lo, b_lo));
+  _mm512_storeu_si512(out + 128, _mm512_unpacklo_epi16(a_hi, b_hi));
+  _mm512_storeu_si512(out + 192, _mm512_unpackhi_epi16(a_hi, b_hi));
+}
+
+// v[n] lane L <- v[L] lane n: 64 channels between channel order and the zmm panel order (its own inverse).
+inline void transpose_lanes(__m512 (&v)[4]) {
+  const __m512 t0 = _mm512_shuffle_f32x4(v[0], v[1], 0x44), t1 = _mm512_shuffle_f32x4(v[0], v[1], 0xEE);
+  const __m512 t2 = _mm512_shuffle_f32x4(v[2], v[3], 0x44), t3 = _mm512_shuffle_f32x4(v[2], v[3], 0xEE);
+  v[0] = _mm512_shuffle_f32x4(t0, t2, 0x88), v[1] = _mm512_shuffle_f32x4(t0, t2, 0xDD);
+  v[2] = _mm512_shuffle_f32x4(t1, t3, 0x88), v[3] = _mm512_shuffle_f32x4(t1, t3, 0xDD);
 }
 
 // Quad s of the panel from two pair rows (k, k + 1 in the low / high nibbles of each channel's byte) and, for B > 4
@@ -260,16 +267,12 @@ inline void channel_order(const float* in, float* out) {
 }
 
 #if defined(PAGEMILL_I8_ZMM)
-// A row of accumulators from panel order to channel order: zmm 2 h and 2 h + 1 of the panel order hold channels
-// 32 h + {0..3, 16..19, 4..7, 20..23} and {8..11, 24..27, 12..15, 28..31}.
+// A row of accumulators from the zmm panel order to channel order.
 inline void channel_order_zmm(const float* in, float* out) {
-  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-  const __m512i hi = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  for (int h = 0; h < 2; ++h) {
-    const __m512 p0 = _mm512_loadu_ps(in + 32 * h), p1 = _mm512_loadu_ps(in + 32 * h + 16);
-    _mm512_storeu_ps(out + 32 * h, _mm512_permutex2var_ps(p0, lo, p1));
-    _mm512_storeu_ps(out + 32 * h + 16, _mm512_permutex2var_ps(p0, hi, p1));
-  }
+  __m512 v[4];
+  for (int n = 0; n < 4; ++n) v[n] = _mm512_loadu_ps(in + 16 * n);
+  transpose_lanes(v);
+  for (int n = 0; n < 4; ++n) _mm512_storeu_ps(out + 16 * n, v[n]);
 }
 
 // acc += the dword dot products of unsigned bytes u and signed bytes s. In inline assembly: around the intrinsic,
@@ -328,9 +331,9 @@ inline void quad_loop(const uint8_t* p, const int8_t* const* xr, int64_t q0, int
 #undef PAGEMILL_QUAD
 #undef PAGEMILL_ACC
 
-// A whole k block [k0, k0 + nspan SP) for R rows, both halves at once: zmm j of a quad is panel-order positions
-// [16 j, 16 j + 16) (vectors 2 j and 2 j + 1 of the quad's eight), so the accumulators, and the group scales d / m
-// given in panel order ([groups of the block][NT]), are plain zmm at 16 j. The sums stay in registers over the block
+// A whole k block [k0, k0 + nspan SP) for R rows: zmm j of a quad holds channels 16 L + 4 j + {0..3} in lane L (the
+// zmm panel order), so the accumulators, and the group scales d / m given in that order ([groups of the block][NT]),
+// are plain zmm at 16 j. The sums stay in registers over the block
 // (R = 3: 12 float + 12 integer accumulators); xr / dxr / sxr: each row's codes at k0, activation scales at k0 / XB
 // and group sums at k0 / G. Offset > 0 (codes standing for q - Offset, m == nullptr): the offset is taken in
 // integers, isum -= Offset * (sum of the span's codes; s16r: the row's sums of 16 codes at k0 / 16).
@@ -524,21 +527,18 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, const void* weights, int64
         build(t, k0, k1, panel);
         const NextBlock next(weights, tile_bytes, Kw, a.tiles, t, k1, KBI);
 #if defined(PAGEMILL_I8_ZMM)
-        // the k block's scales in panel order: zmm j = channels 32 h + 4 n0 + {0..3, 16..19, 4..7, 20..23} of the
-        // half h = j / 2 (n0 = 2 (j % 2)), from the half's two channel-order vectors
-        const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-        const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-        for (int64_t g = g0; g < k1 / G; ++g)
-          for (int h = 0; h < 2; ++h) {
-            const __m512 a = sc.d(t, g, 2 * h), b = sc.d(t, g, 2 * h + 1);
-            _mm512_storeu_ps(dbuf + (g - g0) * NT + 32 * h, _mm512_permutex2var_ps(a, lo, b));
-            _mm512_storeu_ps(dbuf + (g - g0) * NT + 32 * h + 16, _mm512_permutex2var_ps(a, hi, b));
-            if (min_term) {
-              const __m512 ma = sc.m(t, g, 2 * h), mb = sc.m(t, g, 2 * h + 1);
-              _mm512_storeu_ps(mbuf + (g - g0) * NT + 32 * h, _mm512_permutex2var_ps(ma, lo, mb));
-              _mm512_storeu_ps(mbuf + (g - g0) * NT + 32 * h + 16, _mm512_permutex2var_ps(ma, hi, mb));
-            }
+        // the k block's scales in the zmm panel order
+        for (int64_t g = g0; g < k1 / G; ++g) {
+          __m512 v[4];
+          for (int n = 0; n < 4; ++n) v[n] = sc.d(t, g, n);
+          transpose_lanes(v);
+          for (int n = 0; n < 4; ++n) _mm512_storeu_ps(dbuf + (g - g0) * NT + 16 * n, v[n]);
+          if (min_term) {
+            for (int n = 0; n < 4; ++n) v[n] = sc.m(t, g, n);
+            transpose_lanes(v);
+            for (int n = 0; n < 4; ++n) _mm512_storeu_ps(mbuf + (g - g0) * NT + 16 * n, v[n]);
           }
+        }
         for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
           const int R = int(base + (i < extra));
           const int8_t* xr[RMAX];
