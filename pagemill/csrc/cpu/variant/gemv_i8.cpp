@@ -9,8 +9,8 @@
 // x carrying w's sign).
 //
 // Panel: [KBI / 4 quads][2 halves of 32 channels][4 vectors][32 bytes]. Vector n of half h holds, in its lane L and
-// dword i, channel 32 h + 16 L + 4 n + i (the order the byte / word unpacks give), bytes k .. k + 3. With VNNI the quad is
-// four zmm as the 512-bit unpacks give them: zmm n, lane L, dword i holds channel 16 L + 4 n + i.
+// dword i, channel 32 h + 16 L + 4 n + i (the order the byte / word unpacks give), bytes k .. k + 3. With VNNI a
+// quad is four zmm as the 512-bit unpacks give them: zmm n, lane L, dword i holds channel 16 L + 4 n + i.
 #include "gemv_common.h"
 
 namespace pagemill {
@@ -333,10 +333,10 @@ inline void quad_loop(const uint8_t* p, const int8_t* const* xr, int64_t q0, int
 
 // A whole k block [k0, k0 + nspan SP) for R rows: zmm j of a quad holds channels 16 L + 4 j + {0..3} in lane L (the
 // zmm panel order), so the accumulators, and the group scales d / m given in that order ([groups of the block][NT]),
-// are plain zmm at 16 j. The sums stay in registers over the block
-// (R = 3: 12 float + 12 integer accumulators); xr / dxr / sxr: each row's codes at k0, activation scales at k0 / XB
-// and group sums at k0 / G. Offset > 0 (codes standing for q - Offset, m == nullptr): the offset is taken in
-// integers, isum -= Offset * (sum of the span's codes; s16r: the row's sums of 16 codes at k0 / 16).
+// are plain zmm at 16 j. The sums stay in registers over the block (R = 3: 12 float + 12 integer accumulators);
+// xr / dxr / sxr: each row's codes at k0, activation scales at k0 / XB and group sums at k0 / G. Offset > 0 (codes
+// standing for q - Offset, m == nullptr): the offset is taken in integers, isum -= Offset * (sum of the span's
+// codes; s16r: the row's sums of 16 codes at k0 / 16).
 template <int R, bool Signed, int Offset>
 inline void kblock_dot_zmm(const uint8_t* panel, int64_t nspan, int64_t SP, int64_t G, const int8_t* const* xr,
                            const float* const* dxr, const int32_t* const* s16r, const float* const* sxr,
