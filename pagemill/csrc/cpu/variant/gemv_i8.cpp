@@ -350,22 +350,25 @@ inline void kblock_dot_zmm(const uint8_t* panel, int64_t nspan, int64_t SP, int6
     __m512i acc[R][4];
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_si512();
-    if constexpr (!Signed) quad_loop<R>(panel + q0 * 8 * PV, xr, q0, SP / 4, acc);
-    for (int64_t q = q0; Signed && q < q0 + SP / 4; ++q) {
-      const uint8_t* pv = panel + q * 8 * PV;
-      __m512i w[4];
-      __mmask64 neg[4];
-      for (int j = 0; j < 4; ++j) {  // |w| unsigned, x carrying w's sign
-        w[j] = _mm512_loadu_si512(pv + 64 * j);
-        neg[j] = _mm512_movepi8_mask(w[j]);
-        w[j] = _mm512_abs_epi8(w[j]);
-      }
-      for (int r = 0; r < R; ++r) {
-        int32_t quad;
-        memcpy(&quad, xr[r] + 4 * q, 4);
-        const __m512i xb = _mm512_set1_epi32(quad);
-        for (int j = 0; j < 4; ++j)
-          acc[r][j] = dpbusd(acc[r][j], w[j], _mm512_mask_sub_epi8(xb, neg[j], _mm512_setzero_si512(), xb));
+    if constexpr (!Signed) {
+      quad_loop<R>(panel + q0 * 8 * PV, xr, q0, SP / 4, acc);
+    } else {
+      for (int64_t q = q0; q < q0 + SP / 4; ++q) {
+        const uint8_t* pv = panel + q * 8 * PV;
+        __m512i w[4];
+        __mmask64 neg[4];
+        for (int j = 0; j < 4; ++j) {  // |w| unsigned, x carrying w's sign
+          w[j] = _mm512_loadu_si512(pv + 64 * j);
+          neg[j] = _mm512_movepi8_mask(w[j]);
+          w[j] = _mm512_abs_epi8(w[j]);
+        }
+        for (int r = 0; r < R; ++r) {
+          int32_t quad;
+          memcpy(&quad, xr[r] + 4 * q, 4);
+          const __m512i xb = _mm512_set1_epi32(quad);
+          for (int j = 0; j < 4; ++j)
+            acc[r][j] = dpbusd(acc[r][j], w[j], _mm512_mask_sub_epi8(xb, neg[j], _mm512_setzero_si512(), xb));
+        }
       }
     }
     const float* dg = d + gl * NT;
