@@ -155,12 +155,16 @@ PM_EXACT void q6_k(const uint8_t* b, float* y) {  // (D sc) (q - 32), 16 groups 
   const uint8_t *ql = b, *qh = b + 128;
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
   const float d = f16_at(b + 208);
-  for (int i = 0; i < QK_K; ++i) {
-    const int h = i / 128, r = i % 128;
-    const int low = (ql[h * 64 + r % 64] >> (4 * (r / 64))) & 15;
-    const int high = (qh[h * 32 + r % 32] >> (2 * (r / 32))) & 3;
-    y[i] = (d * float(sc[i / 16])) * float((low | (high << 4)) - 32);
-  }
+  // Each half of 128 values as four runs of 32 sharing their ql / qh bytes (ggml's order): loops the compiler
+  // vectorizes (the greedy head screen decodes its candidate rows here).
+  for (int h = 0; h < 2; ++h, ql += 64, qh += 32, sc += 8, y += 128)
+    for (int l = 0; l < 32; ++l) {
+      const int s = l / 16;
+      y[l] = (d * float(sc[s])) * float(((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
+      y[l + 32] = (d * float(sc[s + 2])) * float(((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
+      y[l + 64] = (d * float(sc[s + 4])) * float(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+      y[l + 96] = (d * float(sc[s + 6])) * float(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+    }
 }
 
 using BlockFn = void (*)(const uint8_t*, float*);
