@@ -135,6 +135,12 @@ inline void transpose_lanes(__m512 (&v)[4]) {
   v[2] = _mm512_shuffle_f32x4(t1, t3, 0x88), v[3] = _mm512_shuffle_f32x4(t1, t3, 0xDD);
 }
 
+// The four vectors of v, lane-transposed, to out [64].
+inline void store_transposed(__m512 (&v)[4], float* out) {
+  transpose_lanes(v);
+  for (int n = 0; n < 4; ++n) _mm512_storeu_ps(out + 16 * n, v[n]);
+}
+
 // Quad s of the panel from two pair rows (k, k + 1 in the low / high nibbles of each channel's byte) and, for B > 4
 // bits, the B - 4 high-bit planes (`hr`: the plane row holding codes k .. k + 3 at bits j .. j + 3, `ps`: the
 // planes' stride): codes 0 .. 2^B - 1, the unsigned operand of vpdpbusd (int32 sums: no 16-bit limit here).
@@ -271,8 +277,7 @@ inline void channel_order(const float* in, float* out) {
 inline void channel_order_zmm(const float* in, float* out) {
   __m512 v[4];
   for (int n = 0; n < 4; ++n) v[n] = _mm512_loadu_ps(in + 16 * n);
-  transpose_lanes(v);
-  for (int n = 0; n < 4; ++n) _mm512_storeu_ps(out + 16 * n, v[n]);
+  store_transposed(v, out);
 }
 
 // acc += the dword dot products of unsigned bytes u and signed bytes s. In inline assembly: around the intrinsic,
@@ -534,12 +539,10 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, const void* weights, int64
         for (int64_t g = g0; g < k1 / G; ++g) {
           __m512 v[4];
           for (int n = 0; n < 4; ++n) v[n] = sc.d(t, g, n);
-          transpose_lanes(v);
-          for (int n = 0; n < 4; ++n) _mm512_storeu_ps(dbuf + (g - g0) * NT + 16 * n, v[n]);
+          store_transposed(v, dbuf + (g - g0) * NT);
           if (min_term) {
             for (int n = 0; n < 4; ++n) v[n] = sc.m(t, g, n);
-            transpose_lanes(v);
-            for (int n = 0; n < 4; ++n) _mm512_storeu_ps(mbuf + (g - g0) * NT + 16 * n, v[n]);
+            store_transposed(v, mbuf + (g - g0) * NT);
           }
         }
         for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
