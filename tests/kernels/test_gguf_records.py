@@ -99,3 +99,25 @@ def test_gemv_matches_linear_on_the_dequantized_weights(fmt: str) -> None:
                 x = torch.randn(m, k, generator=g)
                 ref = F.linear(x.double(), w, None if bias is None else bias.double()).float()
                 assert_gemv_close(gemv(kind, records, x, n, bias), ref)
+
+
+@requires_kernels
+@pytest.mark.parametrize("fmt", ["q4_1", "q5_1", "q4_k", "q5_k", "q6_k", "q2_k", "q3_k"])
+def test_split_unit_unpack_gives_the_same_bits(fmt: str) -> None:
+    """The one-row kernel's unpack for split 512-bit units (Zen 4) computes the same floats in the same order as the
+    byte-permute unpack, whichever the CPU (variants without it ignore the setting)."""
+    n, k = _shapes(fmt)[0]
+    blocks = make_blocks(fmt, n, k, seed=7)
+    kind, records = pack_records([(fmt, blocks)])
+    w = dequantized(fmt, blocks).view(n, k).double()
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(2))
+    detected = kernels.split_zmm_units()
+    try:
+        outs = []
+        for on in (False, True):
+            kernels.set_split_zmm_units(on)
+            outs.append(gemv(kind, records, x, n, None))
+    finally:
+        kernels.set_split_zmm_units(detected)
+    assert torch.equal(outs[0], outs[1])
+    assert_gemv_close(outs[1], F.linear(x.double(), w).float())

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -52,7 +53,21 @@ CpuFeatures detect_cpu() {
   }
   return f;
 }
+
+// AMD family 19h cores with AVX-512 (Zen 4) execute each 512-bit op as two 256-bit halves.
+bool detect_split_zmm_units() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  const bool amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;  // "AuthenticAMD"
+  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const unsigned family = ((a >> 8) & 0xF) == 0xF ? 0xF + ((a >> 20) & 0xFF) : (a >> 8) & 0xF;
+  return family == 0x19 && detect_cpu().avx512;
+}
+#else
+bool detect_split_zmm_units() { return false; }
 #endif
+
+std::atomic<bool> split_zmm = detect_split_zmm_units();
 
 struct Variant {
   const char* name;
@@ -91,6 +106,8 @@ const KernelTable* active = best_table();
 
 const KernelTable* pagemill::active_kernel_table() { return active; }
 
+bool pagemill::split_zmm_units() { return split_zmm.load(std::memory_order_relaxed); }
+
 namespace {
 
 std::string isa() { return active->name; }
@@ -107,6 +124,8 @@ void set_isa(const std::string& name) {
   }
   TORCH_CHECK(false, "unknown kernel variant '", name, "' (compiled: ", names, ")");
 }
+
+void set_split_zmm_units(bool on) { split_zmm.store(on, std::memory_order_relaxed); }
 
 std::vector<std::string> compiled_isas() {
   std::vector<std::string> out;
@@ -514,6 +533,9 @@ void lora_delta(torch::Tensor y, torch::Tensor x, torch::Tensor lora_a, torch::T
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &isa, "The active kernel variant");
   m.def("set_isa", &set_isa, "Switch the active kernel variant (one this CPU supports)", py::arg("name"));
+  m.def("split_zmm_units", &pagemill::split_zmm_units,
+        "Whether the one-row float kernels use the split-512-bit-unit weight unpack (detected: AMD Zen 4)");
+  m.def("set_split_zmm_units", &set_split_zmm_units, "Override split_zmm_units (tests, benchmarks)", py::arg("on"));
   m.def("compiled_isas", &compiled_isas, "Kernel variants built into this module, best first");
   m.def("supported_isas", &supported_isas, "Compiled kernel variants this CPU can run, best first");
   m.def("paged_attention", &paged_attention, "Paged attention over the KV cache blocks");

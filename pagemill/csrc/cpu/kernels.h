@@ -67,6 +67,11 @@ struct RopeCacheArgs {
 enum class RecordFormat : int32_t { Q4_1 = 0, Q5_1 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4, Q2_K = 5, Q3_K = 6 };
 
 // out [M, N] (fp32 or fp16) = x [M, K] (fp32) W^T + bias; W packed in tiles of 64 output channels.
+// Whether this core runs 512-bit vector ops as two 256-bit halves (AMD Zen 4): the one-row float kernels then
+// unpack 4-6 bit weights with unpacks and shifts instead of byte permutes. From CPUID when the module loads;
+// set_split_zmm_units overrides it (tests run both forms on every CPU).
+bool split_zmm_units();
+
 struct GemvArgs {
   void* out;
   DType out_dtype;
