@@ -280,6 +280,8 @@ def kernel_info() -> dict:
         "compiled": list(module.compiled_isas()) if module else [],
         "supported": list(module.supported_isas()) if module else [],
         "forced": os.environ.get(ISA_ENV) or None,
+        # one-row float kernels unpack without byte permutes on cores with split 512-bit units (Zen 4)
+        "split_zmm_units": bool(module.split_zmm_units()) if module else None,
         "build_error": error if module is None else None,
         "path": module_path(directory) if module else None,
         "shm_comm": _shm_line(),

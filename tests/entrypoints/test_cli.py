@@ -78,8 +78,8 @@ def test_env_command_json():
     for key in ("cpu", "kernels", "kv_cache_dtypes", "versions", "torch_threads", "torch_cpu_capability", "env"):
         assert key in env, key
     assert env["cpu"]["architecture"] and env["cpu"]["logical_cores"] >= 1 and env["cpu"]["flags"]
-    assert {"active", "compiled", "supported", "forced", "build_error", "path"} <= set(env["kernels"]) \
-        or "error" in env["kernels"]
+    kernel_keys = {"active", "compiled", "supported", "forced", "split_zmm_units", "build_error", "path"}
+    assert kernel_keys <= set(env["kernels"]) or "error" in env["kernels"]
     assert env["kv_cache_dtypes"]["float32"]
     assert set(env["kv_cache_dtypes"]) == {"float32", "float16", "bfloat16", "int8", "fp8"}
     assert env["versions"]["torch"] and set(env["env"]) >= {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "PAGEMILL_CPU_ISA"}

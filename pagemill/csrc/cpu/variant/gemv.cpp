@@ -283,7 +283,8 @@ struct QUnpack {
   }
   inline Row row6(const uint8_t* p, const PlanePairs& pb, int t) const {
     const __m512i raw = _mm512_loadu_si512(p), m60 = _mm512_set1_epi8(0x60);
-    const __m512i e = _mm512_gf2p8affine_epi64_epi8(raw, lo_mat, 0x80), o = _mm512_gf2p8affine_epi64_epi8(raw, hi_mat, 0x80);
+    const __m512i e = _mm512_gf2p8affine_epi64_epi8(raw, lo_mat, 0x80);
+    const __m512i o = _mm512_gf2p8affine_epi64_epi8(raw, hi_mat, 0x80);
     return {_mm512_ternarylogic_epi32(e, pair_to_56(pb.even, t), m60, 0xF8),  // e | (pairs & m60)
             _mm512_ternarylogic_epi32(o, pair_to_56(pb.odd, t), m60, 0xF8)};
   }
