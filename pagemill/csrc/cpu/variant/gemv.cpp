@@ -385,34 +385,67 @@ struct QUnpack {
 };
 #endif
 
+// Group g of a tile's records: its index j within the record, pair rows p, plane rows hp and scale section sc.
+template <class S>
+struct GroupRecords {
+  int j;
+  const uint8_t *p, *hp, *sc;
+  GroupRecords(const uint8_t* rec, int64_t G, int64_t g) : j(int(g % S::GR)) {
+    const uint8_t* r0 = rec + g / S::GR * record_bytes<S>(G);
+    p = r0 + j * group_bytes<S>(G);
+    hp = p + G / 2 * NT;
+    sc = r0 + S::GR * group_bytes<S>(G);
+  }
+};
+
+// Prefetches for pair row i of a group and, while i < planes, plane row i (the plane rows are not pair rows: their
+// lines get prefetches of their own).
+inline void prefetch_pair_row(const uint8_t* p, const uint8_t* hp, int64_t i, int64_t planes) {
+  prefetch_l1(p + i * NT + 2048);
+  prefetch_l2(p + i * NT + 16384);
+  if (i < planes) {
+    prefetch_l1(hp + i * NT + 2048);
+    prefetch_l2(hp + i * NT + 16384);
+  }
+}
+
+// Prefetches for a record's scale section (after its last group): nor are the scale lines pair rows.
+template <class S>
+inline void prefetch_scales(const uint8_t* sc) {
+  for (int64_t l = 0; l < S::kBytes / 64; ++l) {
+    prefetch_l1(sc + l * 64 + 2048);
+    prefetch_l2(sc + l * 64 + 16384);
+  }
+}
+
+// Vector v of group j's scales, applied to a row's sums c = sum x f (f = 1 + q / 2^B) and group sum sx of x:
+// sum x w = 2^B d c + (m - 2^B d) sx.
+template <class S>
+struct GroupScale {
+  vf ds, ms;
+  GroupScale(const uint8_t* sc, int j, int v)
+      : ds(vmul(S::d(sc, j, v), vset(float(1 << S::B)))), ms(vsub(S::m(sc, j, v), ds)) {}
+  // a[0 : W] (+)= the row's part of the output (zero: overwrite a)
+  inline void add(const vf& c, float sx, float* a, bool zero) const {
+    vstore(a, vfma(vset(sx), ms, vfma(c, ds, zero ? vzero() : vload(a))));
+  }
+};
+
 // acc[m][...] (+)= sum over groups [g0, g1) of one tile's records `rec` for MR rows of x (row stride ldx) and their
 // group sums sx (row stride ldsx), vectors [v0, v0 + NVB) of the tile; first == true overwrites acc.
 template <class S, int MR, int NVB>
 inline void block_q4(const QUnpack<S::B>& u, const uint8_t* rec, int64_t G, int64_t g0, int64_t g1, const float* x,
                      int64_t ldx, const float* sx, int64_t ldsx, float* acc, bool first, int v0) {
-  const int64_t R = record_bytes<S>(G), ps = G / 8 * NT, planes = (S::B - 4) * (G / 8);
-  const float scale = float(1 << S::B);
+  const int64_t ps = G / 8 * NT, planes = (S::B - 4) * (G / 8);
   for (int64_t g = g0; g < g1; ++g) {
-    const int j = int(g % S::GR);
-    const uint8_t* r0 = rec + g / S::GR * R;
-    const uint8_t* p = r0 + j * group_bytes<S>(G);
-    const uint8_t* hp = p + G / 2 * NT;
-    const uint8_t* sc = r0 + S::GR * group_bytes<S>(G);
+    const GroupRecords<S> gr(rec, G, g);
     const float* xg = x + g * G;
     vf c[MR][NVB];
     for (int m = 0; m < MR; ++m)
       for (int v = 0; v < NVB; ++v) c[m][v] = vzero();
     for (int64_t i = 0; i < G / 2; ++i) {
-      const uint8_t* pi = p + i * NT;
-      if (v0 == 0) {
-        prefetch_l1(pi + 2048);
-        prefetch_l2(pi + 16384);
-        if (i < planes) {  // the plane rows are not pair rows: their lines get prefetches of their own
-          prefetch_l1(hp + i * NT + 2048);
-          prefetch_l2(hp + i * NT + 16384);
-        }
-      }
-      const auto r = u.row(pi, hp + (2 * i >> 3) * NT, ps, int(2 * i & 7));
+      if (v0 == 0) prefetch_pair_row(gr.p, gr.hp, i, planes);
+      const auto r = u.row(gr.p + i * NT, gr.hp + (2 * i >> 3) * NT, ps, int(2 * i & 7));
       for (int v = 0; v < NVB; ++v) {
         const vf f = u.even(r, v0 + v);
         for (int m = 0; m < MR; ++m) c[m][v] = vfma(f, vset(xg[m * ldx + 2 * i]), c[m][v]);
@@ -422,20 +455,10 @@ inline void block_q4(const QUnpack<S::B>& u, const uint8_t* rec, int64_t G, int6
         for (int m = 0; m < MR; ++m) c[m][v] = vfma(f, vset(xg[m * ldx + 2 * i + 1]), c[m][v]);
       }
     }
-    if (v0 == 0 && j == S::GR - 1)
-      for (int64_t l = 0; l < S::kBytes / 64; ++l) {  // nor the scale lines
-        prefetch_l1(sc + l * 64 + 2048);
-        prefetch_l2(sc + l * 64 + 16384);
-      }
+    if (v0 == 0 && gr.j == S::GR - 1) prefetch_scales<S>(gr.sc);
     for (int v = 0; v < NVB; ++v) {
-      const vf ds = vmul(S::d(sc, j, v0 + v), vset(scale));
-      const vf ms = vsub(S::m(sc, j, v0 + v), ds);
-      for (int m = 0; m < MR; ++m) {
-        float* a = acc + m * NT + (v0 + v) * W;
-        vf y = first && g == g0 ? vzero() : vload(a);
-        y = vfma(c[m][v], ds, y);
-        vstore(a, vfma(vset(sx[m * ldsx + g]), ms, y));
-      }
+      const GroupScale<S> gs(gr.sc, gr.j, v0 + v);
+      for (int m = 0; m < MR; ++m) gs.add(c[m][v], sx[m * ldsx + g], acc + m * NT + (v0 + v) * W, first && g == g0);
     }
   }
 }
@@ -445,33 +468,23 @@ inline void block_q4(const QUnpack<S::B>& u, const uint8_t* rec, int64_t G, int6
 template <class S>
 inline void block_q4_split(const QUnpack<S::B>& u, const uint8_t* rec, int64_t G, int64_t g0, int64_t g1,
                            const float* x, const float* sx, float* acc, bool first) {
-  const int64_t R = record_bytes<S>(G), ps = G / 8 * NT, planes = (S::B - 4) * (G / 8);
-  const float scale = float(1 << S::B);
+  const int64_t ps = G / 8 * NT, planes = (S::B - 4) * (G / 8);
   for (int64_t g = g0; g < g1; ++g) {
-    const int j = int(g % S::GR);
-    const uint8_t* r0 = rec + g / S::GR * R;
-    const uint8_t* p = r0 + j * group_bytes<S>(G);
-    const uint8_t* hp = p + G / 2 * NT;
-    const uint8_t* sc = r0 + S::GR * group_bytes<S>(G);
+    const GroupRecords<S> gr(rec, G, g);
     const float* xg = x + g * G;
     vf c[NV];
     for (int v = 0; v < NV; ++v) c[v] = vzero();
     typename QUnpack<S::B>::PlanePairs pb{};
     for (int64_t i = 0; i < G / 2; ++i) {
-      const uint8_t* pi = p + i * NT;
-      prefetch_l1(pi + 2048);
-      prefetch_l2(pi + 16384);
-      if (i < planes) {
-        prefetch_l1(hp + i * NT + 2048);
-        prefetch_l2(hp + i * NT + 16384);
-      }
+      prefetch_pair_row(gr.p, gr.hp, i, planes);
+      const uint8_t* pi = gr.p + i * NT;
       typename QUnpack<S::B>::Row r;
       if constexpr (S::B == 6) {  // the two planes' bits for k rows 2i, 2i + 1 from the plane row's pair bytes
         const int t = int(i & 3);
-        if (t == 0) pb = u.plane_pairs(hp + (i >> 2) * NT, ps);
+        if (t == 0) pb = u.plane_pairs(gr.hp + (i >> 2) * NT, ps);
         r = u.row6(pi, pb, t);
       } else {
-        r = u.row(pi, hp + (2 * i >> 3) * NT, ps, int(2 * i & 7));
+        r = u.row(pi, gr.hp + (2 * i >> 3) * NT, ps, int(2 * i & 7));
       }
       vf f[NV];
       u.split(r.even, f);
@@ -480,20 +493,9 @@ inline void block_q4_split(const QUnpack<S::B>& u, const uint8_t* rec, int64_t G
       u.split(r.odd, f);
       for (int v = 0; v < NV; ++v) c[v] = vfma(f[v], xo, c[v]);
     }
-    if (j == S::GR - 1)
-      for (int64_t l = 0; l < S::kBytes / 64; ++l) {
-        prefetch_l1(sc + l * 64 + 2048);
-        prefetch_l2(sc + l * 64 + 16384);
-      }
+    if (gr.j == S::GR - 1) prefetch_scales<S>(gr.sc);
     QUnpack<S::B>::natural_order(c);
-    for (int v = 0; v < NV; ++v) {
-      const vf ds = vmul(S::d(sc, j, v), vset(scale));
-      const vf ms = vsub(S::m(sc, j, v), ds);
-      float* a = acc + v * W;
-      vf y = first && g == g0 ? vzero() : vload(a);
-      y = vfma(c[v], ds, y);
-      vstore(a, vfma(vset(sx[g]), ms, y));
-    }
+    for (int v = 0; v < NV; ++v) GroupScale<S>(gr.sc, gr.j, v).add(c[v], sx[g], acc + v * W, first && g == g0);
   }
 }
 #endif
