@@ -11,6 +11,8 @@ differs. See docs/benchmarks/2026-11-29-zen4-split-unpack.md.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from typing import Callable
 
@@ -19,7 +21,6 @@ import torch
 from pagemill.kernels.build import load_kernels
 from pagemill.layers.quantization.gguf import pack_records
 from pagemill.layers.quantization.gguf_records import PLANE_LAYOUTS
-from tests.kernels.gguf_blocks import make_blocks
 
 K = 2048
 
@@ -36,6 +37,9 @@ def _mean_ms(fn: Callable[[], None], n: int) -> float:
 
 def kernel_ab(kernels, fmt: str, n_out: int, layers: int, threads: int, calls: int, reps: int) -> None:
     """G weights/s of each form at one row over `layers` [n_out, K] matrices of `fmt`."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the tests' GGUF block maker
+    from tests.kernels.gguf_blocks import make_blocks
+
     torch.set_num_threads(threads)
     packed = [pack_records([(fmt, make_blocks(fmt, n_out, K, seed=i))]) for i in range(layers)]
     x, out = torch.randn(1, K), torch.empty(1, n_out)
