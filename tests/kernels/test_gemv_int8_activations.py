@@ -95,11 +95,11 @@ def test_gaussian_activations_error_is_eight_bit(fmt: str) -> None:
     assert 0 < err < 0.02 * ref.abs().max().item()
 
 
-@pytest.mark.parametrize("fmt,rows,integer", [("q6_k", 64, True), ("q6_k", 4, True), ("q6_k", 3, False),
-                                              ("q5_k", 64, False)])
+@pytest.mark.parametrize("fmt,rows,integer", [("q6_k", 64, True), ("q6_k", 4, True), ("q6_k", 3, True),
+                                              ("q6_k", 1, True), ("q5_k", 64, False), ("q5_k", 1, False)])
 def test_which_wider_records_take_integer_products(fmt: str, rows: int, integer: bool) -> None:
-    """6-bit records multiply in integers from 4 rows where the variant has VNNI (AVX2 lays Q6_K out as int8 tiles,
-    which always do); 5-bit records, and Q6_K at 1-3 rows, stay on the float kernels (float32 noise only)."""
+    """6-bit records multiply in integers at every row count where the variant has VNNI (AVX2 lays Q6_K out as int8
+    tiles, which always do); 5-bit records stay on the float kernels (float32 noise only)."""
     n, k = 130, 512
     blocks = make_blocks(fmt, n, k, seed=3)
     kind, records = pack_records([(fmt, blocks)], kernels.isa())
@@ -109,6 +109,20 @@ def test_which_wider_records_take_integer_products(fmt: str, rows: int, integer:
     err = (gemv_i8(kind, records, x, n, None) - ref).abs().max().item() / ref.abs().max().item()
     integer = kind == "int8" or (integer and kernels.isa() == "avx512_vbmi")
     assert (1e-4 < err < 0.02) if integer else err < 1e-5
+
+
+def test_q6k_decode_rows_equal_the_panel_rows() -> None:
+    """Q6_K's 1-3 row kernel (quads built in registers) gives each row the bits the panel path gives it in a batch,
+    on tiles split between threads too (3 tiles on two threads). Only VNNI variants multiply Q6_K records in integers
+    at every row count (AVX2 lays Q6_K out as int8 tiles, whose 1-2 row kernel sums in another order)."""
+    if kernels.isa() != "avx512_vbmi":
+        pytest.skip("Q6_K records take integer products on the VNNI variant only")
+    n, k = 130, 512
+    kind, records = pack_records([("q6_k", make_blocks("q6_k", n, k, seed=5))], kernels.isa())
+    x = torch.randn(40, k, generator=torch.Generator().manual_seed(6))
+    full = gemv_i8(kind, records, x, n, None)
+    for m0, m in [(0, 1), (5, 2), (9, 3), (39, 1)]:
+        assert torch.equal(gemv_i8(kind, records, x[m0:m0 + m].contiguous(), n, None), full[m0:m0 + m]), (m0, m)
 
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q4_1"])

@@ -262,17 +262,8 @@ struct QUnpack {
     f[0] = _mm512_castsi512_ps(_mm512_slli_epi32(u0, 16)), f[1] = _mm512_castsi512_ps(_mm512_and_si512(u0, high_word));
     f[2] = _mm512_castsi512_ps(_mm512_slli_epi32(u1, 16)), f[3] = _mm512_castsi512_ps(_mm512_and_si512(u1, high_word));
   }
-  // 6-bit codes (split form): the plane row's bits of k rows 8 r + j from planes 0 and 1 side by side, bits 2 t
-  // and 2 t + 1 of `even` (j = 2 t) and `odd` (j = 2 t + 1); row6 then moves a pair to bits 5, 6 (11 - B + h) with
-  // one shift and merges it with one ternary op, where row's byte tests and masked adds take four ops per k row.
-  struct PlanePairs {
-    __m512i even, odd;
-  };
-  inline PlanePairs plane_pairs(const uint8_t* hr, int64_t ps) const {
-    const __m512i p0 = _mm512_loadu_si512(hr), p1 = _mm512_loadu_si512(hr + ps), m55 = _mm512_set1_epi8(0x55);
-    return {_mm512_ternarylogic_epi32(m55, p0, _mm512_slli_epi16(p1, 1), 0xCA),   // m55 ? p0 : p1 << 1
-            _mm512_ternarylogic_epi32(m55, _mm512_srli_epi16(p0, 1), p1, 0xCA)};  // m55 ? p0 >> 1 : p1
-  }
+  // 6-bit codes (split form): row6 moves a pair of plane bits (plane_pairs) to bits 5, 6 (11 - B + h) with one
+  // shift and merges it with one ternary op, where row's byte tests and masked adds take four ops per k row.
   static inline __m512i pair_to_56(const __m512i& v, int t) {
     switch (t) {  // bits 2 t, 2 t + 1 -> 5, 6 (bits from a neighbouring byte are masked off by the caller)
       case 0: return _mm512_slli_epi16(v, 5);
@@ -385,39 +376,6 @@ struct QUnpack {
 };
 #endif
 
-// Group g of a tile's records: its index j within the record, pair rows p, plane rows hp and scale section sc.
-template <class S>
-struct GroupRecords {
-  int j;
-  const uint8_t *p, *hp, *sc;
-  GroupRecords(const uint8_t* rec, int64_t G, int64_t g) : j(int(g % S::GR)) {
-    const uint8_t* r0 = rec + g / S::GR * record_bytes<S>(G);
-    p = r0 + j * group_bytes<S>(G);
-    hp = p + G / 2 * NT;
-    sc = r0 + S::GR * group_bytes<S>(G);
-  }
-};
-
-// Prefetches for pair row i of a group and, while i < planes, plane row i (the plane rows are not pair rows: their
-// lines get prefetches of their own).
-inline void prefetch_pair_row(const uint8_t* p, const uint8_t* hp, int64_t i, int64_t planes) {
-  prefetch_l1(p + i * NT + 2048);
-  prefetch_l2(p + i * NT + 16384);
-  if (i < planes) {
-    prefetch_l1(hp + i * NT + 2048);
-    prefetch_l2(hp + i * NT + 16384);
-  }
-}
-
-// Prefetches for a record's scale section (after its last group): nor are the scale lines pair rows.
-template <class S>
-inline void prefetch_scales(const uint8_t* sc) {
-  for (int64_t l = 0; l < S::kBytes / 64; ++l) {
-    prefetch_l1(sc + l * 64 + 2048);
-    prefetch_l2(sc + l * 64 + 16384);
-  }
-}
-
 // Vector v of group j's scales, applied to a row's sums c = sum x f (f = 1 + q / 2^B) and group sum sx of x:
 // sum x w = 2^B d c + (m - 2^B d) sx.
 template <class S>
@@ -474,14 +432,14 @@ inline void block_q4_split(const QUnpack<S::B>& u, const uint8_t* rec, int64_t G
     const float* xg = x + g * G;
     vf c[NV];
     for (int v = 0; v < NV; ++v) c[v] = vzero();
-    typename QUnpack<S::B>::PlanePairs pb{};
+    PlanePairs pb{};
     for (int64_t i = 0; i < G / 2; ++i) {
       prefetch_pair_row(gr.p, gr.hp, i, planes);
       const uint8_t* pi = gr.p + i * NT;
       typename QUnpack<S::B>::Row r;
       if constexpr (S::B == 6) {  // the two planes' bits for k rows 2i, 2i + 1 from the plane row's pair bytes
         const int t = int(i & 3);
-        if (t == 0) pb = u.plane_pairs(gr.hp + (i >> 2) * NT, ps);
+        if (t == 0) pb = plane_pairs(gr.hp + (i >> 2) * NT, ps);
         r = u.row6(pi, pb, t);
       } else {
         r = u.row(pi, gr.hp + (2 * i >> 3) * NT, ps, int(2 * i & 7));

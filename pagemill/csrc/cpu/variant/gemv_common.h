@@ -109,6 +109,52 @@ constexpr int64_t record_bytes(int64_t G) {
   return S::GR * group_bytes<S>(G) + S::kBytes;
 }
 
+// Group g of a tile's records: its index j within the record, pair rows p, plane rows hp and scale section sc.
+template <class S>
+struct GroupRecords {
+  int j;
+  const uint8_t *p, *hp, *sc;
+  GroupRecords(const uint8_t* rec, int64_t G, int64_t g) : j(int(g % S::GR)) {
+    const uint8_t* r0 = rec + g / S::GR * record_bytes<S>(G);
+    p = r0 + j * group_bytes<S>(G);
+    hp = p + G / 2 * NT;
+    sc = r0 + S::GR * group_bytes<S>(G);
+  }
+};
+
+// Prefetches for pair row i of a group and, while i < planes, plane row i (the plane rows are not pair rows: their
+// lines get prefetches of their own).
+inline void prefetch_pair_row(const uint8_t* p, const uint8_t* hp, int64_t i, int64_t planes) {
+  prefetch_l1(p + i * NT + 2048);
+  prefetch_l2(p + i * NT + 16384);
+  if (i < planes) {
+    prefetch_l1(hp + i * NT + 2048);
+    prefetch_l2(hp + i * NT + 16384);
+  }
+}
+
+// Prefetches for a record's scale section (after its last group): nor are the scale lines pair rows.
+template <class S>
+inline void prefetch_scales(const uint8_t* sc) {
+  for (int64_t l = 0; l < S::kBytes / 64; ++l) {
+    prefetch_l1(sc + l * 64 + 2048);
+    prefetch_l2(sc + l * 64 + 16384);
+  }
+}
+
+#if defined(__AVX512BW__)
+// 6-bit codes' high bits, plane row hr of plane 0 and hr + ps of plane 1 (k rows 8 r + j at bit j), paired: bits
+// 2 t and 2 t + 1 of `even` / `odd` hold planes 0 and 1 of k row 8 r + 2 t / 8 r + 2 t + 1.
+struct PlanePairs {
+  __m512i even, odd;
+};
+inline PlanePairs plane_pairs(const uint8_t* hr, int64_t ps) {
+  const __m512i p0 = _mm512_loadu_si512(hr), p1 = _mm512_loadu_si512(hr + ps), m55 = _mm512_set1_epi8(0x55);
+  return {_mm512_ternarylogic_epi32(m55, p0, _mm512_slli_epi16(p1, 1), 0xCA),   // m55 ? p0 : p1 << 1
+          _mm512_ternarylogic_epi32(m55, _mm512_srli_epi16(p0, 1), p1, 0xCA)};  // m55 ? p0 >> 1 : p1
+}
+#endif
+
 // Per-row sums of x over groups of G (the last group may be short: x has K <= Kp columns).
 // Groups [g0, g1) only where given (a thread's share).
 inline void group_sums(const GemvArgs& a, int64_t G, int64_t ng, float* sx, int64_t g0 = 0, int64_t g1 = -1) {

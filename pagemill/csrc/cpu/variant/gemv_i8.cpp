@@ -763,6 +763,105 @@ void records_decode(const GemvArgs& a, const uint8_t* packed, int64_t G) {
   });
 }
 
+#if defined(PAGEMILL_I8_ZMM)
+// Q6_K for the int8 preset's M <= kDecodeRows rows: no panel. Each quad's codes are built in registers from two pair
+// rows and the group's plane pairs, in the zmm panel order, and multiplied by every row's codes; then the panel
+// kernel's arithmetic (kblock_dot_zmm): per group of 16, the integer sums less 32 * (sum of the codes), y +=
+// isum * (d * dx), so a row's bits are those the panel path gives it. At one row this is ~2.5x the float kernel's
+// rate in cache, where the 6-bit unpack, not DRAM, bounded it (a 1B model's LM head and half its down_proj).
+constexpr int64_t kQ6Group = 16;
+
+// A pair row's two k rows of 6-bit codes (0 .. 63): the low nibbles with the high bits of k row 8 r + 2 t (+ 1) from
+// the plane pairs moved to bits 4, 5.
+struct Q6Codes {
+  __m512i even, odd;
+};
+
+inline __m512i pair_to_45(const __m512i& v, int t) {
+  switch (t) {  // bits 2 t, 2 t + 1 -> 4, 5 (a neighbouring byte's bits are masked off by the caller)
+    case 0: return _mm512_slli_epi16(v, 4);
+    case 1: return _mm512_slli_epi16(v, 2);
+    case 2: return v;
+    default: return _mm512_srli_epi16(v, 2);
+  }
+}
+
+inline Q6Codes q6_codes(const uint8_t* p, const PlanePairs& pb, int t) {
+  const __m512i raw = _mm512_loadu_si512(p), nib = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  const __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+  return {_mm512_ternarylogic_epi32(lo, pair_to_45(pb.even, t), m30, 0xF8),  // lo | (pairs & m30)
+          _mm512_ternarylogic_epi32(hi, pair_to_45(pb.odd, t), m30, 0xF8)};
+}
+
+// y = x W^T + b over Q6_K records for R rows of codes xq [R, Kq] (scales dx [R, Kq / XB], sums of 16 s16
+// [R, Kq / 16]).
+template <int R>
+void q6_decode_rows(const GemvArgs& a, const uint8_t* packed, const int8_t* xq, const float* dx, const int32_t* s16,
+                    int64_t Kq) {
+  using S = SubScales<6, 32>;
+  constexpr int64_t G = kQ6Group, planes = 2 * (G / 8), ps = G / 8 * NT;
+  const int64_t ng = a.K / G, nb = Kq / XB, tile_bytes = ng / S::GR * record_bytes<S>(G);
+  parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
+    alignas(64) float y[R * NT], out[R * NT];
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint8_t* rec = packed + t * tile_bytes;
+      memset(y, 0, sizeof(y));
+      for (int64_t g = 0; g < ng; ++g) {
+        const GroupRecords<S> gr(rec, G, g);
+        __m512i acc[R][4];
+        for (int r = 0; r < R; ++r)
+          for (int n = 0; n < 4; ++n) acc[r][n] = _mm512_setzero_si512();
+        PlanePairs pb{};
+        for (int64_t q = 0; q < G / 4; ++q) {  // quad q: pair rows 2 q, 2 q + 1 (k rows 4 q .. 4 q + 3)
+          const int64_t i = 2 * q;
+          prefetch_pair_row(gr.p, gr.hp, i, planes), prefetch_pair_row(gr.p, gr.hp, i + 1, planes);
+          if ((q & 1) == 0) pb = plane_pairs(gr.hp + (q >> 1) * NT, ps);
+          const int ta = int(i & 3);
+          const Q6Codes ca = q6_codes(gr.p + i * NT, pb, ta), cb = q6_codes(gr.p + (i + 1) * NT, pb, ta + 1);
+          const __m512i a0 = _mm512_unpacklo_epi8(ca.even, ca.odd), a1 = _mm512_unpackhi_epi8(ca.even, ca.odd);
+          const __m512i b0 = _mm512_unpacklo_epi8(cb.even, cb.odd), b1 = _mm512_unpackhi_epi8(cb.even, cb.odd);
+          const __m512i w[4] = {_mm512_unpacklo_epi16(a0, b0), _mm512_unpackhi_epi16(a0, b0),
+                                _mm512_unpacklo_epi16(a1, b1), _mm512_unpackhi_epi16(a1, b1)};
+          for (int r = 0; r < R; ++r) {
+            int32_t quad;
+            memcpy(&quad, xq + r * Kq + g * G + 4 * q, 4);
+            const __m512i xb = _mm512_set1_epi32(quad);
+            for (int n = 0; n < 4; ++n) acc[r][n] = dpbusd(acc[r][n], w[n], xb);
+          }
+        }
+        if (gr.j == S::GR - 1) prefetch_scales<S>(gr.sc);
+        __m512 d[4];
+        for (int n = 0; n < 4; ++n) d[n] = S::d(gr.sc, gr.j, n);
+        transpose_lanes(d);
+        for (int r = 0; r < R; ++r) {
+          const __m512i off = _mm512_set1_epi32(32 * s16[r * 2 * nb + g]);
+          const __m512 dxr = _mm512_set1_ps(dx[r * nb + g * G / XB]);
+          for (int n = 0; n < 4; ++n) {
+            float* yv = y + r * NT + 16 * n;
+            _mm512_store_ps(yv, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][n], off)),
+                                                _mm512_mul_ps(d[n], dxr), _mm512_load_ps(yv)));
+          }
+        }
+      }
+      for (int r = 0; r < R; ++r) channel_order_zmm(y + r * NT, out + r * NT);
+      store_tile(a, out, t);
+    }
+  });
+}
+
+// Q6_K at M <= kDecodeRows rows with int8 activations (the codes quantized as the panel path quantizes them).
+void q6_decode(const GemvArgs& a, const uint8_t* packed) {
+  const int64_t Kq = round_up(a.K, XB), nb = Kq / XB;
+  Scratch q_buf, dx_buf, sum_buf;
+  const XCodes xc{reinterpret_cast<int8_t*>(q_buf.get((a.M * Kq + 3) / 4)), dx_buf.get(a.M * nb),
+                  reinterpret_cast<int32_t*>(sum_buf.get(2 * a.M * nb))};
+  quantize_x(a, Kq, xc);
+  with_static_count<kDecodeRows>(int(a.M), [&](auto rc) {
+    q6_decode_rows<decltype(rc)::value>(a, packed, xc.q, xc.dx, xc.sum16, Kq);
+  });
+}
+#endif
+
 // Channels c .. c + 3 and c + 16 .. c + 19 of a natural-order row: one panel-order vector.
 inline __m256 panel_vector(const float* v, int64_t c) {
   return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(v + c)), _mm_loadu_ps(v + c + 16), 1);
@@ -867,11 +966,10 @@ bool gemv_records_i8(const GemvArgs& a, const uint8_t* packed, RecordFormat form
     case RecordFormat::Q3_K: records_i8<SubScales<4, 4>>(a, packed, 16); return true;
 #if defined(PAGEMILL_I8_ZMM)
     // 6-bit codes need int32 sums (AVX2's 16-bit maddubs sums would overflow; AVX2 lays Q6_K out as int8 tiles, which
-    // take int8 activations there too). Above the one-row kernels' rows (they stream the records in float):
-    // Zen 5, 2048 x 8192, 16 rows 1.18 vs 1.82 ms float, 32 rows 2.50 vs 2.99. 5-bit records stay on the float
-    // kernels: on Gemma 3 Q4_K_M their int8 products moved top-1 agreement from 0.963 to 0.943.
+    // take int8 activations there too). Zen 5, 2048 x 8192, 16 rows 1.18 vs 1.82 ms float, 32 rows 2.50 vs 2.99;
+    // 1-3 rows take q6_decode (the same bits). 5-bit records stay on the float kernels: on Gemma 3 Q4_K_M their int8
+    // products moved top-1 agreement from 0.963 to 0.943.
     case RecordFormat::Q6_K:
-      if (a.M <= kDecodeRows) return false;
       records_i8<SubScales<6, 32>>(a, packed, 16);
       return true;
 #endif
@@ -900,6 +998,11 @@ bool gemv_records_decode(const GemvArgs& a, const uint8_t* packed, RecordFormat 
     case RecordFormat::Q4_K: return records_decode_dispatch<KScales<4, 8>>(a, packed, 32);
     case RecordFormat::Q2_K: return records_decode_dispatch<KScales<4, 16>>(a, packed, 16);
     case RecordFormat::Q3_K: return records_decode_dispatch<SubScales<4, 4>>(a, packed, 16);
+#if defined(PAGEMILL_I8_ZMM)
+    case RecordFormat::Q6_K:
+      if (!a.int8_activations) return false;
+      return q6_decode(a, packed), true;
+#endif
     default: return false;
   }
 }
