@@ -767,8 +767,8 @@ void records_decode(const GemvArgs& a, const uint8_t* packed, int64_t G) {
 // Q6_K for the int8 preset's M <= kDecodeRows rows: no panel. Each quad's codes are built in registers from two pair
 // rows and the group's plane pairs, in the zmm panel order, and multiplied by every row's codes; then the panel
 // kernel's arithmetic (kblock_dot_zmm): per group of 16, the integer sums less 32 * (sum of the codes), y +=
-// isum * (d * dx), so a row's bits are those the panel path gives it. At one row this is ~2.5x the float kernel's
-// rate in cache, where the 6-bit unpack, not DRAM, bounded it (a 1B model's LM head and half its down_proj).
+// isum * (d * dx), so a row's bits are those the panel path gives it. Zen 4, in cache, one core: 1.6x the float
+// kernel's rate at one row, 2-2.3x at two and three (a 1B model's LM head and half its down_proj are Q6_K).
 constexpr int64_t kQ6Group = 16;
 
 // A pair row's two k rows of 6-bit codes (0 .. 63): the low nibbles with the high bits of k row 8 r + 2 t (+ 1) from
