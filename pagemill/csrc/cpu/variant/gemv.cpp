@@ -262,22 +262,14 @@ struct QUnpack {
     f[0] = _mm512_castsi512_ps(_mm512_slli_epi32(u0, 16)), f[1] = _mm512_castsi512_ps(_mm512_and_si512(u0, high_word));
     f[2] = _mm512_castsi512_ps(_mm512_slli_epi32(u1, 16)), f[3] = _mm512_castsi512_ps(_mm512_and_si512(u1, high_word));
   }
-  // 6-bit codes (split form): row6 moves a pair of plane bits (plane_pairs) to bits 5, 6 (11 - B + h) with one
-  // shift and merges it with one ternary op, where row's byte tests and masked adds take four ops per k row.
-  static inline __m512i pair_to_56(const __m512i& v, int t) {
-    switch (t) {  // bits 2 t, 2 t + 1 -> 5, 6 (bits from a neighbouring byte are masked off by the caller)
-      case 0: return _mm512_slli_epi16(v, 5);
-      case 1: return _mm512_slli_epi16(v, 3);
-      case 2: return _mm512_slli_epi16(v, 1);
-      default: return _mm512_srli_epi16(v, 1);
-    }
-  }
+  // 6-bit codes (split form): row6 moves a pair of plane bits (plane_pairs) to bits 5, 6 (11 - B + h) with
+  // plane_pair_to and merges it with one ternary op, where row's byte tests and masked adds take four ops per k row.
   inline Row row6(const uint8_t* p, const PlanePairs& pb, int t) const {
     const __m512i raw = _mm512_loadu_si512(p), m60 = _mm512_set1_epi8(0x60);
     const __m512i e = _mm512_gf2p8affine_epi64_epi8(raw, lo_mat, 0x80);
     const __m512i o = _mm512_gf2p8affine_epi64_epi8(raw, hi_mat, 0x80);
-    return {_mm512_ternarylogic_epi32(e, pair_to_56(pb.even, t), m60, 0xF8),  // e | (pairs & m60)
-            _mm512_ternarylogic_epi32(o, pair_to_56(pb.odd, t), m60, 0xF8)};
+    return {_mm512_ternarylogic_epi32(e, plane_pair_to<5>(pb.even, t), m60, 0xF8),  // e | (pairs & m60)
+            _mm512_ternarylogic_epi32(o, plane_pair_to<5>(pb.odd, t), m60, 0xF8)};
   }
   // split's channel order -> natural order (vector v lane j: channels 16 v + 4 j .. + 3).
   static inline void natural_order(vf (&f)[NV]) {

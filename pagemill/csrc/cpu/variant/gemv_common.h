@@ -153,6 +153,24 @@ inline PlanePairs plane_pairs(const uint8_t* hr, int64_t ps) {
   return {_mm512_ternarylogic_epi32(m55, p0, _mm512_slli_epi16(p1, 1), 0xCA),   // m55 ? p0 : p1 << 1
           _mm512_ternarylogic_epi32(m55, _mm512_srli_epi16(p0, 1), p1, 0xCA)};  // m55 ? p0 >> 1 : p1
 }
+
+// A plane pair's bits 2 t, 2 t + 1 moved to bits Lo, Lo + 1 of each byte (16-bit shifts: bits from a neighbouring
+// byte are masked off by the caller).
+template <int Lo>
+inline __m512i plane_pair_to(const __m512i& v, int t) {
+  const auto shift = [&](auto s) {
+    constexpr int n = decltype(s)::value;
+    if constexpr (n > 0) return _mm512_slli_epi16(v, n);
+    else if constexpr (n < 0) return _mm512_srli_epi16(v, -n);
+    else return v;
+  };
+  switch (t) {
+    case 0: return shift(std::integral_constant<int, Lo>{});
+    case 1: return shift(std::integral_constant<int, Lo - 2>{});
+    case 2: return shift(std::integral_constant<int, Lo - 4>{});
+    default: return shift(std::integral_constant<int, Lo - 6>{});
+  }
+}
 #endif
 
 // Per-row sums of x over groups of G (the last group may be short: x has K <= Kp columns).

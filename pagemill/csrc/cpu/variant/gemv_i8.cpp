@@ -777,20 +777,11 @@ struct Q6Codes {
   __m512i even, odd;
 };
 
-inline __m512i pair_to_45(const __m512i& v, int t) {
-  switch (t) {  // bits 2 t, 2 t + 1 -> 4, 5 (a neighbouring byte's bits are masked off by the caller)
-    case 0: return _mm512_slli_epi16(v, 4);
-    case 1: return _mm512_slli_epi16(v, 2);
-    case 2: return v;
-    default: return _mm512_srli_epi16(v, 2);
-  }
-}
-
 inline Q6Codes q6_codes(const uint8_t* p, const PlanePairs& pb, int t) {
   const __m512i raw = _mm512_loadu_si512(p), nib = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
   const __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
-  return {_mm512_ternarylogic_epi32(lo, pair_to_45(pb.even, t), m30, 0xF8),  // lo | (pairs & m30)
-          _mm512_ternarylogic_epi32(hi, pair_to_45(pb.odd, t), m30, 0xF8)};
+  return {_mm512_ternarylogic_epi32(lo, plane_pair_to<4>(pb.even, t), m30, 0xF8),  // lo | (pairs & m30)
+          _mm512_ternarylogic_epi32(hi, plane_pair_to<4>(pb.odd, t), m30, 0xF8)};
 }
 
 // y = x W^T + b over Q6_K records for R rows of codes xq [R, Kq] (scales dx [R, Kq / XB], sums of 16 s16
@@ -834,7 +825,7 @@ void q6_decode_rows(const GemvArgs& a, const uint8_t* packed, const int8_t* xq, 
         for (int n = 0; n < 4; ++n) d[n] = S::d(gr.sc, gr.j, n);
         transpose_lanes(d);
         for (int r = 0; r < R; ++r) {
-          const __m512i off = _mm512_set1_epi32(32 * s16[r * 2 * nb + g]);
+          const __m512i off = _mm512_set1_epi32(CodeOffset<S>::value * s16[r * 2 * nb + g]);
           const __m512 dxr = _mm512_set1_ps(dx[r * nb + g * G / XB]);
           for (int n = 0; n < 4; ++n) {
             float* yv = y + r * NT + 16 * n;
