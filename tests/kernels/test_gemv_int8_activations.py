@@ -26,13 +26,14 @@ MS = [1, 2, 3, 4, 7, 17, 64]  # register blocks of 1..3 rows, uneven splits, man
 
 
 def block_exact_x(m: int, k: int, seed: int) -> torch.Tensor:
-    """x [m, k] whose per-32 int8 quantization is exact: codes in [-127, 127], one +-127 per block, scale 2^-e."""
+    """x [m, k] whose int8 quantization per 32 and per 256 (the K-quants' super-blocks with VNNI) is exact: codes in
+    [-127, 127], one +-127 per block of 32, one scale 2^-e per 256."""
     g = torch.Generator().manual_seed(seed)
-    nb = (k + 31) // 32
+    nb = (k + 255) // 256 * 8
     q = torch.randint(-127, 128, (m, nb * 32), generator=g).float()
     q.view(m, nb, 32)[:, :, 5] = 127.0 * (torch.randint(0, 2, (m, nb), generator=g).float() * 2 - 1)
-    scale = torch.pow(2.0, -torch.randint(3, 12, (m, nb, 1), generator=g).float())
-    return (q.view(m, nb, 32) * scale).view(m, -1)[:, :k].contiguous()
+    scale = torch.pow(2.0, -torch.randint(3, 12, (m, nb // 8, 1, 1), generator=g).float()).expand(m, nb // 8, 8, 1)
+    return (q.view(m, nb // 8, 8, 32) * scale).reshape(m, -1)[:, :k].contiguous()
 
 
 def gemv_i8(kind: str, records, x: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
@@ -111,14 +112,16 @@ def test_which_wider_records_take_integer_products(fmt: str, rows: int, integer:
     assert (1e-4 < err < 0.02) if integer else err < 1e-5
 
 
-def test_q6k_decode_rows_equal_the_panel_rows() -> None:
-    """Q6_K's 1-3 row kernel (quads built in registers) gives each row the bits the panel path gives it in a batch,
-    on tiles split between threads too (3 tiles on two threads). Only VNNI variants multiply Q6_K records in integers
-    at every row count (AVX2 lays Q6_K out as int8 tiles, whose 1-2 row kernel sums in another order)."""
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_super_block_decode_rows_equal_the_panel_rows(fmt: str) -> None:
+    """Q4_K's and Q6_K's 1-3 row kernel (quads built in registers) gives each row the bits the panel path gives it in
+    a batch, on tiles split between threads too (3 tiles on two threads). Only VNNI variants multiply these records
+    with integer sub-scales over super-blocks (AVX2 lays Q6_K out as int8 tiles, whose 1-2 row kernel sums in another
+    order, and takes Q4_K's float epilogue per group)."""
     if kernels.isa() != "avx512_vbmi":
-        pytest.skip("Q6_K records take integer products on the VNNI variant only")
+        pytest.skip("integer super-block products on the VNNI variant only")
     n, k = 130, 512
-    kind, records = pack_records([("q6_k", make_blocks("q6_k", n, k, seed=5))], kernels.isa())
+    kind, records = pack_records([(fmt, make_blocks(fmt, n, k, seed=5))], kernels.isa())
     x = torch.randn(40, k, generator=torch.Generator().manual_seed(6))
     full = gemv_i8(kind, records, x, n, None)
     for m0, m in [(0, 1), (5, 2), (9, 3), (39, 1)]:

@@ -54,12 +54,10 @@ void split_x(const GemvArgs& a, int64_t Kq, int8_t* q, float* dx, int64_t b0 = 0
     }
 }
 
-// The int8 preset's codes of x [M, K]: q [M, Kq] (zero beyond K), per block of 32 the scale dx [M, Kq / XB] and,
-// where given, per 16 k the sum of the codes (sum16 [M, Kq / 16]).
+// The int8 preset's codes of x [M, K]: q [M, Kq] (zero beyond K) and per block of 32 the scale dx [M, Kq / XB].
 struct XCodes {
   int8_t* q;
   float* dx;
-  int32_t* sum16 = nullptr;
 };
 
 // Blocks [b0, b1) of every row's codes.
@@ -70,7 +68,6 @@ void code_blocks(const GemvArgs& a, int64_t Kq, const XCodes& c, int64_t b0, int
       const int64_t k0 = b * XB, n = imax(0, imin(XB, K - k0));
       const float* x = a.x + m * K + k0;
       int8_t* ql = c.q + m * Kq + k0;
-      int32_t* sums = c.sum16 ? c.sum16 + m * 2 * nb + 2 * b : nullptr;
 #if defined(PAGEMILL_I8_ZMM)
       if (n == XB) {  // a whole block in two zmm: the same products and round-to-nearest-even as below
         const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
@@ -82,22 +79,18 @@ void code_blocks(const GemvArgs& a, int64_t Kq, const XCodes& c, int64_t b0, int
         _mm_storeu_si128(reinterpret_cast<__m128i*>(ql), _mm512_cvtepi32_epi8(q0));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(ql + 16), _mm512_cvtepi32_epi8(q1));
         c.dx[m * nb + b] = amax / 127.0f;
-        if (sums) sums[0] = _mm512_reduce_add_epi32(q0), sums[1] = _mm512_reduce_add_epi32(q1);
         continue;
       }
 #endif
       float amax = 0.0f;
       for (int64_t i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[i]));
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      int32_t s16[2] = {0, 0};
       for (int64_t i = 0; i < XB; ++i) {
         int v = i < n ? int(lrintf(x[i] * inv)) : 0;
         v = v > 127 ? 127 : (v < -127 ? -127 : v);
         ql[i] = int8_t(v);
-        s16[i / 16] += v;
       }
       c.dx[m * nb + b] = amax / 127.0f;
-      if (sums) sums[0] = s16[0], sums[1] = s16[1];
     }
 }
 
@@ -339,12 +332,10 @@ inline void quad_loop(const uint8_t* p, const int8_t* const* xr, int64_t q0, int
 // A whole k block [k0, k0 + nspan SP) for R rows: zmm j of a quad holds channels 16 L + 4 j + {0..3} in lane L (the
 // zmm panel order), so the accumulators, and the group scales d / m given in that order ([groups of the block][NT]),
 // are plain zmm at 16 j. The sums stay in registers over the block (R = 3: 12 float + 12 integer accumulators);
-// xr / dxr / sxr: each row's codes at k0, activation scales at k0 / XB and group sums at k0 / G. Offset > 0 (codes
-// standing for q - Offset, m == nullptr): the offset is taken in integers, isum -= Offset * (sum of the span's
-// codes; s16r: the row's sums of 16 codes at k0 / 16).
-template <int R, bool Signed, int Offset>
+// xr / dxr / sxr: each row's codes at k0, activation scales at k0 / XB and group sums at k0 / G.
+template <int R, bool Signed>
 inline void kblock_dot_zmm(const uint8_t* panel, int64_t nspan, int64_t SP, int64_t G, const int8_t* const* xr,
-                           const float* const* dxr, const int32_t* const* s16r, const float* const* sxr,
+                           const float* const* dxr, const float* const* sxr,
                            const float* d, const float* m, float* acc_out) {
   __m512 y[R][4];
   for (int r = 0; r < R; ++r)
@@ -377,18 +368,13 @@ inline void kblock_dot_zmm(const uint8_t* panel, int64_t nspan, int64_t SP, int6
       }
     }
     const float* dg = d + gl * NT;
-    if constexpr (Offset > 0)  // SP = 16: one sum per span
-      for (int r = 0; r < R; ++r) {
-        const __m512i off = _mm512_set1_epi32(Offset * s16r[r][ks / 16]);
-        for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_sub_epi32(acc[r][j], off);
-      }
     for (int j = 0; j < 4; ++j) {
       const __m512 dj = _mm512_loadu_ps(dg + 16 * j);
       for (int r = 0; r < R; ++r)
         y[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), _mm512_mul_ps(dj, _mm512_set1_ps(dxr[r][ks / XB])),
                                   y[r][j]);
     }
-    if (Offset == 0 && m != nullptr && c == 0) {
+    if (m != nullptr && c == 0) {
       const float* mg = m + gl * NT;
       for (int j = 0; j < 4; ++j) {
         const __m512 mj = _mm512_loadu_ps(mg + 16 * j);
@@ -399,6 +385,199 @@ inline void kblock_dot_zmm(const uint8_t* panel, int64_t nspan, int64_t SP, int6
   }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc_out + r * NT + 16 * j, y[r][j]);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Integer-scaled super-blocks (Q4_K and Q6_K with VNNI; llama.cpp's Q8_K scheme). x is quantized per row and
+// super-block of XS = 256 k (one scale dx), so each group's integer sums, times the group's integer sub-scale, add
+// up in int32 over the super-block: one int multiply and add per group and accumulator instead of the float epilogue
+// (convert, scale, add, min) per group. The correction terms come from the codes' sums in integers too:
+//   Q4_K (w = D sc q - Dmin mn):   y += dx D isum - dx Dmin sum_g mn_g s32_g    (s32_g: the sum of x's codes in g)
+//   Q6_K (w = D sc (q - 32)):      y += dx D (isum - 32 sum_g sc_g s16_g)
+// with isum = sum_g sc_g (the integer sums of group g). Integers are exact in any order, so the 1-3 row kernel
+// (quads built in registers) and the panel path give each row the same bits. Largest |isum|: Q6_K 16 groups x 16
+// x 63 x 127 x 127 < 2^29, Q4_K 8 x 32 x 15 x 127 x 63 < 2^25.
+constexpr int64_t XS = 256;
+
+// x's codes for the integer-scaled super-blocks: q [M, Kq], one scale per row and super-block dx [M, Kq / XS], and
+// the codes' sums per 16 and per 32 as int16 (sum16 [M, Kq / 16], sum32 [M, Kq / 32]; |sum| <= 32 x 127).
+struct SuperCodes {
+  int8_t* q;
+  float* dx;
+  int16_t* sum16;
+  int16_t* sum32;
+};
+
+// Super-blocks [b0, b1) of every row's codes: round to nearest even of x * 127 / max|x|, as code_blocks rounds.
+void code_superblocks(const GemvArgs& a, int64_t Kq, const SuperCodes& c, int64_t b0, int64_t b1) {
+  const int64_t K = a.K, nb = Kq / XS;
+  const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127), bias = _mm512_set1_epi8(-128);
+  for (int64_t m = 0; m < a.M; ++m)
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t k0 = b * XS, n = imax(0, imin(XS, K - k0));
+      const float* x = a.x + m * K + k0;
+      __m512 v[XS / 16], amax = _mm512_setzero_ps();
+      for (int i = 0; i < XS / 16; ++i) {
+        const int64_t left = n - 16 * i;
+        const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+        v[i] = _mm512_maskz_loadu_ps(mask, x + 16 * i);
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(v[i]));
+      }
+      const float mx = _mm512_reduce_max_ps(amax);
+      const __m512 inv = _mm512_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
+      int8_t* q = c.q + m * Kq + k0;
+      int16_t* s16 = c.sum16 + m * (Kq / 16) + k0 / 16;
+      int16_t* s32 = c.sum32 + m * (Kq / 32) + k0 / 32;
+      for (int i = 0; i < XS / 16; ++i) {
+        const __m512i qi = _mm512_min_epi32(lim, _mm512_max_epi32(nlim, _mm512_cvtps_epi32(_mm512_mul_ps(v[i], inv))));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * i), _mm512_cvtepi32_epi8(qi));
+      }
+      for (int i = 0; i < XS / 64; ++i) {  // psadbw of the codes + 128: sums of 8
+        alignas(64) int64_t s8[8];
+        _mm512_store_si512(s8, _mm512_sad_epu8(_mm512_xor_si512(_mm512_loadu_si512(q + 64 * i), bias),
+                                               _mm512_setzero_si512()));
+        for (int j = 0; j < 4; ++j) s16[4 * i + j] = int16_t(s8[2 * j] + s8[2 * j + 1] - 16 * 128);
+      }
+      for (int i = 0; i < XS / 32; ++i) s32[i] = int16_t(s16[2 * i] + s16[2 * i + 1]);
+      c.dx[m * nb + b] = mx / 127.0f;
+    }
+}
+
+// x [M, K] fp32 -> SuperCodes (buffers for M rows of Kq = round_up(K, XS)), split over the threads.
+struct SuperCodeBuffers {
+  Scratch q_buf, dx_buf, s16_buf, s32_buf;
+  SuperCodes get(const GemvArgs& a, int64_t Kq) {
+    const SuperCodes c{reinterpret_cast<int8_t*>(q_buf.get((a.M * Kq + 3) / 4)), dx_buf.get(a.M * (Kq / XS)),
+                       reinterpret_cast<int16_t*>(s16_buf.get((a.M * (Kq / 16) + 1) / 2)),
+                       reinterpret_cast<int16_t*>(s32_buf.get((a.M * (Kq / 32) + 1) / 2))};
+    parallel_for(Kq / XS, 2, a.num_threads, [&](int64_t b0, int64_t b1) { code_superblocks(a, Kq, c, b0, b1); });
+    return c;
+  }
+};
+
+// The integer-scaled formats: group size and whether the correction is a min (Q4_K) or the code offset (Q6_K).
+template <class S>
+struct Super {
+  static constexpr bool value = false;
+};
+template <>
+struct Super<KScales<4, 8>> {
+  static constexpr bool value = true, kMin = true;
+  static constexpr int64_t G = 32;
+};
+template <>
+struct Super<SubScales<6, 32>> {
+  static constexpr bool value = true, kMin = false;
+  static constexpr int64_t G = 16;
+  static constexpr int kOffset = 32;
+};
+
+// A super-block record's scales in the zmm panel order: the integer sub-scales sc [groups][NT], the correction's
+// int16 pairs [groups / 2][NT] (groups 2 i, 2 i + 1: Q4_K's mins, Q6_K's sub-scales), D and Dmin [NT].
+struct SuperScales {
+  alignas(64) int32_t sc[16 * NT];
+  alignas(64) int32_t pairs[8 * NT];
+  alignas(64) float d[NT];
+  alignas(64) float dmin[NT];
+};
+
+// 64 bytes in channel order -> int32 in the zmm panel order (v[n] lane L dword i: channel 16 L + 4 n + i).
+template <bool Signed>
+inline void panel_ints(const uint8_t* row, __m512i (&v)[4]) {
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i g = _mm512_permutexvar_epi32(idx, _mm512_loadu_si512(row));  // lane n: dwords 4 L + n
+  const __m128i b[4] = {_mm512_castsi512_si128(g), _mm512_extracti32x4_epi32(g, 1), _mm512_extracti32x4_epi32(g, 2),
+                        _mm512_extracti32x4_epi32(g, 3)};
+  for (int n = 0; n < 4; ++n) v[n] = Signed ? _mm512_cvtepi8_epi32(b[n]) : _mm512_cvtepu8_epi32(b[n]);
+}
+
+// NT fp16 in channel order -> float in the zmm panel order.
+inline void panel_floats(const uint8_t* row, float* out) {
+  __m512 v[4];
+  for (int n = 0; n < 4; ++n)
+    v[n] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * n)));
+  store_transposed(v, out);
+}
+
+// Scale section s of a Q4_K (D, Dmin fp16, sc, mn uint8) or Q6_K (D fp16, sc int8) record -> out.
+template <class S>
+void super_scales(const uint8_t* s, SuperScales& out) {
+  constexpr bool kMin = Super<S>::kMin;
+  panel_floats(s, out.d);
+  if constexpr (kMin) panel_floats(s + 2 * NT, out.dmin);
+  const uint8_t* sc = s + (kMin ? 4 : 2) * NT;
+  const uint8_t* corr = kMin ? sc + S::GR * NT : sc;
+  for (int g = 0; g < S::GR; ++g) {
+    __m512i v[4];
+    panel_ints<!kMin>(sc + g * NT, v);
+    for (int n = 0; n < 4; ++n) _mm512_store_si512(out.sc + g * NT + 16 * n, v[n]);
+  }
+  const __m512i low = _mm512_set1_epi32(0xFFFF);
+  for (int i = 0; i < S::GR / 2; ++i) {
+    __m512i lo[4], hi[4];
+    panel_ints<!kMin>(corr + 2 * i * NT, lo), panel_ints<!kMin>(corr + (2 * i + 1) * NT, hi);
+    for (int n = 0; n < 4; ++n)
+      _mm512_store_si512(out.pairs + i * NT + 16 * n,
+                         _mm512_or_si512(_mm512_and_si512(lo[n], low), _mm512_slli_epi32(hi[n], 16)));
+  }
+}
+
+// isum[r][n] += sc_g * acc[r][n] for group g of the super-block.
+template <int R>
+inline void add_scaled(__m512i (&isum)[R][4], const __m512i (&acc)[R][4], const SuperScales& ss, int64_t g) {
+  for (int n = 0; n < 4; ++n) {
+    const __m512i s = _mm512_load_si512(ss.sc + g * NT + 16 * n);
+    for (int r = 0; r < R; ++r) isum[r][n] = _mm512_add_epi32(isum[r][n], _mm512_mullo_epi32(acc[r][n], s));
+  }
+}
+
+// The end of a super-block for R rows: y (panel order, R x NT) += the float result of isum and the correction from
+// each row's int16 pairs of code sums xp[r] (Q4_K: per 32, Q6_K: per 16) and scale dx[r].
+template <class S, int R>
+inline void super_finish(const __m512i (&isum)[R][4], const int32_t* const* xp, const float* dx,
+                         const SuperScales& ss, float* y) {
+  __m512i csum[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < 4; ++n) csum[r][n] = _mm512_setzero_si512();
+  for (int i = 0; i < S::GR / 2; ++i)
+    for (int n = 0; n < 4; ++n) {
+      const __m512i p = _mm512_load_si512(ss.pairs + i * NT + 16 * n);
+      for (int r = 0; r < R; ++r) csum[r][n] = _mm512_dpwssd_epi32(csum[r][n], p, _mm512_set1_epi32(xp[r][i]));
+    }
+  for (int n = 0; n < 4; ++n) {
+    const __m512 d = _mm512_load_ps(ss.d + 16 * n);
+    for (int r = 0; r < R; ++r) {
+      const __m512 dxr = _mm512_set1_ps(dx[r]);
+      float* yv = y + r * NT + 16 * n;
+      if constexpr (Super<S>::kMin) {
+        const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][n]), _mm512_mul_ps(d, dxr), _mm512_loadu_ps(yv));
+        _mm512_storeu_ps(yv, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(csum[r][n]),
+                                              _mm512_mul_ps(_mm512_load_ps(ss.dmin + 16 * n), dxr), v));
+      } else {
+        const __m512i net = _mm512_sub_epi32(isum[r][n], _mm512_mullo_epi32(csum[r][n],
+                                                                           _mm512_set1_epi32(Super<S>::kOffset)));
+        _mm512_storeu_ps(yv, _mm512_fmadd_ps(_mm512_cvtepi32_ps(net), _mm512_mul_ps(d, dxr), _mm512_loadu_ps(yv)));
+      }
+    }
+  }
+}
+
+// A k block of the panel that is one whole super-block, for R rows (codes xr[r] at its first k).
+template <class S, int R>
+inline void superblock_dot_zmm(const uint8_t* panel, const int8_t* const* xr, const int32_t* const* xp,
+                               const float* dx, const SuperScales& ss, float* acc_out) {
+  constexpr int64_t G = Super<S>::G;
+  __m512i isum[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < 4; ++n) isum[r][n] = _mm512_setzero_si512();
+  for (int64_t g = 0; g < XS / G; ++g) {
+    __m512i acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int n = 0; n < 4; ++n) acc[r][n] = _mm512_setzero_si512();
+    quad_loop<R>(panel + g * G / 4 * 8 * PV, xr, g * G / 4, G / 4, acc);
+    add_scaled<R>(isum, acc, ss, g);
+  }
+  super_finish<S, R>(isum, xp, dx, ss, acc_out);
 }
 #endif
 #else
@@ -456,20 +635,8 @@ inline void span_dot(const uint8_t* panel, int64_t s0, int64_t s1, int h, const 
 inline void channel_order(const float* in, float* out) { memcpy(out, in, sizeof(float) * NT); }
 #endif
 
-// Q6_K's codes stand for q - 32: the offset taken in integers where VNNI multiplies (from the quantized x, not the
-// float sums). Q3_K keeps the float min term: its 1-3 rows take the decode kernel, whose sums the panel's must equal.
-template <class S>
-struct CodeOffset {
-  static constexpr int value = 0;
-};
-template <int Offset>
-struct CodeOffset<SubScales<6, Offset>> {
-  static constexpr int value = Offset;
-};
-
 // The scales of weight group g of tile t: y += fsum * d * dx + m * sx (m == nullptr source: no min term).
 struct TileScales {
-  static constexpr int kOffset = 0;
   const float* scales;
   const float* mins;
   int64_t ng;
@@ -480,7 +647,6 @@ struct TileScales {
 
 template <class S>
 struct RecordScales {
-  static constexpr int kOffset = CodeOffset<S>::value;
   const uint8_t* packed;
   int64_t G, tile_bytes;
   inline const uint8_t* section(int64_t t, int64_t g) const {
@@ -491,6 +657,31 @@ struct RecordScales {
   inline vf m(int64_t t, int64_t g, int v) const { return S::m(section(t, g), int(g % S::GR), v); }
 };
 
+// A thread's buffers for the panel paths: accumulators (panel order), a tile's outputs (channel order), the panel
+// and the k block's scales.
+struct PanelScratch {
+  Scratch acc, out, panel, scale;
+};
+
+// Tiles shared between the threads as run_panel shares them (gemv.cpp): whole tiles per thread, the leftover tiles
+// split by rows; tile_rows(scratch, t, r0, r1) computes rows [r0, r1) of tile t.
+template <class TileRows>
+void share_tiles(const GemvArgs& a, const TileRows& tile_rows) {
+  const int64_t M = a.M;
+  const int64_t threads = omp_in_parallel() ? 1 : imax(1, imin(a.num_threads, a.tiles * M));
+  const int64_t whole = M >= RMAX * threads ? a.tiles - a.tiles % threads : a.tiles;
+  parallel_for(threads, 1, int(threads), [&](int64_t i0, int64_t i1) {
+    PanelScratch scratch;
+    for (int64_t i = i0; i < i1; ++i) {
+      for (int64_t t = whole * i / threads; t < whole * (i + 1) / threads; ++t) tile_rows(scratch, t, 0, M);
+      for (int64_t t = whole; t < a.tiles; ++t) {
+        const int64_t r0 = M * i / threads, r1 = M * (i + 1) / threads;
+        if (r0 < r1) tile_rows(scratch, t, r0, r1);
+      }
+    }
+  });
+}
+
 // y = x W^T + b for every row: `build(t, k0, k1, panel)` lays out tile t's rows [k0, k1) (whole groups of G),
 // `sc` gives the group scales. Kw: the weights' K (>= a.K; x is zero beyond a.K). Tile t's weights are the
 // tile_bytes from weights + t tile_bytes, in k order: the next k block's are prefetched while one is computed (at 32
@@ -499,17 +690,11 @@ template <bool Signed, class Build, class Scales>
 void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, const void* weights, int64_t tile_bytes, Build build,
             const Scales& sc) {
   const int64_t M = a.M, Kq = round_up(Kw, XB), nb = Kq / XB, ng = Kw / G, SP = imin(G, XB);
-  Scratch q_buf, dx_buf, sx_buf, sum_buf;
-  XCodes xc{reinterpret_cast<int8_t*>(q_buf.get((M * Kq + 3) / 4)), dx_buf.get(M * nb)};
+  Scratch q_buf, dx_buf, sx_buf;
+  const XCodes xc{reinterpret_cast<int8_t*>(q_buf.get((M * Kq + 3) / 4)), dx_buf.get(M * nb)};
   const int8_t* xq = xc.q;
   const float* dx = xc.dx;
-#if defined(PAGEMILL_I8_ZMM)
-  constexpr int Offset = Scales::kOffset;
-  if (Offset > 0) xc.sum16 = reinterpret_cast<int32_t*>(sum_buf.get(2 * M * nb));
-  const bool min_term = sc.has_min() && Offset == 0;
-#else
   const bool min_term = sc.has_min();
-#endif
   quantize_x(a, Kq, xc);
   float* sx = nullptr;
   if (min_term) {
@@ -517,105 +702,136 @@ void run_i8(const GemvArgs& a, int64_t Kw, int64_t G, const void* weights, int64
     group_sums(a, G, ng, sx);
   }
   const int64_t gpb = KBI / G;
-  // Shared as run_panel shares (gemv.cpp): whole tiles per thread, the leftover tiles split by rows.
-  const int64_t threads = omp_in_parallel() ? 1 : imax(1, imin(a.num_threads, a.tiles * M));
-  const int64_t whole = M >= RMAX * threads ? a.tiles - a.tiles % threads : a.tiles;
-  parallel_for(threads, 1, int(threads), [&](int64_t i0, int64_t i1) {
-    Scratch acc_buf, out_buf, panel_buf, scale_buf;
-    uint8_t* panel = reinterpret_cast<uint8_t*>(panel_buf.get(KBI / 4 * 8 * PV / 4));
-    float* dbuf = scale_buf.get(2 * gpb * NT);  // the k block's group scales d, then mins m [gpb, NT]
+  share_tiles(a, [&](PanelScratch& s, int64_t t, int64_t r0, int64_t r1) {
+    uint8_t* panel = reinterpret_cast<uint8_t*>(s.panel.get(KBI / 4 * 8 * PV / 4));
+    float* dbuf = s.scale.get(2 * gpb * NT);  // the k block's group scales d, then mins m [gpb, NT]
     float* mbuf = dbuf + gpb * NT;
-    const auto tile_rows = [&](int64_t t, int64_t r0, int64_t r1) {
-      const int64_t Mr = r1 - r0, nblk = (Mr + RMAX - 1) / RMAX, base = Mr / nblk, extra = Mr % nblk;
-      float* acc = acc_buf.get(Mr * NT);  // panel order
-      float* out = out_buf.get(Mr * NT);  // channel order
-      memset(acc, 0, sizeof(float) * Mr * NT);
-      for (int64_t k0 = 0; k0 < Kw; k0 += KBI) {
-        const int64_t k1 = imin(k0 + KBI, Kw), g0 = k0 / G;
-        build(t, k0, k1, panel);
-        const NextBlock next(weights, tile_bytes, Kw, a.tiles, t, k1, KBI);
+    const int64_t Mr = r1 - r0, nblk = (Mr + RMAX - 1) / RMAX, base = Mr / nblk, extra = Mr % nblk;
+    float* acc = s.acc.get(Mr * NT);  // panel order
+    float* out = s.out.get(Mr * NT);  // channel order
+    memset(acc, 0, sizeof(float) * Mr * NT);
+    for (int64_t k0 = 0; k0 < Kw; k0 += KBI) {
+      const int64_t k1 = imin(k0 + KBI, Kw), g0 = k0 / G;
+      build(t, k0, k1, panel);
+      const NextBlock next(weights, tile_bytes, Kw, a.tiles, t, k1, KBI);
 #if defined(PAGEMILL_I8_ZMM)
-        // the k block's scales in the zmm panel order
-        for (int64_t g = g0; g < k1 / G; ++g) {
-          __m512 v[4];
-          for (int n = 0; n < 4; ++n) v[n] = sc.d(t, g, n);
-          store_transposed(v, dbuf + (g - g0) * NT);
-          if (min_term) {
-            for (int n = 0; n < 4; ++n) v[n] = sc.m(t, g, n);
-            store_transposed(v, mbuf + (g - g0) * NT);
-          }
+      // the k block's scales in the zmm panel order
+      for (int64_t g = g0; g < k1 / G; ++g) {
+        __m512 v[4];
+        for (int n = 0; n < 4; ++n) v[n] = sc.d(t, g, n);
+        store_transposed(v, dbuf + (g - g0) * NT);
+        if (min_term) {
+          for (int n = 0; n < 4; ++n) v[n] = sc.m(t, g, n);
+          store_transposed(v, mbuf + (g - g0) * NT);
         }
-        for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
-          const int R = int(base + (i < extra));
+      }
+      for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
+        const int R = int(base + (i < extra));
+        const int8_t* xr[RMAX];
+        const float* dxr[RMAX];
+        const float* sxr[RMAX];
+        for (int r = 0; r < R; ++r) {
+          const int64_t row = r0 + m0 + r;
+          xr[r] = xq + row * Kq + k0;
+          dxr[r] = dx + row * nb + k0 / XB;
+          sxr[r] = min_term ? sx + row * ng + g0 : nullptr;
+        }
+        next.slice(i, nblk);
+        with_static_count<RMAX>(R, [&](auto rc) {
+          kblock_dot_zmm<decltype(rc)::value, Signed>(panel, (k1 - k0) / SP, SP, G, xr, dxr, sxr,
+                                                              dbuf, min_term ? mbuf : nullptr, acc + m0 * NT);
+        });
+        m0 += R;
+      }
+#else
+      for (int64_t g = g0; g < k1 / G; ++g)
+        for (int v = 0; v < NV; ++v) {
+          vstore(dbuf + (g - g0) * NT + v * W, sc.d(t, g, v));
+          if (sc.has_min()) vstore(mbuf + (g - g0) * NT + v * W, sc.m(t, g, v));
+        }
+      for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
+        const int R = int(base + (i < extra));
+        next.slice(i, nblk);
+        for (int64_t ks = k0; ks < k1; ks += SP) {
+          const int64_t g = ks / G;
+          const bool span_min = sc.has_min() && ks % G == 0;
           const int8_t* xr[RMAX];
-          const float* dxr[RMAX];
-          const int32_t* s16r[RMAX];
-          const float* sxr[RMAX];
-          for (int r = 0; r < R; ++r) {
-            const int64_t row = r0 + m0 + r;
-            xr[r] = xq + row * Kq + k0;
-            dxr[r] = dx + row * nb + k0 / XB;
-            s16r[r] = Offset > 0 ? xc.sum16 + row * 2 * nb + k0 / 16 : nullptr;
-            sxr[r] = min_term ? sx + row * ng + g0 : nullptr;
-          }
-          next.slice(i, nblk);
+          for (int r = 0; r < R; ++r) xr[r] = xq + (r0 + m0 + r) * Kq + ks;
           with_static_count<RMAX>(R, [&](auto rc) {
-            kblock_dot_zmm<decltype(rc)::value, Signed, Offset>(panel, (k1 - k0) / SP, SP, G, xr, dxr, s16r, sxr,
-                                                                dbuf, min_term ? mbuf : nullptr, acc + m0 * NT);
+            constexpr int RC = decltype(rc)::value;
+            SpanScales<RC> ss{dbuf + (g - g0) * NT, span_min ? mbuf + (g - g0) * NT : nullptr, {}, {}};
+            for (int r = 0; r < RC; ++r) {
+              ss.dx[r] = dx[(r0 + m0 + r) * nb + ks / XB];
+              ss.sx[r] = span_min ? sx[(r0 + m0 + r) * ng + g] : 0.0f;
+            }
+            for (int h = 0; h < 2; ++h)
+              span_dot<RC, Signed>(panel, (ks - k0) / 4, (ks - k0 + SP) / 4, h, xr, ss, acc + m0 * NT);
           });
-          m0 += R;
         }
-#else
-        for (int64_t g = g0; g < k1 / G; ++g)
-          for (int v = 0; v < NV; ++v) {
-            vstore(dbuf + (g - g0) * NT + v * W, sc.d(t, g, v));
-            if (sc.has_min()) vstore(mbuf + (g - g0) * NT + v * W, sc.m(t, g, v));
-          }
-        for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
-          const int R = int(base + (i < extra));
-          next.slice(i, nblk);
-          for (int64_t ks = k0; ks < k1; ks += SP) {
-            const int64_t g = ks / G;
-            const bool span_min = sc.has_min() && ks % G == 0;
-            const int8_t* xr[RMAX];
-            for (int r = 0; r < R; ++r) xr[r] = xq + (r0 + m0 + r) * Kq + ks;
-            with_static_count<RMAX>(R, [&](auto rc) {
-              constexpr int RC = decltype(rc)::value;
-              SpanScales<RC> ss{dbuf + (g - g0) * NT, span_min ? mbuf + (g - g0) * NT : nullptr, {}, {}};
-              for (int r = 0; r < RC; ++r) {
-                ss.dx[r] = dx[(r0 + m0 + r) * nb + ks / XB];
-                ss.sx[r] = span_min ? sx[(r0 + m0 + r) * ng + g] : 0.0f;
-              }
-              for (int h = 0; h < 2; ++h)
-                span_dot<RC, Signed>(panel, (ks - k0) / 4, (ks - k0 + SP) / 4, h, xr, ss, acc + m0 * NT);
-            });
-          }
-          m0 += R;
-        }
-#endif
+        m0 += R;
       }
-#if defined(PAGEMILL_I8_ZMM)
-      for (int64_t m = 0; m < Mr; ++m) channel_order_zmm(acc + m * NT, out + m * NT);
-#else
-      for (int64_t m = 0; m < Mr; ++m) channel_order(acc + m * NT, out + m * NT);
 #endif
-      store_tile(row_chunk(a, r0, Mr), out, t);
-    };
-    for (int64_t i = i0; i < i1; ++i) {
-      for (int64_t t = whole * i / threads; t < whole * (i + 1) / threads; ++t) tile_rows(t, 0, M);
-      for (int64_t t = whole; t < a.tiles; ++t) {
-        const int64_t r0 = M * i / threads, r1 = M * (i + 1) / threads;
-        if (r0 < r1) tile_rows(t, r0, r1);
-      }
     }
+#if defined(PAGEMILL_I8_ZMM)
+    for (int64_t m = 0; m < Mr; ++m) channel_order_zmm(acc + m * NT, out + m * NT);
+#else
+    for (int64_t m = 0; m < Mr; ++m) channel_order(acc + m * NT, out + m * NT);
+#endif
+    store_tile(row_chunk(a, r0, Mr), out, t);
   });
 }
+
+#if defined(PAGEMILL_I8_ZMM)
+// The integer-scaled panel path (Q4_K / Q6_K: Super): every k block is one super-block, laid out by `build` as for
+// run_i8 and multiplied by x's super-block codes.
+template <class S, class Build>
+void run_i8_super(const GemvArgs& a, const uint8_t* packed, Build build) {
+  constexpr int64_t G = Super<S>::G;
+  const int64_t K = a.K, Kq = round_up(K, XS), nb = Kq / XS, tile_bytes = K / G / S::GR * record_bytes<S>(G);
+  SuperCodeBuffers buffers;
+  const SuperCodes xc = buffers.get(a, Kq);
+  const int16_t* sums = Super<S>::kMin ? xc.sum32 : xc.sum16;  // the correction's code sums: per group
+  const int64_t sum_stride = Kq / G;
+  share_tiles(a, [&](PanelScratch& s, int64_t t, int64_t r0, int64_t r1) {
+    uint8_t* panel = reinterpret_cast<uint8_t*>(s.panel.get(KBI / 4 * 8 * PV / 4));
+    SuperScales& ss = *reinterpret_cast<SuperScales*>(s.scale.get(sizeof(SuperScales) / sizeof(float)));
+    const int64_t Mr = r1 - r0, nblk = (Mr + RMAX - 1) / RMAX, base = Mr / nblk, extra = Mr % nblk;
+    float* acc = s.acc.get(Mr * NT);  // panel order
+    float* out = s.out.get(Mr * NT);  // channel order
+    memset(acc, 0, sizeof(float) * Mr * NT);
+    const uint8_t* rec = packed + t * tile_bytes;
+    for (int64_t k0 = 0; k0 < K; k0 += XS) {
+      build(t, k0, k0 + XS, panel);
+      const NextBlock next(packed, tile_bytes, K, a.tiles, t, k0 + XS, XS);
+      super_scales<S>(rec + k0 / XS * record_bytes<S>(G) + S::GR * group_bytes<S>(G), ss);
+      for (int64_t i = 0, m0 = 0; i < nblk; ++i) {
+        const int R = int(base + (i < extra));
+        const int8_t* xr[RMAX];
+        const int32_t* xp[RMAX];
+        float dx[RMAX];
+        for (int r = 0; r < R; ++r) {
+          const int64_t row = r0 + m0 + r;
+          xr[r] = xc.q + row * Kq + k0;
+          xp[r] = reinterpret_cast<const int32_t*>(sums + row * sum_stride + k0 / G);
+          dx[r] = xc.dx[row * nb + k0 / XS];
+        }
+        next.slice(i, nblk);
+        with_static_count<RMAX>(R, [&](auto rc) {
+          superblock_dot_zmm<S, decltype(rc)::value>(panel, xr, xp, dx, ss, acc + m0 * NT);
+        });
+        m0 += R;
+      }
+    }
+    for (int64_t m = 0; m < Mr; ++m) channel_order_zmm(acc + m * NT, out + m * NT);
+    store_tile(row_chunk(a, r0, Mr), out, t);
+  });
+}
+#endif
 
 template <class S>
 void records_i8(const GemvArgs& a, const uint8_t* packed, int64_t G) {
   const int64_t ng = a.K / G, tile_bytes = ng / S::GR * record_bytes<S>(G);
-  const RecordScales<S> sc{packed, G, tile_bytes};
-  run_i8<false>(a, a.K, G, packed, tile_bytes, [&](int64_t t, int64_t k0, int64_t k1, uint8_t* panel) {
+  const auto build = [&](int64_t t, int64_t k0, int64_t k1, uint8_t* panel) {
     const uint8_t* rec = packed + t * tile_bytes;
     for (int64_t g = k0 / G; g < k1 / G; ++g) {
       const uint8_t* p = rec + g / S::GR * record_bytes<S>(G) + (g % S::GR) * group_bytes<S>(G);
@@ -631,7 +847,13 @@ void records_i8(const GemvArgs& a, const uint8_t* packed, int64_t G) {
         }
       }
     }
-  }, sc);
+  };
+#if defined(PAGEMILL_I8_ZMM)
+  if constexpr (Super<S>::value)
+    run_i8_super<S>(a, packed, build);
+  else
+#endif
+    run_i8<false>(a, a.K, G, packed, tile_bytes, build, RecordScales<S>{packed, G, tile_bytes});
 }
 
 
@@ -764,75 +986,87 @@ void records_decode(const GemvArgs& a, const uint8_t* packed, int64_t G) {
 }
 
 #if defined(PAGEMILL_I8_ZMM)
-// Q6_K for the int8 preset's M <= kDecodeRows rows: no panel. Each quad's codes are built in registers from two pair
-// rows and the group's plane pairs, in the zmm panel order, and multiplied by every row's codes; then the panel
-// kernel's arithmetic (kblock_dot_zmm): per group of 16, the integer sums less 32 * (sum of the codes), y +=
-// isum * (d * dx), so a row's bits are those the panel path gives it. Zen 4, in cache, one core: 1.6x the float
-// kernel's rate at one row, 2-2.3x at two and three (a 1B model's LM head and half its down_proj are Q6_K).
-constexpr int64_t kQ6Group = 16;
+// Q4_K and Q6_K for the int8 preset's M <= kDecodeRows rows: no panel. Each quad's codes are built in registers from
+// two pair rows (and Q6_K's plane pairs), in the zmm panel order, and multiplied by every row's codes; each group's
+// sums then take the panel path's integer arithmetic (add_scaled, super_finish), so a row's bits are those the panel
+// path gives it. Zen 4, Q6_K, in cache, one core: 1.6x the float kernel's rate at one row, 2-2.3x at two and three
+// (a 1B model's LM head and half its down_proj are Q6_K).
 
-// A pair row's two k rows of 6-bit codes (0 .. 63): the low nibbles with the high bits of k row 8 r + 2 t (+ 1) from
-// the plane pairs moved to bits 4, 5.
-struct Q6Codes {
+// A pair row's two k rows of codes: the low and high nibbles (Q6_K: with the high bits of k row 8 r + 2 t (+ 1) from
+// the plane pairs moved to bits 4, 5).
+struct PairCodes {
   __m512i even, odd;
 };
 
-inline Q6Codes q6_codes(const uint8_t* p, const PlanePairs& pb, int t) {
-  const __m512i raw = _mm512_loadu_si512(p), nib = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-  const __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
-  return {_mm512_ternarylogic_epi32(lo, plane_pair_to<4>(pb.even, t), m30, 0xF8),  // lo | (pairs & m30)
-          _mm512_ternarylogic_epi32(hi, plane_pair_to<4>(pb.odd, t), m30, 0xF8)};
+inline PairCodes q4_codes(const uint8_t* p) {
+  const __m512i raw = _mm512_loadu_si512(p), nib = _mm512_set1_epi8(0x0F);
+  return {_mm512_and_si512(raw, nib), _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib)};
 }
 
-// y = x W^T + b over Q6_K records for R rows of codes xq [R, Kq] (scales dx [R, Kq / XB], sums of 16 s16
-// [R, Kq / 16]).
-template <int R>
-void q6_decode_rows(const GemvArgs& a, const uint8_t* packed, const int8_t* xq, const float* dx, const int32_t* s16,
-                    int64_t Kq) {
-  using S = SubScales<6, 32>;
-  constexpr int64_t G = kQ6Group, planes = 2 * (G / 8), ps = G / 8 * NT;
-  const int64_t ng = a.K / G, nb = Kq / XB, tile_bytes = ng / S::GR * record_bytes<S>(G);
+inline PairCodes q6_codes(const uint8_t* p, const PlanePairs& pb, int t) {
+  const PairCodes c = q4_codes(p);
+  const __m512i m30 = _mm512_set1_epi8(0x30);
+  return {_mm512_ternarylogic_epi32(c.even, plane_pair_to<4>(pb.even, t), m30, 0xF8),  // lo | (pairs & m30)
+          _mm512_ternarylogic_epi32(c.odd, plane_pair_to<4>(pb.odd, t), m30, 0xF8)};
+}
+
+// y = x W^T + b over Q4_K / Q6_K records for R rows of super-block codes xc (Kq per row).
+template <class S, int R>
+void super_decode_rows(const GemvArgs& a, const uint8_t* packed, const SuperCodes& xc, int64_t Kq) {
+  constexpr int64_t G = Super<S>::G, planes = (S::B - 4) * (G / 8), ps = G / 8 * NT;
+  const int64_t nsb = a.K / XS, tile_bytes = nsb * record_bytes<S>(G);
+  const int16_t* sums = Super<S>::kMin ? xc.sum32 : xc.sum16;
   parallel_for(a.tiles, 1, a.num_threads, [&](int64_t t0, int64_t t1) {
     alignas(64) float y[R * NT], out[R * NT];
+    alignas(64) SuperScales ss;
     for (int64_t t = t0; t < t1; ++t) {
-      const uint8_t* rec = packed + t * tile_bytes;
       memset(y, 0, sizeof(y));
-      for (int64_t g = 0; g < ng; ++g) {
-        const GroupRecords<S> gr(rec, G, g);
-        __m512i acc[R][4];
+      for (int64_t sb = 0; sb < nsb; ++sb) {
+        const uint8_t* rec = packed + t * tile_bytes + sb * record_bytes<S>(G);
+        const uint8_t* scales = rec + S::GR * group_bytes<S>(G);
+        prefetch_scales<S>(scales);
+        super_scales<S>(scales, ss);
+        __m512i isum[R][4];
         for (int r = 0; r < R; ++r)
-          for (int n = 0; n < 4; ++n) acc[r][n] = _mm512_setzero_si512();
-        PlanePairs pb{};
-        for (int64_t q = 0; q < G / 4; ++q) {  // quad q: pair rows 2 q, 2 q + 1 (k rows 4 q .. 4 q + 3)
-          const int64_t i = 2 * q;
-          prefetch_pair_row(gr.p, gr.hp, i, planes), prefetch_pair_row(gr.p, gr.hp, i + 1, planes);
-          if ((q & 1) == 0) pb = plane_pairs(gr.hp + (q >> 1) * NT, ps);
-          const int ta = int(i & 3);
-          const Q6Codes ca = q6_codes(gr.p + i * NT, pb, ta), cb = q6_codes(gr.p + (i + 1) * NT, pb, ta + 1);
-          const __m512i a0 = _mm512_unpacklo_epi8(ca.even, ca.odd), a1 = _mm512_unpackhi_epi8(ca.even, ca.odd);
-          const __m512i b0 = _mm512_unpacklo_epi8(cb.even, cb.odd), b1 = _mm512_unpackhi_epi8(cb.even, cb.odd);
-          const __m512i w[4] = {_mm512_unpacklo_epi16(a0, b0), _mm512_unpackhi_epi16(a0, b0),
-                                _mm512_unpacklo_epi16(a1, b1), _mm512_unpackhi_epi16(a1, b1)};
-          for (int r = 0; r < R; ++r) {
-            int32_t quad;
-            memcpy(&quad, xq + r * Kq + g * G + 4 * q, 4);
-            const __m512i xb = _mm512_set1_epi32(quad);
-            for (int n = 0; n < 4; ++n) acc[r][n] = dpbusd(acc[r][n], w[n], xb);
+          for (int n = 0; n < 4; ++n) isum[r][n] = _mm512_setzero_si512();
+        for (int64_t g = 0; g < S::GR; ++g) {
+          const uint8_t* p = rec + g * group_bytes<S>(G);
+          const uint8_t* hp = p + G / 2 * NT;
+          __m512i acc[R][4];
+          for (int r = 0; r < R; ++r)
+            for (int n = 0; n < 4; ++n) acc[r][n] = _mm512_setzero_si512();
+          PlanePairs pb{};
+          for (int64_t q = 0; q < G / 4; ++q) {  // quad q: pair rows 2 q, 2 q + 1 (k rows 4 q .. 4 q + 3)
+            const int64_t i = 2 * q;
+            prefetch_pair_row(p, hp, i, planes), prefetch_pair_row(p, hp, i + 1, planes);
+            PairCodes ca, cb;
+            if constexpr (S::B == 6) {
+              if ((q & 1) == 0) pb = plane_pairs(hp + (q >> 1) * NT, ps);
+              const int ta = int(i & 3);
+              ca = q6_codes(p + i * NT, pb, ta), cb = q6_codes(p + (i + 1) * NT, pb, ta + 1);
+            } else {
+              ca = q4_codes(p + i * NT), cb = q4_codes(p + (i + 1) * NT);
+            }
+            const __m512i a0 = _mm512_unpacklo_epi8(ca.even, ca.odd), a1 = _mm512_unpackhi_epi8(ca.even, ca.odd);
+            const __m512i b0 = _mm512_unpacklo_epi8(cb.even, cb.odd), b1 = _mm512_unpackhi_epi8(cb.even, cb.odd);
+            const __m512i w[4] = {_mm512_unpacklo_epi16(a0, b0), _mm512_unpackhi_epi16(a0, b0),
+                                  _mm512_unpacklo_epi16(a1, b1), _mm512_unpackhi_epi16(a1, b1)};
+            for (int r = 0; r < R; ++r) {
+              int32_t quad;
+              memcpy(&quad, xc.q + r * Kq + sb * XS + g * G + 4 * q, 4);
+              const __m512i xb = _mm512_set1_epi32(quad);
+              for (int n = 0; n < 4; ++n) acc[r][n] = dpbusd(acc[r][n], w[n], xb);
+            }
           }
+          add_scaled<R>(isum, acc, ss, g);
         }
-        if (gr.j == S::GR - 1) prefetch_scales<S>(gr.sc);
-        __m512 d[4];
-        for (int n = 0; n < 4; ++n) d[n] = S::d(gr.sc, gr.j, n);
-        transpose_lanes(d);
+        const int32_t* xp[R];
+        float dx[R];
         for (int r = 0; r < R; ++r) {
-          const __m512i off = _mm512_set1_epi32(CodeOffset<S>::value * s16[r * 2 * nb + g]);
-          const __m512 dxr = _mm512_set1_ps(dx[r * nb + g * G / XB]);
-          for (int n = 0; n < 4; ++n) {
-            float* yv = y + r * NT + 16 * n;
-            _mm512_store_ps(yv, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][n], off)),
-                                                _mm512_mul_ps(d[n], dxr), _mm512_load_ps(yv)));
-          }
+          xp[r] = reinterpret_cast<const int32_t*>(sums + r * (Kq / G) + sb * XS / G);
+          dx[r] = xc.dx[r * (Kq / XS) + sb];
         }
+        super_finish<S, R>(isum, xp, dx, ss, y);
       }
       for (int r = 0; r < R; ++r) channel_order_zmm(y + r * NT, out + r * NT);
       store_tile(a, out, t);
@@ -840,15 +1074,14 @@ void q6_decode_rows(const GemvArgs& a, const uint8_t* packed, const int8_t* xq, 
   });
 }
 
-// Q6_K at M <= kDecodeRows rows with int8 activations (the codes quantized as the panel path quantizes them).
-void q6_decode(const GemvArgs& a, const uint8_t* packed) {
-  const int64_t Kq = round_up(a.K, XB), nb = Kq / XB;
-  Scratch q_buf, dx_buf, sum_buf;
-  const XCodes xc{reinterpret_cast<int8_t*>(q_buf.get((a.M * Kq + 3) / 4)), dx_buf.get(a.M * nb),
-                  reinterpret_cast<int32_t*>(sum_buf.get(2 * a.M * nb))};
-  quantize_x(a, Kq, xc);
+// Q4_K / Q6_K at M <= kDecodeRows rows with int8 activations (the codes quantized as the panel path quantizes them).
+template <class S>
+void super_decode(const GemvArgs& a, const uint8_t* packed) {
+  const int64_t Kq = round_up(a.K, XS);
+  SuperCodeBuffers buffers;
+  const SuperCodes xc = buffers.get(a, Kq);
   with_static_count<kDecodeRows>(int(a.M), [&](auto rc) {
-    q6_decode_rows<decltype(rc)::value>(a, packed, xc.q, xc.dx, xc.sum16, Kq);
+    super_decode_rows<S, decltype(rc)::value>(a, packed, xc, Kq);
   });
 }
 #endif
@@ -986,13 +1219,17 @@ bool gemv_records_decode(const GemvArgs& a, const uint8_t* packed, RecordFormat 
   if (a.M > kDecodeRows || a.direct_only) return false;
   switch (format) {
     case RecordFormat::Q4_1: return records_decode_dispatch<DMScales<4>>(a, packed, 32);
-    case RecordFormat::Q4_K: return records_decode_dispatch<KScales<4, 8>>(a, packed, 32);
+    case RecordFormat::Q4_K:
+#if defined(PAGEMILL_I8_ZMM)
+      if (a.int8_activations) return super_decode<KScales<4, 8>>(a, packed), true;
+#endif
+      return records_decode_dispatch<KScales<4, 8>>(a, packed, 32);
     case RecordFormat::Q2_K: return records_decode_dispatch<KScales<4, 16>>(a, packed, 16);
     case RecordFormat::Q3_K: return records_decode_dispatch<SubScales<4, 4>>(a, packed, 16);
 #if defined(PAGEMILL_I8_ZMM)
     case RecordFormat::Q6_K:
       if (!a.int8_activations) return false;
-      return q6_decode(a, packed), true;
+      return super_decode<SubScales<6, 32>>(a, packed), true;
 #endif
     default: return false;
   }
