@@ -99,9 +99,9 @@ class EngineArgs:
     linear_dtype: str = _arg("auto",
         "Matmul dtype of the linear layers: auto (exact float32), float32, float16 or bfloat16 (3-4x faster "
         "large-batch matmuls on AVX512-FP16/BF16 CPUs; top-1 agreement with float32 >= 0.99 for float16, ~0.98 for "
-        "bfloat16), or int8: activations quantized per row and block of 32 and multiplied in integers against "
-        "quantized weights (GGUF, or quantization=int8/int4; a speed preset: teacher-forced top-1 agreement 0.97 on "
-        "Gemma 3, 0.93 on SmolLM2).")
+        "bfloat16), or int8: activations quantized per row and block of 32 (256 for Q4_K / Q6_K with VNNI) and "
+        "multiplied in integers against quantized weights (GGUF, or quantization=int8/int4; a speed preset: "
+        "teacher-forced top-1 agreement 0.97 on Gemma 3, 0.93 on SmolLM2).")
     kv_cache_dtype: str = _arg("auto",
         "KV-cache dtype: auto (the model dtype), float16 or bfloat16 (half the bytes attention reads, twice the "
         "tokens the cache holds), or quantized as vLLM names it: int8 (one byte per element plus a float16 scale per "

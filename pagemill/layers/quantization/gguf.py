@@ -79,8 +79,8 @@ class RecordsLinearMethod(LinearMethodBase):
     def __init__(self, records: str, weight_format: str, dtype: torch.dtype, ops: TorchLayerOps) -> None:
         self.records, self.weight_format, self.input_dtype, self.ops = records, weight_format, dtype, ops
         self.record_bytes = 0  # of the layer's records, once packed (the weight-format report)
-        # linear_dtype="int8": x quantized per row and block of 32, integer products (4-bit records, int8 tiles;
-        # the other kinds stay on the float kernels)
+        # linear_dtype="int8": x quantized per row and block of 32 (Q4_K / Q6_K with VNNI: 256), integer products
+        # (4-bit records, int8 tiles, 6-bit records with VNNI; the other kinds stay on the float kernels)
         self.int8_activations = False
 
     def set_records(self, layer: nn.Module, records: Any) -> None:

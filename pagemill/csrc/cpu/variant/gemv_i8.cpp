@@ -6,7 +6,8 @@
 //   y += isum * (d * dx) + m * (sum of x over the group)
 // with the min term taken from the float x (exact). 4-bit records: codes 0..15 are the unsigned operand (a span of
 // <= 8 quads fits 16-bit sums: 8 * 2 * 15 * 127 < 2^15); int8 tiles: signed codes, by the sign trick (|w| unsigned,
-// x carrying w's sign).
+// x carrying w's sign). With VNNI, Q4_K and Q6_K take llama.cpp's Q8_K scheme instead (x per super-block of 256,
+// integer sub-scales, one float epilogue per super-block: "Integer-scaled super-blocks" below).
 //
 // Panel: [KBI / 4 quads][2 halves of 32 channels][4 vectors][32 bytes]. Vector n of half h holds, in its lane L and
 // dword i, channel 32 h + 16 L + 4 n + i (the order the byte / word unpacks give), bytes k .. k + 3. With VNNI a
@@ -1190,8 +1191,8 @@ bool gemv_records_i8(const GemvArgs& a, const uint8_t* packed, RecordFormat form
     case RecordFormat::Q3_K: records_i8<SubScales<4, 4>>(a, packed, 16); return true;
 #if defined(PAGEMILL_I8_ZMM)
     // 6-bit codes need int32 sums (AVX2's 16-bit maddubs sums would overflow; AVX2 lays Q6_K out as int8 tiles, which
-    // take int8 activations there too). Zen 5, 2048 x 8192, 16 rows 1.18 vs 1.82 ms float, 32 rows 2.50 vs 2.99;
-    // 1-3 rows take q6_decode (the same bits). 5-bit records stay on the float kernels: on Gemma 3 Q4_K_M their int8
+    // take int8 activations there too). Zen 5, 2048 x 8192, 16 rows 1.18 vs 1.82 ms float, 32 rows 2.50 vs 2.99
+    // (before the super-blocks); 1-3 rows take super_decode (the same bits). 5-bit records stay on the float kernels: on Gemma 3 Q4_K_M their int8
     // products moved top-1 agreement from 0.963 to 0.943.
     case RecordFormat::Q6_K:
       records_i8<SubScales<6, 32>>(a, packed, 16);
