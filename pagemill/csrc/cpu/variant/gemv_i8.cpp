@@ -395,7 +395,7 @@ inline void kblock_dot_zmm(const uint8_t* panel, int64_t nspan, int64_t SP, int6
 // (convert, scale, add, min) per group. The correction terms come from the codes' sums in integers too:
 //   Q4_K (w = D sc q - Dmin mn):   y += dx D isum - dx Dmin sum_g mn_g s32_g    (s32_g: the sum of x's codes in g)
 //   Q6_K (w = D sc (q - 32)):      y += dx D (isum - 32 sum_g sc_g s16_g)
-// with isum = sum_g sc_g (the integer sums of group g). Integers are exact in any order, so the 1-3 row kernel
+// with isum = sum_g sc_g * (the integer sums of group g). Integers are exact in any order, so the 1-3 row kernel
 // (quads built in registers) and the panel path give each row the same bits. Largest |isum|: Q6_K 16 groups x 16
 // x 63 x 127 x 127 < 2^29, Q4_K 8 x 32 x 15 x 127 x 63 < 2^25.
 constexpr int64_t XS = 256;
