@@ -1024,12 +1024,9 @@ void super_decode_rows(const GemvArgs& a, const uint8_t* packed, const SuperCode
       memset(y, 0, sizeof(y));
       for (int64_t sb = 0; sb < nsb; ++sb) {
         const uint8_t* rec = packed + t * tile_bytes + sb * record_bytes<S>(G);
-        const uint8_t* scales = rec + S::GR * group_bytes<S>(G);
-        prefetch_scales<S>(scales);
-        super_scales<S>(scales, ss);
-        __m512i isum[R][4];
-        for (int r = 0; r < R; ++r)
-          for (int n = 0; n < 4; ++n) isum[r][n] = _mm512_setzero_si512();
+        // each group's integer sums, scaled once the scale section that follows the groups is read: records are
+        // read in order (reading the scales first cut 8B-sized layers streamed from DRAM from 34-39 to 28 GB/s)
+        __m512i gsum[S::GR][R][4];
         for (int64_t g = 0; g < S::GR; ++g) {
           const uint8_t* p = rec + g * group_bytes<S>(G);
           const uint8_t* hp = p + G / 2 * NT;
@@ -1059,8 +1056,16 @@ void super_decode_rows(const GemvArgs& a, const uint8_t* packed, const SuperCode
               for (int n = 0; n < 4; ++n) acc[r][n] = dpbusd(acc[r][n], w[n], xb);
             }
           }
-          add_scaled<R>(isum, acc, ss, g);
+          for (int r = 0; r < R; ++r)
+            for (int n = 0; n < 4; ++n) gsum[g][r][n] = acc[r][n];
         }
+        const uint8_t* scales = rec + S::GR * group_bytes<S>(G);
+        prefetch_scales<S>(scales);
+        super_scales<S>(scales, ss);
+        __m512i isum[R][4];
+        for (int r = 0; r < R; ++r)
+          for (int n = 0; n < 4; ++n) isum[r][n] = _mm512_setzero_si512();
+        for (int64_t g = 0; g < S::GR; ++g) add_scaled<R>(isum, gsum[g], ss, g);
         const int32_t* xp[R];
         float dx[R];
         for (int r = 0; r < R; ++r) {
