@@ -1,4 +1,5 @@
-"""linear_dtype="int8": the records and int8-tile kernels with activations quantized per row and block of 32.
+"""linear_dtype="int8": the records and int8-tile kernels with activations quantized per row and block of 32 (Q4_K
+and Q6_K with VNNI: per super-block of 256).
 
 On activations that the block quantization represents exactly (each block x = q * 2^-e with a code of +-127), the
 integer products must give F.linear of the records' weights to float32 noise, for every format, row count (row
