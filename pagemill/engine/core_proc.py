@@ -9,6 +9,7 @@ Scheduling and preemption times travel as events on the outputs (EngineCoreOutpu
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import logging
 import os
 import signal
@@ -36,6 +37,7 @@ READY, OUTPUTS, REQUEST_ERROR, DEAD = b"R", b"O", b"E", b"D"
 UTILITY_METHODS = ("reset_prefix_cache", "get_stats", "ping", "add_lora", "remove_lora", "list_loras")
 
 _IDLE_POLL_MS = 1000  # how often the core checks that its parent (the front end) is still alive
+_EXIT_DEADLINE_S = 8.0  # stopping the workers (<= ~4 s) and flushing the outputs (linger 2 s) fit well inside
 
 
 class EngineCoreProc:
@@ -172,16 +174,23 @@ def run_engine_core(config: EngineConfig | EngineArgs, input_address: str, outpu
         raise SystemExit(1) from None
     except SystemExit:
         return
+    error: BaseException | None = None
     try:
         proc.run()
     except SystemExit:
         pass
     except BaseException as e:
+        error = e
         logger.error("Engine core died:\n%s", traceback.format_exc())
-        try:
-            proc._send(DEAD, f"Engine core died: {type(e).__name__}: {e}")
-        except Exception:
-            pass
-        raise SystemExit(1) from None
+    # From here the process only winds down; should anything in that hang (a worker, a socket, a thread at
+    # interpreter exit), the watchdog prints every thread's stack and ends the process.
+    faulthandler.dump_traceback_later(_EXIT_DEADLINE_S, exit=True)
+    try:
+        if error is not None:
+            proc._send(DEAD, f"Engine core died: {type(error).__name__}: {error}")
+    except Exception:
+        pass
     finally:
         proc.close()
+    if error is not None:
+        raise SystemExit(1)
