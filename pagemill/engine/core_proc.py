@@ -13,6 +13,7 @@ import faulthandler
 import logging
 import os
 import signal
+import sys
 import time
 import traceback
 from typing import Any
@@ -157,6 +158,13 @@ def _exit_on_signal(signum: int, frame: Any) -> None:
     raise SystemExit(0)
 
 
+def arm_exit_watchdog(seconds: float = _EXIT_DEADLINE_S) -> None:
+    """End the process `seconds` from now, printing every thread's stack first, unless it has exited by then: a hang
+    while winding down (a worker, a socket, a thread joined at interpreter exit) must not keep a dead core alive."""
+    if sys.stderr is not None:  # faulthandler writes the stacks there
+        faulthandler.dump_traceback_later(seconds, exit=True)
+
+
 def run_engine_core(config: EngineConfig | EngineArgs, input_address: str, output_address: str,
                     cpus: list[int] | None = None, engine_index: int | None = None) -> None:
     """Process entry point (multiprocessing spawn target); `cpus`: the cores it is pinned to (data parallelism),
@@ -182,9 +190,7 @@ def run_engine_core(config: EngineConfig | EngineArgs, input_address: str, outpu
     except BaseException as e:
         error = e
         logger.error("Engine core died:\n%s", traceback.format_exc())
-    # From here the process only winds down; should anything in that hang (a worker, a socket, a thread at
-    # interpreter exit), the watchdog prints every thread's stack and ends the process.
-    faulthandler.dump_traceback_later(_EXIT_DEADLINE_S, exit=True)
+    arm_exit_watchdog()  # from here the process only winds down
     try:
         if error is not None:
             proc._send(DEAD, f"Engine core died: {type(error).__name__}: {error}")
