@@ -1,6 +1,6 @@
 """Build llama.cpp (vendored in the llama-cpp-python sdist) as a benchmark peer, once, in a cache dir.
 
-Usage: python benchmarks/peers/build_llama_cpp.py [--jobs 2] [--force]
+Usage: python benchmarks/peers/build_llama_cpp.py [--jobs 2] [--force] [--isa native|avx2]
 
 The sdist of llama-cpp-python==VERSION contains a full llama.cpp tree in vendor/llama.cpp; we
 configure it with -DGGML_NATIVE=ON (the same -march=native the pagemill kernels use) and build
@@ -8,7 +8,9 @@ llama-server, llama-bench, llama-batched-bench and llama-quantize into
 $PAGEMILL_PEERS_DIR/llama.cpp-VERSION (default ~/.cache/pagemill/peers/llama.cpp-VERSION).
 The same tree's convert_hf_to_gguf.py (run with its own gguf-py on PYTHONPATH, see converter())
 turns an HF directory into a GGUF; benchmarks/models.py uses both to build models of real shapes.
-When the binaries already exist it only prints their paths. Stdlib only (no pagemill import).
+When the binaries already exist it only prints their paths. `--isa avx2` builds for AVX2 + FMA + F16C only (no
+AVX-512), the peer of pagemill's `avx2` variant (`PAGEMILL_CPU_ISA=avx2`) when a Zen 3-class CPU is not at hand;
+give it its own PAGEMILL_PEERS_DIR. Stdlib only (no pagemill import).
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ from pathlib import Path
 
 VERSION = "0.3.36"
 TARGETS = ("llama-server", "llama-bench", "llama-batched-bench", "llama-quantize")
+# ggml's CPU flags per --isa: the machine's own, or AVX2 + FMA + F16C without AVX-512.
+ISA_FLAGS = {
+    "native": ["-DGGML_NATIVE=ON"],
+    "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+             "-DGGML_AVX512=OFF"],
+}
 
 
 def peers_dir() -> Path:
@@ -90,13 +98,13 @@ def fetch_source(version: str) -> Path:
     return tree
 
 
-def build(version: str = VERSION, jobs: int = 2) -> dict[str, Path]:
-    """Configure and build the peer binaries; return their paths."""
+def build(version: str = VERSION, jobs: int = 2, isa: str = "native") -> dict[str, Path]:
+    """Configure and build the peer binaries for `isa` (a key of ISA_FLAGS); return their paths."""
     if shutil.which("cmake") is None:
         raise SystemExit("cmake not found: apt-get install cmake (or pip install cmake)")
     tree = fetch_source(version)
     build_dir = install_dir(version) / "build"
-    _run(["cmake", "-S", str(tree), "-B", str(build_dir), "-DGGML_NATIVE=ON",
+    _run(["cmake", "-S", str(tree), "-B", str(build_dir), *ISA_FLAGS[isa],
           "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
           "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=ON"])
     _run(["cmake", "--build", str(build_dir), f"-j{jobs}", "--target", *TARGETS])
@@ -113,10 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", default=VERSION, help="llama-cpp-python sdist version")
     parser.add_argument("--jobs", "-j", type=int, default=2, help="parallel compile jobs")
     parser.add_argument("--force", action="store_true", help="rebuild even if binaries exist")
+    parser.add_argument("--isa", choices=tuple(ISA_FLAGS), default="native",
+                        help="native: this CPU's instructions; avx2: AVX2 + FMA + F16C only (use its own "
+                             "PAGEMILL_PEERS_DIR)")
     args = parser.parse_args(argv)
+    if args.isa != "native" and not os.environ.get("PAGEMILL_PEERS_DIR"):
+        parser.error(f"--isa {args.isa}: set PAGEMILL_PEERS_DIR to a directory of its own (the default one holds "
+                     "the native build, which the benchmarks use)")
     paths = binaries(args.version)
     if args.force or not all(p.is_file() for p in paths.values()):
-        paths = build(args.version, args.jobs)
+        paths = build(args.version, args.jobs, args.isa)
     for name, path in paths.items():
         print(f"{name}: {path}")
     script, gguf_py = converter(args.version)
