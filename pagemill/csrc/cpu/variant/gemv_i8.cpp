@@ -274,14 +274,6 @@ inline void channel_order_zmm(const float* in, float* out) {
   store_transposed(v, out);
 }
 
-// acc += the dword dot products of unsigned bytes u and signed bytes s. In inline assembly: around the intrinsic,
-// GCC 12 copied each accumulator to a scratch register and back (two moves per product), so the front end, not the
-// multiplier, bounded the inner loop.
-inline __m512i dpbusd(__m512i acc, __m512i u, __m512i s) {
-  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
-  return acc;
-}
-
 // One panel vector j of a quad against R rows' broadcast codes (assembler text for quad_loop below).
 #define PAGEMILL_QUAD_VEC(j, ROWS) "vmovdqu64 " #j "*64(%[p]), %%zmm31\n\t" ROWS(j)
 #define PAGEMILL_ROWS1(j) "vpdpbusd %%zmm28, %%zmm31, %[a0" #j "]\n\t"
