@@ -41,7 +41,7 @@ def logit_bounds(x: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
     return x.double().norm(dim=1)[:, None] * bounds[0].double() + e[:, None] * bounds[1].double()
 
 
-@pytest.mark.parametrize("n_vocab,k,rows", [(1000, 96, 7), (64, 32, 1), (4097, 256, 13)])
+@pytest.mark.parametrize("n_vocab,k,rows", [(1000, 96, 7), (64, 32, 1), (4097, 256, 13), (777, 128, 5), (130, 64, 2)])
 def test_argmax_exact_and_int8_logits_within_bound(kernels, n_vocab, k, rows):
     gen = torch.Generator().manual_seed(n_vocab + k)
     w = torch.randn(n_vocab, k, generator=gen) * 0.05
