@@ -212,8 +212,8 @@ void tile_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t*, const 
         const __m256 sw = _mm256_loadu_ps(a.scales + o + v * 8);
         for (int r = 0; r < R; ++r) {
           float* f = facc[r] + c0 + v * 8;
-          _mm256_store_ps(f, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][v]),
-                                             _mm256_mul_ps(sw, _mm256_set1_ps(sx[(r0 + r) * G + g])), _mm256_load_ps(f)));
+          const __m256 scale = _mm256_mul_ps(sw, _mm256_set1_ps(sx[(r0 + r) * G + g]));
+          _mm256_store_ps(f, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][v]), scale, _mm256_load_ps(f)));
         }
       }
     }
@@ -231,7 +231,8 @@ void tile_rows(const HeadScreenArgs& a, const int8_t* xq, const uint8_t*, const 
       const __m256 f = _mm256_load_ps(facc[r] + c);
       if (n == 8) {
         _mm256_storeu_ps(out + c, f);
-        const __m256 b = _mm256_fmadd_ps(_mm256_loadu_ps(dw + c), rav, _mm256_mul_ps(_mm256_loadu_ps(dw + NT + c), rbv));
+        const __m256 b =
+            _mm256_fmadd_ps(_mm256_loadu_ps(dw + c), rav, _mm256_mul_ps(_mm256_loadu_ps(dw + NT + c), rbv));
         lo = _mm256_max_ps(lo, _mm256_sub_ps(f, b));
         hi = _mm256_max_ps(hi, _mm256_add_ps(f, b));
         continue;
