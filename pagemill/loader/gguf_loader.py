@@ -3,8 +3,8 @@
 Q4_1, Q8_0, F16 and F32 tensors are decoded here with torch from the memory-mapped bytes, with the arithmetic of
 `gguf.quants.dequantize` (Q4_1: (d * q) + m, Q8_0: q * d, in float32, each product and sum rounded once), so the
 float32 weights are bit-identical to the ones transformers loads; other types go through `gguf.quants`. Layers
-that keep weights as stored (Q4_0 .. Q8_0, Q2_K .. Q6_K: `gguf_records.RECORD_TYPES`) read their blocks
-(`GGUFWeight.blocks`) instead (`pagemill.layers.quantization.gguf`).
+that keep weights as stored (Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS: `gguf_records.RECORD_TYPES`) read their
+blocks (`GGUFWeight.blocks`) instead (`pagemill.layers.quantization.gguf`).
 """
 
 from __future__ import annotations

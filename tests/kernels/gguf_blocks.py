@@ -6,8 +6,9 @@ import numpy as np
 import torch
 
 QUANTIZABLE = {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0"}  # gguf.quants.quantize supports these
-# d / dmin byte offsets of the K-quant blocks (set to sane fp16 values in random blocks)
-_K_HALVES = {"q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+# d / dmin byte offsets of the K-quant and IQ4 blocks (set to sane fp16 values in random blocks)
+_K_HALVES = {"q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,), "iq4_nl": (0,),
+             "iq4_xs": (0,)}
 
 
 def _qtype(fmt: str):

@@ -13,7 +13,7 @@ from pagemill.kernels.ops import KernelLayerOps
 from pagemill.layers.batch_invariant import make_batch_invariant, pack_f32_tiles
 from pagemill.layers.linear import ColumnParallelLinear
 from pagemill.layers.quantization.gguf import pack_records
-from pagemill.layers.quantization.gguf_records import PLANE_LAYOUTS, RECORD_TYPES
+from pagemill.layers.quantization.gguf_records import BLOCK_LENGTHS, PLANE_LAYOUTS, RECORD_TYPES
 from tests.conftest import requires_kernels
 from tests.kernels.conftest import assert_gemv_close
 from tests.kernels.gguf_blocks import dequantized, make_blocks
@@ -79,7 +79,7 @@ def test_gemv_f32_rows_do_not_depend_on_the_batch(n: int, k: int) -> None:
 def test_records_direct_only_rows_do_not_depend_on_the_batch(fmt: str) -> None:
     """Every GGUF record format (bit-plane records and int8 tiles) with direct_only: batch-independent rows, still
     F.linear of the file's dequantized weight."""
-    n, k = (130, 512) if fmt.endswith("_k") else (130, 320)
+    n, k = (130, 512) if BLOCK_LENGTHS[fmt] == 256 else (130, 320)
     blocks = make_blocks(fmt, n, k, seed=5)
     kind, records = pack_records([(fmt, blocks)])
 

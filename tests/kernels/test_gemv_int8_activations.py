@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from pagemill.kernels.build import load_kernels
 from pagemill.layers.quantization.gguf import pack_records
-from pagemill.layers.quantization.gguf_records import PLANE_LAYOUTS, RECORD_TYPES
+from pagemill.layers.quantization.gguf_records import BLOCK_LENGTHS, PLANE_LAYOUTS, RECORD_TYPES
 from tests.conftest import requires_kernels
 from tests.kernels.conftest import assert_gemv_close
 from tests.kernels.gguf_blocks import dequantized, make_blocks
@@ -48,7 +48,7 @@ def gemv_i8(kind: str, records, x: torch.Tensor, n: int, bias: torch.Tensor | No
 
 
 def _shape(fmt: str) -> tuple[int, int]:
-    return (130, 512) if fmt.endswith("_k") else (100, 96)
+    return (130, 512) if BLOCK_LENGTHS[fmt] == 256 else (100, 96)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from pagemill.kernels.build import load_kernels
 from pagemill.layers.quantization.gguf import pack_records
-from pagemill.layers.quantization.gguf_records import (FORMAT_KINDS, PLANE_LAYOUTS, RECORD_TYPES, pack_int8,
-                                                       unpack_int8, unpack_planes)
+from pagemill.layers.quantization.gguf_records import (BLOCK_LENGTHS, FORMAT_KINDS, PLANE_LAYOUTS, RECORD_TYPES,
+                                                       pack_int8, unpack_int8, unpack_planes)
 from tests.conftest import requires_kernels
 from tests.kernels.conftest import assert_gemv_close
 from tests.kernels.gguf_blocks import dequantized, make_blocks
@@ -37,7 +37,7 @@ def gemv(kind: str, records, x: torch.Tensor, n: int, bias: torch.Tensor | None)
 
 
 def _shapes(fmt: str) -> list[tuple[int, int]]:
-    return [(100, 512), (130, 256)] if fmt.endswith("_k") else [(100, 96), (130, 320)]
+    return [(100, 512), (130, 256)] if BLOCK_LENGTHS[fmt] == 256 else [(100, 96), (130, 320)]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -167,6 +167,27 @@ PM_EXACT void q6_k(const uint8_t* b, float* y) {  // (D sc) (q - 32), 16 groups 
     }
 }
 
+constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// 32 values d * kvalues[i] from 16 bytes of 4-bit indices (element j: the low nibble of byte j, j + 16: the high one).
+PM_EXACT inline void iq4_run(float d, const uint8_t* qs, float* y) {
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * float(kIQ4Values[qs[j] & 15]);
+    y[j + 16] = d * float(kIQ4Values[qs[j] >> 4]);
+  }
+}
+
+PM_EXACT void iq4_nl(const uint8_t* b, float* y) { iq4_run(f16_at(b), b + 2, y); }
+
+PM_EXACT void iq4_xs(const uint8_t* b, float* y) {  // (D (ls - 32)) kvalues[i], 8 runs of 32
+  const float d = f16_at(b);
+  const unsigned scales_h = unsigned(b[2]) | unsigned(b[3]) << 8;
+  for (int ib = 0; ib < 8; ++ib) {
+    const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (((scales_h >> (2 * ib)) & 3) << 4);
+    iq4_run(d * float(ls - 32), b + 8 + 16 * ib, y + 32 * ib);
+  }
+}
+
 using BlockFn = void (*)(const uint8_t*, float*);
 
 struct Format {
@@ -186,6 +207,8 @@ bool format_of(int ggml_type, Format& f) {
     case 12: f = {q4_k, QK_K, 144}; return true;
     case 13: f = {q5_k, QK_K, 176}; return true;
     case 14: f = {q6_k, QK_K, 210}; return true;
+    case 20: f = {iq4_nl, 32, 18}; return true;
+    case 23: f = {iq4_xs, QK_K, 136}; return true;
   }
   return false;
 }

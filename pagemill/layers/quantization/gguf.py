@@ -1,4 +1,5 @@
-"""GGUF weights kept as stored: the file's blocks laid out for our GEMV kernels (Q4_0 .. Q8_0, Q2_K .. Q6_K).
+"""GGUF weights kept as stored: the file's blocks laid out for our GEMV kernels (Q4_0 .. Q8_0, Q2_K .. Q6_K,
+IQ4_NL, IQ4_XS).
 
 Every matmul reads records laid out from the file's blocks by re-arranging bits, no fitting (`gguf_records`):
 bit-plane records (4-bit codes for Q4_0 / Q4_1 / Q4_K and, in 4-bit records, Q2_K / Q3_K; 5-bit for Q5_0 / Q5_1 /
@@ -212,8 +213,8 @@ class GGUFLinearMethod(RecordsLinearMethod):
 
 class GGUFQuantConfig(QuantConfig):
     """A GGUF file's layers: GGUFLinearMethod where every part of a layer is in a record format (Q4_0 .. Q8_0,
-    Q2_K .. Q6_K) and the kernels engine runs in float32 / float16; the dense methods (on the dequantized weights)
-    elsewhere."""
+    Q2_K .. Q6_K, IQ4_NL, IQ4_XS) and the kernels engine runs in float32 / float16; the dense methods (on the
+    dequantized weights) elsewhere."""
 
     def __init__(self, tensor_types: dict[str, int], dense: DenseQuantConfig,
                  records_cache: RecordsCache | None = None) -> None:

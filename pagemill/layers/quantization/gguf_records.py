@@ -9,8 +9,9 @@ and a small integer), then laid out as one record kind:
   "q4k" / "q5k" Q4_K / Q5_K (the fp16 D / Dmin of each 256 and the 6-bit sc / mn of each 32, as stored),
   "q6k" Q6_K (fp16 D per 256, int8 sc per 16, m = -32 D sc), and in 4-bit records the 2/3-bit codes of
   "q2k" Q2_K (Q4_K's scales over 16 groups of 16) and "q3k" Q3_K (as Q6_K with m = -4 D sc);
-- "int8": int8 tiles with fp32 scales (and mins) per group of 16 or 32 (Q8_0); every format has an int8 form, so
-  a fused layer whose parts mix record kinds gets int8 tiles too.
+- "int8": int8 tiles with fp32 scales (and mins) per group of 16 or 32 (Q8_0; IQ4_NL / IQ4_XS, whose 4-bit
+  indices pick int8 values from a table: w = d kvalues[i], IQ4_XS with d = D (ls - 32) per 32); every format has
+  an int8 form, so a fused layer whose parts mix record kinds gets int8 tiles too.
 
 `unpack_*` turn records back into float32 weights with gguf.quants' arithmetic, bit for bit.
 """
@@ -30,8 +31,10 @@ _CHUNK_ROWS = 64 * GEMV_TILE  # rows decoded at a time: bounds the temporaries o
 RECORD_TYPES: dict[int, tuple[str, str, int]] = {
     2: ("q4_0", "q4", 32), 3: ("q4_1", "q4", 32), 6: ("q5_0", "q5", 32), 7: ("q5_1", "q5", 32),
     8: ("q8_0", "int8", 32), 10: ("q2_k", "q2k", QK_K), 11: ("q3_k", "q3k", QK_K), 12: ("q4_k", "q4k", QK_K),
-    13: ("q5_k", "q5k", QK_K), 14: ("q6_k", "q6k", QK_K),
+    13: ("q5_k", "q5k", QK_K), 14: ("q6_k", "q6k", QK_K), 20: ("iq4_nl", "int8", 32), 23: ("iq4_xs", "int8", QK_K),
 }
+# IQ4_NL / IQ4_XS: 4-bit indices into this table of int8 values (ggml's kvalues_iq4nl), so their int8 form is exact
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 # bit-plane kind -> (code bits, groups per record, group length, gemv_records' format name)
 PLANE_LAYOUTS: dict[str, tuple[int, int, int, str]] = {
     "q4": (4, 1, 32, "q4_1"), "q5": (5, 1, 32, "q5_1"), "q4k": (4, 8, 32, "q4_k"), "q5k": (5, 8, 32, "q5_k"),
@@ -143,6 +146,16 @@ def int8_codes(fmt: str, b: torch.Tensor) -> Int8Codes:
         scale = _f16(b[..., 80:82]) * (s & 15).float()
         mins = -(_f16(b[..., 82:84]) * (s >> 4).float())
         return Int8Codes(q, scale.view(n, -1), mins.view(n, -1), 16)
+    if fmt in ("iq4_nl", "iq4_xs"):
+        values = torch.tensor(IQ4_VALUES, dtype=torch.int8)
+        if fmt == "iq4_nl":  # d fp16, 16 bytes: element j in the low nibble of byte j, j + 16 in the high one
+            return Int8Codes(values[_nibbles(b[..., 2:]).long()].reshape(n, -1), _f16(b[..., :2]).view(n, nb),
+                             None, 32)
+        # d fp16, scales_h uint16 (2 bits per 32), scales_l 4 bytes (4 bits per 32), then 8 x 16 bytes as IQ4_NL's
+        idx = _nibbles(b[..., 8:].reshape(n, nb, 8, 16)).reshape(n, -1).long()
+        high = _bits(b[..., 2:4], [0, 2, 4, 6], 3).transpose(-1, -2).reshape(n, nb, 8)  # little-endian: byte 0 has 0..3
+        ls = (_nibbles(b[..., 4:8]).transpose(-1, -2).reshape(n, nb, 8) | (high << 4)).to(torch.int8) - 32
+        return Int8Codes(values[idx], (_f16(b[..., :2]) * ls.float()).view(n, -1), None, 32)
     raise ValueError(f"{fmt} is not an int8-record GGUF format")
 
 
