@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32)
+from pagemill.layers.quantization import gguf_records
+
+IQ4_VALUES = np.array(gguf_records.IQ4_VALUES, dtype=np.float32)
 
 
 def _nearest(w: np.ndarray, d: np.ndarray) -> np.ndarray:

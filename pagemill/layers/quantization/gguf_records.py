@@ -96,6 +96,17 @@ def _q5_high(qh: torch.Tensor) -> torch.Tensor:
     return _bits(qh, list(range(8)), 1).transpose(-1, -2).reshape(*qh.shape[:-1], 32)
 
 
+# IQ4 byte -> its two int8 values [2, 256]: the low nibble's, then the high one's
+_IQ4_BYTE_VALUES = torch.tensor(IQ4_VALUES, dtype=torch.int8)[torch.stack((torch.arange(256) & 15,
+                                                                           torch.arange(256) >> 4))]
+
+
+def _iq4_codes(qs: torch.Tensor) -> torch.Tensor:
+    """[..., 16] bytes of IQ4 indices -> the table's values int8 [..., 2, 16]: element j is byte j's low nibble,
+    j + 16 its high one (`_nibbles` order; one lookup per byte)."""
+    return _IQ4_BYTE_VALUES[:, qs.long()].movedim(0, -2)
+
+
 def int8_codes(fmt: str, b: torch.Tensor) -> Int8Codes:
     """The int8 codes and group scales / mins of blocks uint8 [N, nb, bytes] of any kept format (Q8_0's records, and
     every format's int8 form for fused layers that mix record kinds)."""
@@ -146,16 +157,13 @@ def int8_codes(fmt: str, b: torch.Tensor) -> Int8Codes:
         scale = _f16(b[..., 80:82]) * (s & 15).float()
         mins = -(_f16(b[..., 82:84]) * (s >> 4).float())
         return Int8Codes(q, scale.view(n, -1), mins.view(n, -1), 16)
-    if fmt in ("iq4_nl", "iq4_xs"):
-        values = torch.tensor(IQ4_VALUES, dtype=torch.int8)
-        if fmt == "iq4_nl":  # d fp16, 16 bytes: element j in the low nibble of byte j, j + 16 in the high one
-            return Int8Codes(values[_nibbles(b[..., 2:]).long()].reshape(n, -1), _f16(b[..., :2]).view(n, nb),
-                             None, 32)
-        # d fp16, scales_h uint16 (2 bits per 32), scales_l 4 bytes (4 bits per 32), then 8 x 16 bytes as IQ4_NL's
-        idx = _nibbles(b[..., 8:].reshape(n, nb, 8, 16)).reshape(n, -1).long()
+    if fmt == "iq4_nl":  # d fp16, then 16 bytes of indices
+        return Int8Codes(_iq4_codes(b[..., 2:]).reshape(n, -1), _f16(b[..., :2]).view(n, nb), None, 32)
+    if fmt == "iq4_xs":  # d fp16, scales_h uint16 (2 bits per 32), scales_l 4 bytes (4 bits per 32), 8 x 16 bytes
         high = _bits(b[..., 2:4], [0, 2, 4, 6], 3).transpose(-1, -2).reshape(n, nb, 8)  # little-endian: byte 0 has 0..3
         ls = (_nibbles(b[..., 4:8]).transpose(-1, -2).reshape(n, nb, 8) | (high << 4)).to(torch.int8) - 32
-        return Int8Codes(values[idx], (_f16(b[..., :2]) * ls.float()).view(n, -1), None, 32)
+        q = _iq4_codes(b[..., 8:].reshape(n, nb, 8, 16)).reshape(n, -1)
+        return Int8Codes(q, (_f16(b[..., :2]) * ls.float()).view(n, -1), None, 32)
     raise ValueError(f"{fmt} is not an int8-record GGUF format")
 
 
