@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from pagemill.platforms.interface import Platform
 
 # The compiled-only ops a table exposes by name (KernelLayerOps binds each to the module's function).
-LINEAR_KERNELS = ("gemv_records", "gemv_int8", "gemv_f16", "gemv_f32", "pack_gemv_weight_f16", "pack_gemv_weight_q4",
+LINEAR_KERNELS = ("gemv_records", "gemv_int8", "gemv_f16", "gemv_bf16", "gemv_f32", "pack_gemv_weight_f16",
+                  "pack_gemv_weight_q4",
                   "gguf_rows", "pack_head_screen", "head_screen", "apply_token_bitmask")
 
 
@@ -103,9 +104,14 @@ class TorchLayerOps:
         _needs_kernels("gemv_int8")
 
     def gemv_f16(self, out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> None:
-        """out = x @ W^T + bias, W packed by pack_gemv_weight_f16."""
+                 bias: torch.Tensor | None = None, direct_only: bool = False) -> None:
+        """out = x @ W^T + bias over fp16 tiles [ceil(N / 64), K, 64] (pack_gemv_weight_f16), widened to float32."""
         _needs_kernels("gemv_f16")
+
+    def gemv_bf16(self, out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor,
+                  bias: torch.Tensor | None = None, direct_only: bool = False) -> None:
+        """gemv_f16 over bf16 tiles."""
+        _needs_kernels("gemv_bf16")
 
     def gemv_f32(self, out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor,
                  bias: torch.Tensor | None = None) -> None:

@@ -23,7 +23,7 @@ from torch import nn
 
 from pagemill.layers.quantization.base import LinearMethodBase
 from pagemill.layers.quantization.dense import UnquantizedLinearMethod
-from pagemill.layers.quantization.gguf import RecordsLinearMethod
+from pagemill.layers.quantization.records import RecordsLinearMethod
 
 if TYPE_CHECKING:
     from pagemill.kernels.ops import TorchLayerOps

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from pagemill.layers.quantization.records_cache import RecordsCache
-from pagemill.utils.memory import release_mapped_pages
+from pagemill.utils.memory import file_mapped, release_mapped_pages
 
 if TYPE_CHECKING:
     from pagemill.kernels.ops import TorchLayerOps
@@ -97,6 +97,8 @@ class GreedyHeadScreen:
         elif screen.mapped:
             for t in (screen.q, screen.scales, screen.offsets, screen.bounds):
                 release_mapped_pages(t)
+        if blocks.is_contiguous() and file_mapped(blocks):  # read whole by the packing; rechecks read a few rows
+            release_mapped_pages(blocks)
         return screen
 
     def one_row_is_faster(self, head: nn.Module) -> bool:

@@ -12,6 +12,7 @@ from pagemill.layers.context import LayerContext
 from pagemill.layers.linear import as_float_tensor
 from pagemill.layers.quantization.base import copy_into
 from pagemill.layers.quantization.dense import UnquantizedLinearMethod
+from pagemill.layers.quantization.half_tiles import GGUF_HALF_TYPES
 
 
 def vocab_range(vocab_size: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
@@ -27,8 +28,9 @@ class VocabParallelEmbedding(nn.Module):
 
     A block-quantized GGUF table stays as the file's blocks (`blocks`, a view of the file map: no float copy) and
     its looked-up rows are decoded by the kernels with gguf.quants' arithmetic, the same float32 values a float
-    table would hold; `weight` is then None. A table another layer reads as floats (`keep_float_table`, set by a
-    tied float LM head) and every table without the kernels stay float."""
+    table would hold; a float16 / bfloat16 table of a float32 model stays as stored (`half_table`) and its rows are
+    widened when looked up; `weight` is then None. A table another layer reads as floats (`keep_float_table`, set by
+    a tied float LM head) stays float, as does every quantized table without the kernels."""
 
     def __init__(self, vocab_size: int, hidden_size: int, ctx: LayerContext) -> None:
         super().__init__()
@@ -39,18 +41,26 @@ class VocabParallelEmbedding(nn.Module):
         self.keep_float_table = False
         self.blocks: torch.Tensor | None = None  # uint8 [rows, nb, bytes] when the table stays quantized
         self.ggml_type = 0
+        self.half_table: torch.Tensor | None = None  # [rows, hidden] float16 / bfloat16: a 16-bit table as stored
         # Uncommitted until loaded (torch.empty maps pages lazily), dropped when the table stays quantized.
         self.weight = nn.Parameter(torch.empty(self.vocab_end - self.vocab_start, hidden_size, dtype=ctx.dtype),
                                    requires_grad=False)
 
     def load_weight(self, param: str, loaded: Any, shard_id: Any = None) -> None:
-        """This rank's rows of the checkpoint's [vocab, hidden] table (a GGUF block format: kept as blocks)."""
-        if (self.ops is not None and not self.keep_float_table and self.dtype == torch.float32
-                and getattr(loaded, "format", None) is not None and self.ops.has_kernel("gguf_rows")):
-            self.blocks = loaded.blocks[self.vocab_start:self.vocab_end]
-            self.ggml_type = loaded.tensor.ggml_type
-            self.weight = None
-            return
+        """This rank's rows of the checkpoint's [vocab, hidden] table (a GGUF block format: kept as blocks; float16
+        / bfloat16 under a float32 model: kept as stored, widened per looked-up row)."""
+        if self.weight is not None and not self.keep_float_table and self.dtype == torch.float32:
+            if (self.ops is not None and getattr(loaded, "format", None) is not None
+                    and self.ops.has_kernel("gguf_rows")):
+                self.blocks = loaded.blocks[self.vocab_start:self.vocab_end]
+                self.ggml_type = loaded.tensor.ggml_type
+                self.weight = None
+                return
+            table = _half_table(loaded)
+            if table is not None:
+                self.half_table = table[self.vocab_start:self.vocab_end]
+                self.weight = None
+                return
         if self.weight is None:
             raise ValueError("the embedding table was loaded twice")
         if self.tp_size > 1:
@@ -59,6 +69,8 @@ class VocabParallelEmbedding(nn.Module):
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (local, in range) of this rank's table: [T, hidden]."""
+        if self.half_table is not None:
+            return F.embedding(ids, self.half_table).float()
         if self.blocks is None:
             return F.embedding(ids, self.weight)
         out = torch.empty(ids.shape[0], self.hidden_size, dtype=torch.float32)
@@ -74,6 +86,15 @@ class VocabParallelEmbedding(nn.Module):
         out.masked_fill_(~mine[:, None], 0)
         self.tp_group.all_reduce(out)
         return out
+
+
+def _half_table(loaded: Any) -> torch.Tensor | None:
+    """A float16 / bfloat16 checkpoint table in its stored dtype (a view of the file), else None."""
+    if isinstance(loaded, torch.Tensor):
+        return loaded if loaded.dtype in (torch.float16, torch.bfloat16) else None
+    if getattr(loaded, "tensor", None) is not None and loaded.tensor.ggml_type in GGUF_HALF_TYPES:
+        return loaded.stored_values()
+    return None
 
 
 class ParallelLMHead(nn.Module):

@@ -43,6 +43,8 @@ _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 QK = 32  # elements per Q4_1 / Q8_0 block
 _CHUNK_ROWS = 4096  # rows decoded at a time: bounds the float temporaries of the 49152-row embedding
+GGML_BF16 = 30
+STORED_FLOAT_DTYPES = {GGML_F32: torch.float32, GGML_F16: torch.float16, GGML_BF16: torch.bfloat16}
 
 
 def gguf_to_hf_name(name: str, model_type: str) -> str | None:
@@ -158,6 +160,15 @@ class GGUFWeight:
         length, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
         blocks = _raw_tensor(self.gguf, t).view(t.shape[0], t.shape[1] // length, nbytes)
         return blocks if self.rope_heads is None else _reverse_permute(blocks, self.rope_heads)
+
+    def stored_values(self) -> torch.Tensor:
+        """A float tensor's values in their stored dtype (F32, F16, BF16), in HF row order: a view of the file map
+        (a copy when rows are un-permuted)."""
+        t = self.tensor
+        if t.ggml_type not in STORED_FLOAT_DTYPES:
+            raise ValueError(f"{self.hf_name}: ggml type {t.ggml_type} is not a float type")
+        arr = _raw_tensor(self.gguf, t).view(STORED_FLOAT_DTYPES[t.ggml_type]).reshape(t.shape)
+        return arr if self.rope_heads is None else _reverse_permute(arr, self.rope_heads)
 
     def materialize(self) -> torch.Tensor:
         """The tensor as a new float32 tensor."""

@@ -26,7 +26,7 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
     methods the checkpoint calls for; this rank's share of it under tensor / pipeline parallelism) and load its
     weights."""
     from pagemill.loader.gguf_loader import GGUFWeights
-    from pagemill.loader.safetensors_loader import iter_hf_weights
+    from pagemill.loader.safetensors_loader import checkpoint_dtypes, iter_hf_weights
 
     cls = get_model_class(model_config.mm_hf_config or model_config.hf_config)
     start = time.perf_counter()
@@ -45,7 +45,7 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
             records_cache = checkpoint.records_cache(layout)
     quant_config = get_quant_config(model_config.linear_dtype, model_config.quantization, model_config.dtype,
                                     ops, gguf.tensor_types() if gguf is not None else None, records_cache,
-                                    checkpoint)
+                                    checkpoint, checkpoint_dtypes(model_config.model) if gguf is None else None)
     ctx = LayerContext(model_config.dtype, model_config.max_model_len, ops, quant_config, attn_backend,
                        p.tp_rank, p.tp_size, p.tp_group, p.pp_rank, p.pp_size)
     model = cls(model_config.mm_hf_config or model_config.hf_config, ctx)

@@ -1,4 +1,6 @@
-"""Read a Hugging Face directory's weights (safetensors, or pytorch .bin as a fallback)."""
+"""Read a Hugging Face directory's weights (safetensors, or pytorch .bin as a fallback).
+
+safetensors tensors view the file's map (torch storage from the file): pages are read when a layer reads them."""
 
 from __future__ import annotations
 
@@ -25,3 +27,21 @@ def iter_hf_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
         raise ValueError(f"model directory {model_dir!r} has no *.safetensors or *.bin weight files.")
     for f in bins:
         yield from torch.load(f, map_location="cpu", weights_only=True).items()
+
+
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def checkpoint_dtypes(model_dir: str) -> dict[str, torch.dtype]:
+    """Name -> stored dtype of every float tensor in the directory's safetensors files, from their headers (nothing
+    is read beyond them); empty for a .bin checkpoint."""
+    from safetensors import safe_open
+
+    dtypes = {}
+    for f in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
+        with safe_open(f, framework="pt") as st:
+            for name in st.keys():
+                dtype = _SAFETENSORS_DTYPES.get(st.get_slice(name).get_dtype())
+                if dtype is not None:
+                    dtypes[name] = dtype
+    return dtypes

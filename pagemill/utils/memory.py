@@ -121,6 +121,25 @@ def available_memory_bytes() -> int:
 _MADV_DONTNEED = 4  # Linux
 
 
+def file_mapped(t: torch.Tensor) -> bool:
+    """Whether the tensor's bytes lie in one mapping of a file (Linux /proc/self/maps: a safetensors tensor, a GGUF
+    file's view): what `release_mapped_pages` may drop (a private one: when nothing wrote to it). False elsewhere."""
+    if t.numel() == 0 or not sys.platform.startswith("linux"):
+        return False
+    start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split()
+                lo, hi = (int(a, 16) for a in fields[0].split("-"))
+                if lo <= start and end <= hi:
+                    # a file's mapping: an inode and a path (not [heap], [stack] or an anonymous region)
+                    return len(fields) >= 6 and fields[4] != "0" and fields[5].startswith("/")
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 def release_mapped_pages(t: torch.Tensor) -> bool:
     """Drop the process's pages of a tensor that views a read-only file mapping (madvise MADV_DONTNEED on the
     whole pages inside it): they stay in the page cache and the next read maps them again, but they leave the

@@ -8,11 +8,11 @@ tokens, runs it, and takes the final hidden states to the LM head as before. The
 inputs are the module path's, so the hidden states are bit for bit the same.
 
 It records models that are Llama-like decoders (`DecoderLayer` with a gated MLP, plain or sandwich norms) whose
-linears hold GEMV records (GGUF, on-load int8 / int4, prequantized checkpoints) or plain float32 weights (F.linear's
-own op, `at::linear`), on float32 activations, with the
-compiled paged attention, on one rank. A step takes it when it has at most `GRAPH_MAX_ROWS` tokens and every
-request's attention runs in the paged kernel (decodes and chunks with cached context: no fresh prefill, no image
-spans); `enforce_eager=True` turns it off, as it turns off CUDA graphs.
+linears hold GEMV records (GGUF, on-load int8 / int4, prequantized checkpoints, 16-bit tiles) or plain float32
+weights (F.linear's own op, `at::linear`), on float32 activations, with the compiled paged attention, on one rank.
+A step takes it when it has at most `GRAPH_MAX_ROWS` tokens and every request's attention runs in the paged kernel
+(decodes and chunks with cached context: no fresh prefill, no image spans); `enforce_eager=True` turns it off, as it
+turns off CUDA graphs.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 from pagemill.attention.backends.cpu_paged import CpuAttentionMetadata, CpuPagedAttention
 from pagemill.layers.quantization.dense import UnquantizedLinearMethod
-from pagemill.layers.quantization.gguf import RecordsLinearMethod
+from pagemill.layers.quantization.records import HALF_TILE_KINDS, RecordsLinearMethod
 from pagemill.layers.quantization.gguf_records import PLANE_LAYOUTS
 from pagemill.models.decoder import DecoderAttention, DecoderForCausalLM, DecoderLayer, DecoderModel, GatedMLP
 
@@ -123,6 +123,8 @@ class CpuDecoderGraph:
                 for seg in linear.gemv_segments:
                     if seg.kind == "int8":
                         self.graph.add_segment(i, slot, "int8", list(seg.records), seg.start, seg.stop)
+                    elif seg.kind in HALF_TILE_KINDS:
+                        self.graph.add_segment(i, slot, seg.kind, [seg.records], seg.start, seg.stop)
                     else:
                         self.graph.add_segment(i, slot, PLANE_LAYOUTS[seg.kind][3], [seg.records], seg.start,
                                                seg.stop)

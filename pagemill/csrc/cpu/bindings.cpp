@@ -295,13 +295,31 @@ torch::Tensor as_f32(const torch::Tensor& x) { return x.scalar_type() == at::kFl
 
 }  // namespace
 
-void gemv_f16(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kGemvTile && packed.scalar_type() == at::kHalf &&
-                  packed.is_contiguous(), "gemv_f16: packed must come from pack_gemv_weight_f16");
+namespace {
+
+// gemv_f16 / gemv_bf16: out = x W^T + bias over 16-bit tiles [ceil(N / 64), K, 64] of `dtype`.
+void gemv_16bit(const char* fn, at::ScalarType dtype, torch::Tensor& out, const torch::Tensor& x,
+                const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias, bool direct_only) {
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kGemvTile && packed.scalar_type() == dtype &&
+                  packed.is_contiguous(), fn, ": packed must be contiguous ", dtype, " tiles [ceil(N / 64), K, 64]");
   const auto xf = as_f32(x);
-  const auto a = gemv_args("gemv_f16", out, x, xf, packed.size(1), packed.size(0), bias);
+  auto a = gemv_args(fn, out, x, xf, packed.size(1), packed.size(0), bias);
   if (a.M == 0 || a.N == 0) return;
-  active->gemv_f16(a, reinterpret_cast<const uint16_t*>(packed.data_ptr<at::Half>()));
+  a.direct_only = direct_only;
+  const auto* w = reinterpret_cast<const uint16_t*>(packed.data_ptr());
+  (dtype == at::kHalf ? active->gemv_f16 : active->gemv_bf16)(a, w);
+}
+
+}  // namespace
+
+void gemv_f16(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
+              bool direct_only) {
+  gemv_16bit("gemv_f16", at::kHalf, out, x, packed, bias, direct_only);
+}
+
+void gemv_bf16(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
+               bool direct_only) {
+  gemv_16bit("gemv_bf16", at::kBFloat16, out, x, packed, bias, direct_only);
 }
 
 void gemv_f32(torch::Tensor out, torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias) {
@@ -549,8 +567,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("slot_mapping"), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
         py::arg("norm_eps") = 1e-6);
   m.def("pack_gemv_weight_f16", &pack_gemv_weight_f16, "Pack a [N, K] weight for gemv_f16: [ceil(N/64), K, 64] fp16");
-  m.def("gemv_f16", &gemv_f16, "out = x @ W^T + bias (few rows streamed; more through fp32 panels), W packed by pack_gemv_weight_f16",
-        py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
+  m.def("gemv_f16", &gemv_f16, "out = x @ W^T + bias over fp16 tiles [ceil(N/64), K, 64] (pack_gemv_weight_f16), "
+        "widened to fp32: few rows streamed, more through fp32 panels unless direct_only (fixed order per row)",
+        py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("bias") = py::none(), py::arg("direct_only") = false);
+  m.def("gemv_bf16", &gemv_bf16, "gemv_f16 over bf16 tiles [ceil(N/64), K, 64]", py::arg("out"), py::arg("x"),
+        py::arg("packed"), py::arg("bias") = py::none(), py::arg("direct_only") = false);
   m.def("gemv_f32", &gemv_f32, "out = x @ W^T + bias in a fixed reduction order (a row's result does not depend on "
         "the other rows), W float32 packed [ceil(N/64), K, 64]", py::arg("out"), py::arg("x"), py::arg("packed"),
         py::arg("bias") = py::none());

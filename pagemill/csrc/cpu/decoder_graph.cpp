@@ -19,10 +19,11 @@
 namespace pagemill {
 namespace {
 
-// One row segment of a linear layer, of one record kind: GGUF bit-plane records, int8 tiles (+ scales, mins), or a
-// dense float32 weight (at::linear, F.linear's own op).
+// One row segment of a linear layer, of one record kind: GGUF bit-plane records, int8 tiles (+ scales, mins), 16-bit
+// tiles (fp16 / bf16, widened to fp32), or a dense float32 weight (at::linear, F.linear's own op).
 struct Segment {
   bool int8_tiles = false, dense = false;
+  at::ScalarType half = at::kFloat;  // kHalf / kBFloat16: 16-bit tiles in packed
   RecordFormat format = RecordFormat::Q4_1;
   torch::Tensor packed, scales, mins;  // records | int8 codes, scales, mins (undefined: none)
   int64_t start = 0, stop = 0, tiles = 0, Kp = 0, G = 0;
@@ -116,8 +117,9 @@ class DecoderGraph {
     if (bias) lin.bias = float_vector(*bias, out_features, "bias");
   }
 
-  // Rows [start, stop) of a linear: "int8" tiles (tensors q, scales[, mins]), "dense" (the float32 weight
-  // [rows, in], the linear's only segment) or records of `kind` (tensor records).
+  // Rows [start, stop) of a linear: "int8" tiles (tensors q, scales[, mins]), "f16" / "bf16" tiles (one tensor
+  // [tiles, in, 64]), "dense" (the float32 weight [rows, in], the linear's only segment) or records of `kind`
+  // (tensor records).
   void add_segment(int64_t layer, int64_t slot, const std::string& kind, std::vector<torch::Tensor> tensors,
                    int64_t start, int64_t stop) {
     Linear& lin = linear(layer, slot);
@@ -132,6 +134,12 @@ class DecoderGraph {
       TORCH_CHECK(start == 0 && stop == lin.N && lin.segments.empty(), "DecoderGraph.add_segment: a dense weight is "
                   "the linear's only segment");
       s.dense = true, s.packed = tensors[0], s.tiles = (stop - start + kGemvTile - 1) / kGemvTile;
+    } else if (kind == "f16" || kind == "bf16") {
+      s.half = kind == "f16" ? at::kHalf : at::kBFloat16;
+      TORCH_CHECK(tensors.size() == 1 && tensors[0].dim() == 3 && tensors[0].scalar_type() == s.half &&
+                      tensors[0].is_contiguous() && tensors[0].size(1) == lin.K && tensors[0].size(2) == kGemvTile,
+                  "DecoderGraph.add_segment: ", kind, " tiles are one contiguous [tiles, ", lin.K, ", 64] tensor");
+      s.packed = tensors[0], s.tiles = s.packed.size(0);
     } else if (kind == "int8") {
       TORCH_CHECK(tensors.size() == 2 || tensors.size() == 3, "DecoderGraph.add_segment: int8 tiles are (q, scales"
                   "[, mins])");
@@ -289,7 +297,9 @@ class DecoderGraph {
       a.bias = lin.bias.defined() ? lin.bias.data_ptr<float>() + s.start : nullptr;
       a.M = M, a.K = lin.K, a.N = n, a.tiles = s.tiles, a.num_threads = nt;
       a.direct_only = false, a.int8_activations = lin.int8_activations;
-      if (s.int8_tiles)
+      if (s.half != at::kFloat)
+        (s.half == at::kHalf ? k->gemv_f16 : k->gemv_bf16)(a, reinterpret_cast<const uint16_t*>(s.packed.data_ptr()));
+      else if (s.int8_tiles)
         k->gemv_int8(a, s.packed.data_ptr<int8_t>(), s.scales.data_ptr<float>(),
                      s.mins.defined() ? s.mins.data_ptr<float>() : nullptr, s.Kp, s.G);
       else

@@ -188,6 +188,18 @@ PM_EXACT void iq4_xs(const uint8_t* b, float* y) {  // (D (ls - 32)) kvalues[i],
   }
 }
 
+// 16-bit tables (F16, BF16) read in runs of 32: a 16-bit LM head's rows for the greedy head screen's rechecks.
+void f16_run(const uint8_t* b, float* y) {
+  for (int j = 0; j < 32; ++j) y[j] = f16_at(b + 2 * j);
+}
+
+void bf16_run(const uint8_t* b, float* y) {
+  for (int j = 0; j < 32; ++j) {
+    const uint32_t bits = uint32_t(b[2 * j] | b[2 * j + 1] << 8) << 16;
+    std::memcpy(y + j, &bits, 4);
+  }
+}
+
 using BlockFn = void (*)(const uint8_t*, float*);
 
 struct Format {
@@ -197,6 +209,7 @@ struct Format {
 
 bool format_of(int ggml_type, Format& f) {
   switch (ggml_type) {
+    case 1: f = {f16_run, 32, 64}; return true;
     case 2: f = {q4_0, 32, 18}; return true;
     case 3: f = {q4_1, 32, 20}; return true;
     case 6: f = {q5_0, 32, 22}; return true;
@@ -209,6 +222,7 @@ bool format_of(int ggml_type, Format& f) {
     case 14: f = {q6_k, QK_K, 210}; return true;
     case 20: f = {iq4_nl, 32, 18}; return true;
     case 23: f = {iq4_xs, QK_K, 136}; return true;
+    case 30: f = {bf16_run, 32, 64}; return true;
   }
   return false;
 }

@@ -5,7 +5,8 @@
 
 namespace pagemill {
 
-// A [N, K] matrix of ggml type `ggml_type` (Q4_0 .. Q8_0, Q2_K .. Q6_K) whose row r is at blocks + r * row_bytes.
+// A [N, K] matrix of ggml type `ggml_type` (Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS; F16 / BF16
+// read as blocks of 32) whose row r is at blocks + r * row_bytes.
 struct GGUFRows {
   const uint8_t* blocks;
   int64_t row_bytes, K;

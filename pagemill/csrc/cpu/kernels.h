@@ -151,6 +151,7 @@ struct KernelTable {
   void (*gelu_tanh_and_mul)(void* out, DType out_dtype, const void* x, DType x_dtype, int64_t T, int64_t I,
                             int num_threads);
   void (*lora_delta)(const LoraArgs&);
+  void (*gemv_bf16)(const GemvArgs&, const uint16_t* packed);  // [tiles, K, 64] bf16 bits
 };
 
 // One per compiled variant (see build.py); the bindings pick one at load time.

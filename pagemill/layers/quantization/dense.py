@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig, copy_into
+from pagemill.layers.quantization.half_tiles import HALF_KINDS, HalfTilesLinearMethod
 
 if TYPE_CHECKING:
     from pagemill.kernels.ops import TorchLayerOps
@@ -96,17 +97,25 @@ class DenseQuantConfig(QuantConfig):
 
     float32 weights of a float32 model keep F.linear (the oracle's own GEMM) unless `prepack` is set (GGUF engines,
     whose records path needs the oneDNN copy beyond the GEMV's rows, set it); prepacking needs the kernels engine.
+    A float32 engine with the kernels keeps float16 / bfloat16 checkpoint weights (`tensor_dtypes`: checkpoint name
+    -> stored dtype) in their 16 bits, multiplied in float32 (half_tiles.py).
     """
 
     def __init__(self, linear_dtype: torch.dtype, model_dtype: torch.dtype, ops: TorchLayerOps, prepack: bool = False,
-                 int8_activations: bool = False):
+                 int8_activations: bool = False, tensor_dtypes: dict[str, torch.dtype] | None = None):
         self.linear_dtype, self.model_dtype, self.ops = linear_dtype, model_dtype, ops
         # linear_dtype="int8": the records methods quantize activations to int8 (the dense layers stay float)
         self.int8_activations = int8_activations
         self.prepack = ops.linear_kernels and (prepack or linear_dtype != model_dtype)
+        self.tensor_dtypes = tensor_dtypes or {}
+        self.half_tiles = ops.linear_kernels and linear_dtype == model_dtype == torch.float32
 
     def get_linear_method(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:
-        """The same method for every layer."""
+        """16-bit tiles for a layer whose checkpoint tensors are all float16 or all bfloat16 (float32 engine with the
+        kernels), else the same method for every layer."""
+        stored = {self.tensor_dtypes.get(n) for n in checkpoint_names}
+        if self.half_tiles and len(stored) == 1 and next(iter(stored)) in HALF_KINDS:
+            return HalfTilesLinearMethod(next(iter(stored)), self.ops)
         if self.prepack:
             return PrepackedLinearMethod(self.linear_dtype, self.ops)
         return UnquantizedLinearMethod(self.linear_dtype)

@@ -12,20 +12,17 @@ dequantize k blocks of a tile into cache-resident fp32 panels, as fast as oneDNN
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig
 from pagemill.layers.quantization.dense import DenseQuantConfig
 from pagemill.layers.quantization.gguf_records import (BLOCK_LENGTHS, PLANE_LAYOUTS, RECORD_TYPES, kind_runs,
-                                                       pack_int8, pack_planes, record_bytes, record_kind,
-                                                       unpack_int8, unpack_planes)
+                                                       pack_int8, pack_planes, record_kind)
+from pagemill.layers.quantization.records import RecordsLinearMethod, RecordsSegment
 from pagemill.layers.quantization.records_cache import RecordsCache
-from pagemill.utils.memory import release_mapped_pages
 
 if TYPE_CHECKING:
     from pagemill.kernels.ops import TorchLayerOps
@@ -60,101 +57,6 @@ def pack_records(parts: list[tuple[str, torch.Tensor]], isa: str | None = None) 
             return kind, records
         kind = "int8"
     return kind, pack_int8(parts)
-
-
-@dataclass
-class RecordsSegment:
-    """Output rows [start, stop) of a layer held as records of one kind."""
-
-    kind: str
-    records: Any
-    start: int
-    stop: int
-
-
-class RecordsLinearMethod(LinearMethodBase):
-    """Weights held only as GEMV records (`records` names the kind: q4, q5, q4k, q5k, q6k, int8), for every number
-    of rows. A layer is one or more row segments (`layer.gemv_segments`), each of one record kind: a fused layer
-    whose parts mix kinds keeps each part's own records. Subclasses make the records at load."""
-
-    def __init__(self, records: str, weight_format: str, dtype: torch.dtype, ops: TorchLayerOps) -> None:
-        self.records, self.weight_format, self.input_dtype, self.ops = records, weight_format, dtype, ops
-        self.record_bytes = 0  # of the layer's records, once packed (the weight-format report)
-        # linear_dtype="int8": x quantized per row and block of 32 (Q4_K / Q6_K with VNNI: 256), integer products
-        # (4-bit records, int8 tiles, 6-bit records with VNNI; the other kinds stay on the float kernels)
-        self.int8_activations = False
-
-    def set_records(self, layer: nn.Module, records: Any) -> None:
-        """Install the layer's records, all of kind `self.records` (and its bias in float32, which the kernels add)."""
-        self.set_segments(layer, [RecordsSegment(self.records, records, 0, layer.out_features)])
-
-    def set_segments(self, layer: nn.Module, segments: list[RecordsSegment]) -> None:
-        """Install the layer's row segments (in row order, covering every output row) and its float32 bias."""
-        layer.gemv_segments = segments
-        self.records = "+".join(dict.fromkeys(s.kind for s in segments))
-        self.record_bytes = sum(record_bytes(s.records) for s in segments)
-        layer.gemv_bias = None if layer.bias is None else layer.bias.float()
-        layer.weight = None
-
-    def records_only(self, layer: nn.Module) -> bool:
-        """Whether apply is the records kernels on x as given (no step of its own before them): what a compiled
-        caller (the CPU decoder graph) may run in its place."""
-        return True
-
-    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """The records kernels: streamed up to 16 rows, fp32 panels dequantized per k block beyond."""
-        return self.matmul(layer, x.to(self.input_dtype), direct_only=False)
-
-    def matmul(self, layer: nn.Module, x: torch.Tensor, direct_only: bool) -> torch.Tensor:
-        """x [T, in] in input_dtype -> [T, out]; `direct_only` streams the records for every row count (each row
-        summed in one fixed order: the batch-invariant path)."""
-        lead = x.shape[:-1]
-        x = x.reshape(-1, x.shape[-1]).contiguous()
-        out = torch.empty(x.shape[0], layer.out_features, dtype=self.input_dtype)
-        segments, bias = layer.gemv_segments, layer.gemv_bias
-        if len(segments) == 1:
-            self._segment_matmul(segments[0], out, x, bias, direct_only)
-        else:
-            for seg in segments:
-                seg_bias = None if bias is None else bias[seg.start:seg.stop]
-                if x.shape[0] == 1:  # one row: the segment's columns of `out` are contiguous
-                    self._segment_matmul(seg, out[:, seg.start:seg.stop], x, seg_bias, direct_only)
-                else:
-                    part = torch.empty(x.shape[0], seg.stop - seg.start, dtype=self.input_dtype)
-                    self._segment_matmul(seg, part, x, seg_bias, direct_only)
-                    out[:, seg.start:seg.stop] = part
-        return out.view(*lead, layer.out_features)
-
-    def _segment_matmul(self, seg: RecordsSegment, out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None,
-                        direct_only: bool) -> None:
-        """out [T, rows of seg] = x @ W_seg^T (+ bias) on the segment's records kernel."""
-        rec = seg.records
-        if seg.kind == "int8":
-            self.ops.gemv_int8(out, x, rec[0], rec[1], bias, rec[2] if len(rec) > 2 else None,
-                                direct_only=direct_only, int8_activations=self.int8_activations)
-        else:
-            self.ops.gemv_records(out, x, rec, PLANE_LAYOUTS[seg.kind][3], bias,
-                                  direct_only=direct_only, int8_activations=self.int8_activations)
-
-    def release_resident_records(self, layer: nn.Module) -> None:
-        """Take the layer's records out of the resident set when they are mapped from the records cache (the next
-        use maps them again); nothing for records packed in memory."""
-        if getattr(layer, "records_mapped", False):
-            for seg in layer.gemv_segments:
-                for part in seg.records if isinstance(seg.records, list) else [seg.records]:
-                    release_mapped_pages(part)
-
-    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
-        """The float32 weight the records hold."""
-        return torch.cat([_unpack_segment(s, layer.in_features) for s in layer.gemv_segments])
-
-
-def _unpack_segment(seg: RecordsSegment, in_features: int) -> torch.Tensor:
-    """The float32 rows a segment's records hold."""
-    rows = seg.stop - seg.start
-    if seg.kind in PLANE_LAYOUTS:
-        return unpack_planes(seg.kind, seg.records, rows)
-    return unpack_int8(seg.records, rows, in_features)
 
 
 class GGUFLinearMethod(RecordsLinearMethod):

@@ -25,7 +25,7 @@ from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig
 from pagemill.layers.quantization.checkpoint_formats import (RECORD_GROUP, CheckpointQuant, LazyQuantWeight,
                                                              QuantCodes)
 from pagemill.layers.quantization.dense import DenseQuantConfig
-from pagemill.layers.quantization.gguf import RecordsLinearMethod
+from pagemill.layers.quantization.records import RecordsLinearMethod
 from pagemill.layers.quantization.gguf_records import GEMV_TILE, Int8Codes, _pad_rows, _tiles
 from pagemill.layers.quantization.int8_grid import int8_tiles
 from pagemill.layers.quantization.records_cache import RecordsCache

@@ -25,7 +25,7 @@ from torch import nn
 
 from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig, copy_into
 from pagemill.layers.quantization.dense import DenseQuantConfig
-from pagemill.layers.quantization.gguf import RecordsLinearMethod
+from pagemill.layers.quantization.records import RecordsLinearMethod
 from pagemill.layers.quantization.int8_grid import int8_tiles, quantize_int8
 
 if TYPE_CHECKING:

@@ -31,10 +31,12 @@ constexpr int64_t kDirectMaxRows = 16;
 
 // Software prefetch across 4 KiB pages, which the hardware streamers do not cross: per core, it gives ~20% more
 // DRAM bandwidth at M = 1. Distances are in bytes ahead of row k; measured on the per-token weight set.
-struct F16W {
-  const f16* w;
+// 16-bit weights (fp16 or bf16), widened to fp32 on load (exact): a row is 2 lines.
+template <class H>
+struct HalfW {
+  const H* w;
   inline vf load(int64_t k, int v) const { return vload(w + k * NT + v * W); }
-  inline void prefetch(int64_t k) const {  // a row is 2 lines
+  inline void prefetch(int64_t k) const {
     const char* p = reinterpret_cast<const char*>(w + k * NT) + 8192;
     prefetch_l2(p);
     prefetch_l2(p + 64);
@@ -543,20 +545,33 @@ void gemv_f32(const GemvArgs& a, const float* packed) {
       [](int64_t, int64_t) { return MinTerm{}; });
 }
 
-void gemv_f16(const GemvArgs& a, const uint16_t* packed) {
-  const f16* wp = reinterpret_cast<const f16*>(packed);
+namespace {
+
+// y = x W^T + b over 16-bit tiles [T, K, NT] of element type H. With direct_only the k blocks sit at fixed offsets
+// (multiples of KB), so a row's sums run in one order whatever M (as gemv_f32's).
+template <class H>
+void gemv_half(const GemvArgs& a, const uint16_t* packed) {
+  const H* wp = reinterpret_cast<const H*>(packed);
   const int64_t K = a.K;
-  if (a.M > kDirectMaxRows) {
-    run_panel(a, 1, wp, K * NT * int64_t(sizeof(f16)), [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
-      const F16W w{wp + t * K * NT};
+  if (a.M > kDirectMaxRows && !a.direct_only) {
+    run_panel(a, 1, wp, K * NT * int64_t(sizeof(H)), [&](int64_t t, int64_t k0, int64_t k1, float* panel) {
+      const HalfW<H> w{wp + t * K * NT};
       for (int64_t k = k0; k < k1; ++k)
         for (int v = 0; v < NV; ++v) vstore(panel + (k - k0) * NT + v * W, w.load(k, v));
     });
     return;
   }
-  run(a, [&](int64_t t) { return F16W{wp + t * K * NT}; }, [](int64_t, int64_t) -> const float* { return nullptr; },
-      [&](int64_t) { return K; }, [](int64_t, int64_t) { return MinTerm{}; });
+  const bool fixed = a.direct_only;
+  run(a, [&](int64_t t) { return HalfW<H>{wp + t * K * NT}; },
+      [](int64_t, int64_t) -> const float* { return nullptr; },
+      [&](int64_t k) { return fixed ? (k / KB + 1) * KB : K; }, [](int64_t, int64_t) { return MinTerm{}; });
 }
+
+}  // namespace
+
+void gemv_f16(const GemvArgs& a, const uint16_t* packed) { gemv_half<f16>(a, packed); }
+
+void gemv_bf16(const GemvArgs& a, const uint16_t* packed) { gemv_half<bf16>(a, packed); }
 
 void gemv_int8(const GemvArgs& a, const int8_t* q, const float* scales, const float* mins, int64_t Kp, int64_t G) {
   if (a.int8_activations && gemv_int8_i8(a, q, scales, mins, Kp, G)) return;

@@ -19,6 +19,7 @@ void rope_and_cache(const RopeCacheArgs& a);
 void gelu_tanh_and_mul(void* out, DType out_dtype, const void* x, DType x_dtype, int64_t T, int64_t I,
                        int num_threads);
 void gemv_f16(const GemvArgs& a, const uint16_t* packed);
+void gemv_bf16(const GemvArgs& a, const uint16_t* packed);
 void gemv_int8(const GemvArgs& a, const int8_t* q, const float* scales, const float* mins, int64_t Kp, int64_t G);
 void gemv_q4(const GemvArgs& a, const uint8_t* packed, int64_t G);
 void gemv_records(const GemvArgs& a, const uint8_t* packed, RecordFormat format);
@@ -36,7 +37,7 @@ const KernelTable* PAGEMILL_CAT(kernel_table_, PAGEMILL_ISA)() {
       PAGEMILL_ISA::fused_add_rms_norm,  PAGEMILL_ISA::silu_and_mul,    PAGEMILL_ISA::rope_and_cache,
       PAGEMILL_ISA::gemv_f16,            PAGEMILL_ISA::gemv_int8,       PAGEMILL_ISA::gemv_q4,
       PAGEMILL_ISA::gemv_records,       PAGEMILL_ISA::head_screen,     PAGEMILL_ISA::apply_token_bitmask,
-      PAGEMILL_ISA::gemv_f32,            PAGEMILL_ISA::gelu_tanh_and_mul,  PAGEMILL_ISA::lora_delta,
+      PAGEMILL_ISA::gemv_f32,            PAGEMILL_ISA::gelu_tanh_and_mul,  PAGEMILL_ISA::lora_delta,         PAGEMILL_ISA::gemv_bf16,
   };
   return &table;
 }
