@@ -20,6 +20,7 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from pagemill.layers.quantization.gguf_records import RECORD_TYPES
+from pagemill.layers.quantization.half_tiles import GGUF_FLOAT_DTYPES
 from pagemill.loader.gguf_file import GGML_F16, GGML_F32, GGML_Q4_1, GGML_Q8_0, GGUFFile, GGUFTensor, open_gguf
 
 # GGUF tensor name (inside blk.N.) -> HF parameter name (inside model.layers.N.)
@@ -43,8 +44,6 @@ _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 QK = 32  # elements per Q4_1 / Q8_0 block
 _CHUNK_ROWS = 4096  # rows decoded at a time: bounds the float temporaries of the 49152-row embedding
-GGML_BF16 = 30
-STORED_FLOAT_DTYPES = {GGML_F32: torch.float32, GGML_F16: torch.float16, GGML_BF16: torch.bfloat16}
 
 
 def gguf_to_hf_name(name: str, model_type: str) -> str | None:
@@ -165,9 +164,9 @@ class GGUFWeight:
         """A float tensor's values in their stored dtype (F32, F16, BF16), in HF row order: a view of the file map
         (a copy when rows are un-permuted)."""
         t = self.tensor
-        if t.ggml_type not in STORED_FLOAT_DTYPES:
+        if t.ggml_type not in GGUF_FLOAT_DTYPES:
             raise ValueError(f"{self.hf_name}: ggml type {t.ggml_type} is not a float type")
-        arr = _raw_tensor(self.gguf, t).view(STORED_FLOAT_DTYPES[t.ggml_type]).reshape(t.shape)
+        arr = _raw_tensor(self.gguf, t).view(GGUF_FLOAT_DTYPES[t.ggml_type]).reshape(t.shape)
         return arr if self.rope_heads is None else _reverse_permute(arr, self.rope_heads)
 
     def materialize(self) -> torch.Tensor:

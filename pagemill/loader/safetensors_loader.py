@@ -33,15 +33,13 @@ _SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch
 
 
 def checkpoint_dtypes(model_dir: str) -> dict[str, torch.dtype]:
-    """Name -> stored dtype of every float tensor in the directory's safetensors files, from their headers (nothing
-    is read beyond them); empty for a .bin checkpoint."""
+    """Name -> stored dtype (float32, float16, bfloat16; None for any other) of every tensor in the directory's
+    safetensors files, from their headers (nothing is read beyond them); empty for a .bin checkpoint."""
     from safetensors import safe_open
 
     dtypes = {}
     for f in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
         with safe_open(f, framework="pt") as st:
             for name in st.keys():
-                dtype = _SAFETENSORS_DTYPES.get(st.get_slice(name).get_dtype())
-                if dtype is not None:
-                    dtypes[name] = dtype
+                dtypes[name] = _SAFETENSORS_DTYPES.get(st.get_slice(name).get_dtype())
     return dtypes

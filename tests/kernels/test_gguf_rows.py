@@ -36,7 +36,7 @@ def test_bad_ids_and_shapes_are_refused():
     with pytest.raises(RuntimeError, match="do not hold"):
         kernels.gguf_rows(torch.empty(1, 96), blocks, FORMATS["q8_0"], torch.tensor([0]))
     with pytest.raises(RuntimeError, match="not a block format"):
-        kernels.gguf_rows(torch.empty(1, 64), blocks, 1, torch.tensor([0]))
+        kernels.gguf_rows(torch.empty(1, 64), blocks, 0, torch.tensor([0]))  # F32: read as floats, not rows
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q6_k", "q4_k"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from pagemill.layers.quantization import gguf_records
+from tests.models.gguf_rewrite import rewrite_weights
 
 IQ4_VALUES = np.array(gguf_records.IQ4_VALUES, dtype=np.float32)
 
@@ -58,28 +59,12 @@ def requantize_to_iq4(src: str, dst: str) -> None:
     """Write `dst`: `src`'s metadata and tensors, its 2-D weights as IQ4_XS / IQ4_NL (values dequantized by
     gguf.quants first)."""
     import gguf
-    from gguf.quants import dequantize
 
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
-    writer = gguf.GGUFWriter(dst, arch)
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        val_type = field.types[0]
-        sub_type = field.types[-1] if val_type == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), val_type, sub_type=sub_type)
-    for t in reader.tensors:
-        shape = [int(v) for v in reversed(t.shape)]  # rows, columns
-        if len(shape) == 2 and shape[1] % 32 == 0:
-            w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
-            xs = shape[1] % 256 == 0
-            blocks = quantize_iq4_xs(w) if xs else quantize_iq4_nl(w)
-            qtype = gguf.GGMLQuantizationType.IQ4_XS if xs else gguf.GGMLQuantizationType.IQ4_NL
-            writer.add_tensor(t.name, blocks, raw_dtype=qtype)
-        else:
-            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    def encode(w: np.ndarray) -> tuple[np.ndarray, int] | None:
+        if w.shape[1] % 32:
+            return None
+        if w.shape[1] % 256 == 0:
+            return quantize_iq4_xs(w), gguf.GGMLQuantizationType.IQ4_XS
+        return quantize_iq4_nl(w), gguf.GGMLQuantizationType.IQ4_NL
+
+    rewrite_weights(src, dst, encode)

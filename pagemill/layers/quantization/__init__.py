@@ -22,7 +22,8 @@ def get_quant_config(linear_dtype: str, quantization: str, model_dtype: torch.dt
     """The chooser of every linear layer's method (run with the layer-ops table `ops`), from the engine options and
     (GGUF) the file's tensor table and its records cache (records_cache.RecordsCache, or None), or (a GPTQ / AWQ /
     compressed-tensors / FP8 checkpoint) the loader's QuantizedCheckpoint; `tensor_dtypes` (a safetensors
-    checkpoint's stored dtypes by name) lets float16 / bfloat16 weights stay 16-bit."""
+    checkpoint's stored dtypes by name; a GGUF file's come from its tensor table) lets float16 / bfloat16 weights
+    stay 16-bit."""
     check_linear_options(linear_dtype, quantization)
     if quantization in WEIGHT_ONLY_QUANTIZATIONS and gguf_tensor_types is not None:
         raise ValueError(f"quantization={quantization!r} quantizes a float checkpoint; a GGUF file is already "
@@ -36,9 +37,9 @@ def get_quant_config(linear_dtype: str, quantization: str, model_dtype: torch.dt
                          f"(got quantization={quantization!r}{'' if ops.linear_kernels else ', no kernels'}).")
     dtype = model_dtype if linear_dtype in ("auto", "int8") else getattr(torch, linear_dtype)
     if gguf_tensor_types is not None:
-        from pagemill.layers.quantization.half_tiles import GGUF_HALF_TYPES
+        from pagemill.layers.quantization.half_tiles import GGUF_FLOAT_DTYPES
 
-        tensor_dtypes = {n: GGUF_HALF_TYPES[t] for n, t in gguf_tensor_types.items() if t in GGUF_HALF_TYPES}
+        tensor_dtypes = {n: GGUF_FLOAT_DTYPES.get(t) for n, t in gguf_tensor_types.items()}
     dense = DenseQuantConfig(dtype, model_dtype, ops, prepack=quantization == "gguf",
                              int8_activations=int8_activations, tensor_dtypes=tensor_dtypes)
     if quantization == "gguf":

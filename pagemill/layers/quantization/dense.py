@@ -107,13 +107,17 @@ class DenseQuantConfig(QuantConfig):
         # linear_dtype="int8": the records methods quantize activations to int8 (the dense layers stay float)
         self.int8_activations = int8_activations
         self.prepack = ops.linear_kernels and (prepack or linear_dtype != model_dtype)
-        self.tensor_dtypes = tensor_dtypes or {}
+        self.tensor_dtypes = tensor_dtypes or {}  # (None: not a float tensor)
         self.half_tiles = ops.linear_kernels and linear_dtype == model_dtype == torch.float32
+        # A fused checkpoint tensor (Phi-3's qkv_proj) is not under its layer's shard names: such a layer takes the
+        # checkpoint's dtype when every tensor shares one.
+        dtypes = set(self.tensor_dtypes.values())
+        self.uniform_dtype = dtypes.pop() if len(dtypes) == 1 else None
 
     def get_linear_method(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:
         """16-bit tiles for a layer whose checkpoint tensors are all float16 or all bfloat16 (float32 engine with the
         kernels), else the same method for every layer."""
-        stored = {self.tensor_dtypes.get(n) for n in checkpoint_names}
+        stored = {self.tensor_dtypes.get(n, self.uniform_dtype) for n in checkpoint_names}
         if self.half_tiles and len(stored) == 1 and next(iter(stored)) in HALF_KINDS:
             return HalfTilesLinearMethod(next(iter(stored)), self.ops)
         if self.prepack:

@@ -23,16 +23,23 @@ if TYPE_CHECKING:
 
 TILE = 64  # output channels per tile (gemv.cpp's NT)
 HALF_KINDS = {dtype: kind for kind, dtype in HALF_TILE_KINDS.items()}  # torch dtype -> tile kind
-GGUF_HALF_TYPES = {1: torch.float16, 30: torch.bfloat16}  # ggml F16 / BF16
+GGUF_FLOAT_DTYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}  # ggml F32 / F16 / BF16
+GGUF_HALF_TYPES = {1: torch.float16, 30: torch.bfloat16}
 ROW_TYPES = {torch.float16: 1, torch.bfloat16: 30}  # gguf_rows' type for a 16-bit row-major table
 
 
 def half_values(loaded: Any, dtype: torch.dtype) -> torch.Tensor:
     """A checkpoint tensor as `dtype` values: a tensor of that dtype as is (a view of the file), a lazy GGUF F16 /
-    BF16 weight as its stored values; a float32 tensor (a GGUF weight decoded for tensor-parallel slicing) is
-    narrowed, which is exact because the values came from `dtype`."""
+    BF16 weight as its stored values; another float tensor (a GGUF weight decoded for tensor-parallel slicing) is
+    narrowed when that is exact, else refused."""
     if isinstance(loaded, torch.Tensor):
-        return loaded if loaded.dtype == dtype else loaded.to(dtype)
+        if loaded.dtype == dtype:
+            return loaded
+        narrowed = loaded.to(dtype)
+        if not loaded.is_floating_point() or not torch.equal(narrowed.to(loaded.dtype), loaded):
+            raise ValueError(f"a {loaded.dtype} checkpoint tensor whose values are not all {dtype} values, where the "
+                             f"checkpoint's {dtype} weight was expected")
+        return narrowed
     if hasattr(loaded, "stored_values"):
         return half_values(loaded.stored_values(), dtype)
     raise ValueError(f"expected a {dtype} checkpoint tensor, got {type(loaded).__name__}")
@@ -52,6 +59,13 @@ def write_tile_rows(tiles: torch.Tensor, rows: torch.Tensor, start: int) -> None
             m = min(TILE - c, n - i)
             tiles[t, :, c:c + m].copy_(rows[i:i + m].t())
             i += m
+
+
+def pack_half_tiles(w: torch.Tensor) -> torch.Tensor:
+    """A [N, K] float16 / bfloat16 weight as gemv_f16 / gemv_bf16 tiles [ceil(N / 64), K, 64] of its dtype."""
+    tiles = torch.zeros(-(-w.shape[0] // TILE), w.shape[1], TILE, dtype=w.dtype)
+    write_tile_rows(tiles, w, 0)
+    return tiles
 
 
 class HalfTilesLinearMethod(RecordsLinearMethod):
