@@ -62,10 +62,13 @@ class GreedyHeadScreen:
         self.offsets = torch.empty(tiles, k // 32, SCREEN_TILE, dtype=torch.int32)
         self.bounds = torch.empty(tiles, 2, SCREEN_TILE)
         rows = torch.empty(min(n, _PACK_CHUNK_ROWS), k)
+        in_file = self.table.is_contiguous() and file_mapped(self.table)
         for r0 in range(0, n, _PACK_CHUNK_ROWS):
             r1 = min(n, r0 + _PACK_CHUNK_ROWS)
             chunk = rows[:r1 - r0]
             self.ops.gguf_rows(chunk, self.table, self.table_ggml_type, torch.arange(r0, r1))
+            if in_file:  # read once here; the rechecks read a few rows again
+                release_mapped_pages(self.table[r0:r1])
             t0 = r0 // SCREEN_TILE
             for whole, part in zip((self.q, self.scales, self.offsets, self.bounds), self.ops.pack_head_screen(chunk)):
                 whole[t0:t0 + part.shape[0]] = part
@@ -97,7 +100,7 @@ class GreedyHeadScreen:
         elif screen.mapped:
             for t in (screen.q, screen.scales, screen.offsets, screen.bounds):
                 release_mapped_pages(t)
-        if blocks.is_contiguous() and file_mapped(blocks):  # read whole by the packing; rechecks read a few rows
+        if blocks.is_contiguous() and file_mapped(blocks):  # read whole by the timing; the rechecks read a few rows
             release_mapped_pages(blocks)
         return screen
 

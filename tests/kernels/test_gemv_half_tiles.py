@@ -66,6 +66,24 @@ def test_tiles_written_in_parts_are_the_f16_packers_layout() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_compiled_tile_writer_is_the_reference(dtype: torch.dtype) -> None:
+    """The loader's write_tile_rows (C++) puts parts at any offset, from row-strided views, where the reference does."""
+    kernels = require_kernels()
+    w = torch.randn(333, 200, generator=torch.Generator().manual_seed(4)).to(dtype)
+    want = pack_half_tiles(w)
+    got = torch.zeros_like(want)
+    for start, stop in ((0, 5), (5, 64), (64, 190), (190, 333)):
+        kernels.write_tile_rows(got, w[start:stop], start)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    wide = torch.randn(70, 300).to(dtype)
+    got = torch.zeros(2, 200, 64, dtype=dtype)
+    kernels.write_tile_rows(got, wide[:, 50:250], 0)  # rows with a stride of 300
+    assert torch.equal(got.view(torch.int16), pack_half_tiles(wide[:, 50:250].contiguous()).view(torch.int16))
+    with pytest.raises(RuntimeError, match="beyond"):
+        kernels.write_tile_rows(got, wide[:, :200], 100)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_f16_and_bf16_rows_are_the_widened_values(dtype: torch.dtype) -> None:
     kernels = require_kernels()
     w = torch.randn(70, 256, generator=torch.Generator().manual_seed(2)).to(dtype)

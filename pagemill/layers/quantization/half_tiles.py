@@ -46,7 +46,8 @@ def half_values(loaded: Any, dtype: torch.dtype) -> torch.Tensor:
 
 
 def write_tile_rows(tiles: torch.Tensor, rows: torch.Tensor, start: int) -> None:
-    """tiles [T, K, 64] rows [start, start + n) = rows [n, K] (row r is tiles[r // 64, :, r % 64])."""
+    """tiles [T, K, 64] rows [start, start + n) = rows [n, K] (row r is tiles[r // 64, :, r % 64]): the reference of
+    the kernels' write_tile_rows, which the loader runs (several times faster)."""
     n, k = rows.shape
     i = 0
     while i < n:
@@ -79,29 +80,30 @@ class HalfTilesLinearMethod(RecordsLinearMethod):
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
         """The tiles, filled as the checkpoint's parts arrive (pages are committed as they are written)."""
         layer.in_features, layer.out_features = in_features, out_features
-        layer.half_tiles = torch.zeros(-(-out_features // TILE), in_features, TILE, dtype=self.weight_dtype)
-        layer.half_parts = []  # (row offset, the part's row-major values): an LM head's rows for the head screen
+        layer.half_tiles = torch.empty(-(-out_features // TILE), in_features, TILE, dtype=self.weight_dtype)
+        layer.half_tiles[-1, :, out_features % TILE or TILE:] = 0  # the padding channels (the parts fill the rest)
+        layer.half_parts = []  # (the part's row-major values, whether they view the file): an LM head's rows
 
     def load_weight(self, layer: nn.Module, loaded: Any, row_offset: int, shard_index: int) -> None:
         """Write the part's rows into the tiles."""
         rows = half_values(loaded, self.weight_dtype)
         if rows.dim() != 2 or rows.shape[1] != layer.in_features:
             raise ValueError(f"checkpoint tensor has shape {tuple(rows.shape)}, expected [rows, {layer.in_features}]")
-        write_tile_rows(layer.half_tiles, rows, row_offset)
-        layer.half_parts.append((row_offset, rows))
+        if rows.stride(1) != 1:
+            rows = rows.contiguous()
+        self.ops.write_tile_rows(layer.half_tiles, rows, row_offset)
+        in_file = rows.is_contiguous() and file_mapped(rows)
+        if in_file:  # read once: the file's pages leave the resident set (the map lives on in any view of it)
+            release_mapped_pages(rows)
+        layer.half_parts.append((rows, in_file))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Install the tiles as the layer's one segment; the parts' file pages leave the resident set (the map lives
-        on while any view of it does: the embedding's table). A one-part layer keeps its rows' view (`gguf_rows`: an
-        LM head's screen rechecks its candidates there)."""
+        """Install the tiles as the layer's one segment. A one-part layer whose rows view the checkpoint file keeps
+        that view (`gguf_rows`: an LM head's screen rechecks its candidates there)."""
         self.set_records(layer, layer.half_tiles)
         parts, layer.half_parts = layer.half_parts, []
         del layer.half_tiles
-        mapped = [rows.is_contiguous() and file_mapped(rows) for _, rows in parts]
-        for (_, rows), in_file in zip(parts, mapped):
-            if in_file:
-                release_mapped_pages(rows)
         layer.gguf_rows = None
-        if len(parts) == 1 and mapped[0] and layer.in_features % 32 == 0:
-            rows = parts[0][1]
+        if len(parts) == 1 and parts[0][1] and layer.in_features % 32 == 0:
+            rows = parts[0][0]
             layer.gguf_rows = (rows.view(torch.uint8).view(rows.shape[0], -1, 64), ROW_TYPES[self.weight_dtype])
