@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 # The compiled-only ops a table exposes by name (KernelLayerOps binds each to the module's function).
 LINEAR_KERNELS = ("gemv_records", "gemv_int8", "gemv_f16", "gemv_bf16", "gemv_f32", "pack_gemv_weight_f16",
-                  "pack_gemv_weight_q4", "write_tile_rows", "gguf_rows", "pack_head_screen", "head_screen",
+                  "pack_gemv_weight_q4", "gguf_rows", "pack_head_screen", "head_screen",
                   "apply_token_bitmask")
 
 
@@ -121,10 +121,6 @@ class TorchLayerOps:
     def pack_gemv_weight_f16(self, w: torch.Tensor) -> torch.Tensor:
         """A [N, K] weight packed for gemv_f16."""
         _needs_kernels("pack_gemv_weight_f16")
-
-    def write_tile_rows(self, tiles: torch.Tensor, rows: torch.Tensor, start: int) -> None:
-        """16-bit rows [n, K] into rows [start, start + n) of 16-bit GEMV tiles [T, K, 64]."""
-        _needs_kernels("write_tile_rows")
 
     def pack_gemv_weight_q4(self, w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, Any]:
         """(Q4_1 records of a float [N, K] weight for gemv_records' q4 kind, the fit's relative max error)."""

@@ -100,8 +100,6 @@ class GreedyHeadScreen:
         elif screen.mapped:
             for t in (screen.q, screen.scales, screen.offsets, screen.bounds):
                 release_mapped_pages(t)
-        if blocks.is_contiguous() and file_mapped(blocks):  # read whole by the timing; the rechecks read a few rows
-            release_mapped_pages(blocks)
         return screen
 
     def one_row_is_faster(self, head: nn.Module) -> bool:

@@ -12,7 +12,7 @@ from pagemill.layers.context import LayerContext
 from pagemill.layers.linear import as_float_tensor
 from pagemill.layers.quantization.base import copy_into
 from pagemill.layers.quantization.dense import UnquantizedLinearMethod
-from pagemill.layers.quantization.half_tiles import GGUF_HALF_TYPES
+from pagemill.layers.quantization.half_tiles import GGUF_FLOAT_DTYPES, HALF_KINDS
 
 
 def vocab_range(vocab_size: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
@@ -91,8 +91,8 @@ class VocabParallelEmbedding(nn.Module):
 def _half_table(loaded: Any) -> torch.Tensor | None:
     """A float16 / bfloat16 checkpoint table in its stored dtype (a view of the file), else None."""
     if isinstance(loaded, torch.Tensor):
-        return loaded if loaded.dtype in (torch.float16, torch.bfloat16) else None
-    if getattr(loaded, "tensor", None) is not None and loaded.tensor.ggml_type in GGUF_HALF_TYPES:
+        return loaded if loaded.dtype in HALF_KINDS else None
+    if getattr(loaded, "tensor", None) is not None and GGUF_FLOAT_DTYPES.get(loaded.tensor.ggml_type) in HALF_KINDS:
         return loaded.stored_values()
     return None
 

@@ -567,8 +567,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("slot_mapping"), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
         py::arg("norm_eps") = 1e-6);
   m.def("pack_gemv_weight_f16", &pack_gemv_weight_f16, "Pack a [N, K] weight for gemv_f16: [ceil(N/64), K, 64] fp16");
-  m.def("write_tile_rows", &write_tile_rows, "Write 16-bit rows [n, K] into rows [start, start + n) of 16-bit GEMV "
-        "tiles [T, K, 64]", py::arg("tiles"), py::arg("rows"), py::arg("start"));
   m.def("gemv_f16", &gemv_f16, "out = x @ W^T + bias over fp16 tiles [ceil(N/64), K, 64] (pack_gemv_weight_f16), "
         "widened to fp32: few rows streamed, more through fp32 panels unless direct_only (fixed order per row)",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("bias") = py::none(), py::arg("direct_only") = false);

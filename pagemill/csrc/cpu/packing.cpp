@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -122,37 +121,6 @@ torch::Tensor pack_gemv_weight_f16(torch::Tensor w) {
   const int64_t N = w.size(0), Np = (N + NT - 1) / NT * NT;
   auto wp = torch::constant_pad_nd(w.to(at::kHalf), {0, 0, 0, Np - N});
   return to_tiles(wp);
-}
-
-void write_tile_rows(torch::Tensor tiles, torch::Tensor rows, int64_t start) {
-  TORCH_CHECK(tiles.dim() == 3 && tiles.size(2) == NT && tiles.is_contiguous() && tiles.element_size() == 2,
-              "write_tile_rows: tiles must be contiguous 16-bit [T, K, 64]");
-  TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == tiles.scalar_type() && rows.size(1) == tiles.size(1) &&
-                  rows.stride(1) == 1, "write_tile_rows: rows must be [n, K] of the tiles' dtype, unit column stride");
-  const int64_t n = rows.size(0), K = rows.size(1), ld = rows.stride(0);
-  TORCH_CHECK(start >= 0 && start + n <= tiles.size(0) * NT, "write_tile_rows: rows [", start, ", ", start + n,
-              ") beyond the tiles' ", tiles.size(0) * NT);
-  if (n == 0) return;
-  const auto* src = reinterpret_cast<const uint16_t*>(rows.data_ptr());
-  auto* dst = reinterpret_cast<uint16_t*>(tiles.data_ptr());
-  const int64_t t0 = start / NT, t1 = (start + n - 1) / NT + 1;
-  constexpr int64_t KB = 64;  // a 64 x 64 block (8 KiB) transposed in L1
-  at::parallel_for(t0, t1, 1, [&](int64_t ta, int64_t tb) {
-    for (int64_t t = ta; t < tb; ++t) {
-      const int64_t c0 = std::max<int64_t>(0, start - t * NT), c1 = std::min<int64_t>(NT, start + n - t * NT);
-      uint16_t* tile = dst + t * K * NT;
-      const uint16_t* first = src + (t * NT + c0 - start) * ld;  // row c0's
-      for (int64_t k0 = 0; k0 < K; k0 += KB) {
-        const int64_t k1 = std::min(K, k0 + KB);
-        uint16_t block[KB][NT];  // [k][c]: the tile's rows k0..k1, built in L1 from the rows' contiguous spans
-        for (int64_t c = c0; c < c1; ++c) {
-          const uint16_t* row = first + (c - c0) * ld;
-          for (int64_t k = k0; k < k1; ++k) block[k - k0][c] = row[k];
-        }
-        for (int64_t k = k0; k < k1; ++k) std::memcpy(tile + k * NT + c0, &block[k - k0][c0], (c1 - c0) * 2);
-      }
-    }
-  });
 }
 
 std::vector<torch::Tensor> pack_gemv_weight_int8(torch::Tensor w, int64_t group_size) {

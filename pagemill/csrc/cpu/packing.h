@@ -8,9 +8,6 @@
 constexpr int64_t kGemvTile = 64;  // output channels per packed tile
 
 torch::Tensor pack_gemv_weight_f16(torch::Tensor w);
-// rows [n, K] (16-bit, row-strided) into rows [start, start + n) of 16-bit tiles [T, K, 64]: row r at
-// tiles[r / 64, :, r % 64]
-void write_tile_rows(torch::Tensor tiles, torch::Tensor rows, int64_t start);
 std::vector<torch::Tensor> pack_gemv_weight_int8(torch::Tensor w, int64_t group_size);
 std::vector<torch::Tensor> pack_gemv_weight_q4(torch::Tensor w, int64_t group_size);
 double q4_max_error(torch::Tensor w, int64_t group_size);

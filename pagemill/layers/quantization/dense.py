@@ -108,7 +108,7 @@ class DenseQuantConfig(QuantConfig):
         self.int8_activations = int8_activations
         self.prepack = ops.linear_kernels and (prepack or linear_dtype != model_dtype)
         self.tensor_dtypes = tensor_dtypes or {}  # (None: not a float tensor)
-        self.half_tiles = ops.linear_kernels and linear_dtype == model_dtype == torch.float32
+        self.keeps_16_bit = ops.linear_kernels and linear_dtype == model_dtype == torch.float32
         # A fused checkpoint tensor (Phi-3's qkv_proj) is not under its layer's shard names: such a layer takes the
         # checkpoint's dtype when every tensor shares one.
         dtypes = set(self.tensor_dtypes.values())
@@ -118,7 +118,7 @@ class DenseQuantConfig(QuantConfig):
         """16-bit tiles for a layer whose checkpoint tensors are all float16 or all bfloat16 (float32 engine with the
         kernels), else the same method for every layer."""
         stored = {self.tensor_dtypes.get(n, self.uniform_dtype) for n in checkpoint_names}
-        if self.half_tiles and len(stored) == 1 and next(iter(stored)) in HALF_KINDS:
+        if self.keeps_16_bit and len(stored) == 1 and next(iter(stored)) in HALF_KINDS:
             return HalfTilesLinearMethod(next(iter(stored)), self.ops)
         if self.prepack:
             return PrepackedLinearMethod(self.linear_dtype, self.ops)

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 TILE = 64  # output channels per tile (gemv.cpp's NT)
 HALF_KINDS = {dtype: kind for kind, dtype in HALF_TILE_KINDS.items()}  # torch dtype -> tile kind
 GGUF_FLOAT_DTYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}  # ggml F32 / F16 / BF16
-GGUF_HALF_TYPES = {1: torch.float16, 30: torch.bfloat16}
-ROW_TYPES = {torch.float16: 1, torch.bfloat16: 30}  # gguf_rows' type for a 16-bit row-major table
+# gguf_rows' ggml type for a 16-bit row-major table
+ROW_TYPES = {dtype: t for t, dtype in GGUF_FLOAT_DTYPES.items() if dtype in HALF_KINDS}
 
 
 def half_values(loaded: Any, dtype: torch.dtype) -> torch.Tensor:
@@ -46,9 +46,10 @@ def half_values(loaded: Any, dtype: torch.dtype) -> torch.Tensor:
 
 
 def write_tile_rows(tiles: torch.Tensor, rows: torch.Tensor, start: int) -> None:
-    """tiles [T, K, 64] rows [start, start + n) = rows [n, K] (row r is tiles[r // 64, :, r % 64]): the reference of
-    the kernels' write_tile_rows, which the loader runs (several times faster)."""
+    """tiles [T, K, 64] rows [start, start + n) = rows [n, K] (row r is tiles[r // 64, :, r % 64])."""
     n, k = rows.shape
+    if start < 0 or start + n > tiles.shape[0] * TILE:
+        raise ValueError(f"rows [{start}, {start + n}) reach beyond the tiles' {tiles.shape[0] * TILE}")
     i = 0
     while i < n:
         t, c = divmod(start + i, TILE)
@@ -89,9 +90,7 @@ class HalfTilesLinearMethod(RecordsLinearMethod):
         rows = half_values(loaded, self.weight_dtype)
         if rows.dim() != 2 or rows.shape[1] != layer.in_features:
             raise ValueError(f"checkpoint tensor has shape {tuple(rows.shape)}, expected [rows, {layer.in_features}]")
-        if rows.stride(1) != 1:
-            rows = rows.contiguous()
-        self.ops.write_tile_rows(layer.half_tiles, rows, row_offset)
+        write_tile_rows(layer.half_tiles, rows, row_offset)
         in_file = rows.is_contiguous() and file_mapped(rows)
         if in_file:  # read once: the file's pages leave the resident set (the map lives on in any view of it)
             release_mapped_pages(rows)
