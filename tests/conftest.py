@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import tempfile
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,26 @@ from pagemill.loader.default_model import default_model_path
 
 if TYPE_CHECKING:
     from pagemill.kernels.ops import KernelLayerOps
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's laid-out records go to a directory of its own (removed at the end), not the user's cache: test
+    models live in temporary paths, so their records would only pile up there."""
+    if "PAGEMILL_RECORDS_CACHE_DIR" not in os.environ:
+        config._records_dir = tempfile.mkdtemp(prefix="pagemill-test-records-")
+        os.environ["PAGEMILL_RECORDS_CACHE_DIR"] = config._records_dir
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the run's records directory (after its background writes)."""
+    records_dir = getattr(config, "_records_dir", None)
+    if records_dir is not None:
+        from pagemill.layers.quantization.records_cache import wait_for_writes
+
+        wait_for_writes()
+        shutil.rmtree(records_dir, ignore_errors=True)
+        os.environ.pop("PAGEMILL_RECORDS_CACHE_DIR", None)
+
 
 SMOL_PROMPTS = [
     "The capital of France is",

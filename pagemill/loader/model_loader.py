@@ -26,7 +26,7 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
     methods the checkpoint calls for; this rank's share of it under tensor / pipeline parallelism) and load its
     weights."""
     from pagemill.loader.gguf_loader import GGUFWeights
-    from pagemill.loader.safetensors_loader import checkpoint_dtypes, iter_hf_weights
+    from pagemill.loader.safetensors_loader import checkpoint_dtypes, iter_hf_weights, safetensors_files
 
     cls = get_model_class(model_config.mm_hf_config or model_config.hf_config)
     start = time.perf_counter()
@@ -43,6 +43,9 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
                                                                      None))
         if ops.linear_kernels:
             records_cache = checkpoint.records_cache(layout)
+    elif gguf is None and ops.linear_kernels:  # 16-bit tiles, weight-only int8 / int4 records
+        records_cache = RecordsCache.for_weight_files(safetensors_files(model_config.model),
+                                                      f"{layout},{model_config.quantization or 'float'}")
     quant_config = get_quant_config(model_config.linear_dtype, model_config.quantization, model_config.dtype,
                                     ops, gguf.tensor_types() if gguf is not None else None, records_cache,
                                     checkpoint, checkpoint_dtypes(model_config.model) if gguf is None else None)

@@ -47,12 +47,11 @@ class QuantizedCheckpoint:
         self.prefixes = quantized_prefixes(self.spec, checkpoint_tensor_names(model_dir))
 
     def records_cache(self, layout: str) -> RecordsCache | None:
-        """The records cache of these weight files (every file's size and time in its key) for this rank and
-        kernel layout; None when caching is off or the weights run on the float path (fp8)."""
+        """The records cache of these weight files for this rank and kernel layout; None when caching is off or
+        the weights run on the float path (fp8)."""
         if not self.spec.integer or not self.files:
             return None
-        stats = "|".join(f"{os.path.basename(f)}:{os.stat(f).st_size}:{os.stat(f).st_mtime_ns}" for f in self.files)
-        return RecordsCache.for_weight_file(self.files[0], f"{layout}|{stats}")
+        return RecordsCache.for_weight_files(self.files, layout)
 
     @property
     def quantized_weights(self) -> set[str]:

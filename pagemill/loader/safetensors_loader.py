@@ -11,9 +11,14 @@ from collections.abc import Iterator
 import torch
 
 
+def safetensors_files(model_dir: str) -> list[str]:
+    """The directory's *.safetensors weight files, sorted (empty for a .bin checkpoint)."""
+    return sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+
+
 def iter_hf_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, tensor) for every tensor stored in the directory."""
-    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    files = safetensors_files(model_dir)
     if files:
         from safetensors import safe_open
 
@@ -38,7 +43,7 @@ def checkpoint_dtypes(model_dir: str) -> dict[str, torch.dtype]:
     from safetensors import safe_open
 
     dtypes = {}
-    for f in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
+    for f in safetensors_files(model_dir):
         with safe_open(f, framework="pt") as st:
             for name in st.keys():
                 dtypes[name] = _SAFETENSORS_DTYPES.get(st.get_slice(name).get_dtype())

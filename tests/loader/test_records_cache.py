@@ -16,6 +16,7 @@ import pytest
 
 import pagemill.layers.quantization.gguf as gguf_method
 from pagemill.layers.head_screen import GreedyHeadScreen
+from pagemill.layers.quantization.records_cache import RecordsCache, wait_for_writes
 from pagemill import LLM, SamplingParams
 from tests.conftest import SMOL_PROMPTS, requires_kernels
 
@@ -25,7 +26,10 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12)
 
 
 def _start(path: str) -> LLM:
-    return LLM(path, kv_cache_memory="64MiB", max_model_len=256)
+    """An engine on `path`, its records cache written (the write runs on a thread of its own)."""
+    llm = LLM(path, kv_cache_memory="64MiB", max_model_len=256)
+    wait_for_writes()
+    return llm
 
 
 def _close(llm: LLM) -> None:
@@ -72,6 +76,36 @@ def test_second_start_maps_the_records_without_packing(smol_path, cache_dir, mon
     assert _cache_files(cache_dir) == files  # nothing rewritten
     screen = second.llm_engine.engine_core.executor.model_runner.head_screen
     assert screen is not None and screen.recomputed > 0  # the mapped screen ran (and rechecked its candidates)
+
+
+_EXIT_AFTER_START = """
+import sys
+from pagemill import LLM
+LLM(sys.argv[1], kv_cache_memory="32MiB", max_model_len=256)
+"""
+
+
+def test_the_write_finishes_before_the_process_exits(smol_path, cache_dir):
+    """The cache is written on a thread of its own while the engine serves; a process that exits right after the
+    start still leaves the whole file (and no temporary one), which the next start maps."""
+    env = {**os.environ, "PAGEMILL_RECORDS_CACHE_DIR": str(cache_dir)}
+    proc = subprocess.run([sys.executable, "-c", _EXIT_AFTER_START, smol_path], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=str(Path(__file__).resolve().parents[2]))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not list(cache_dir.glob("*.tmp"))
+    (path,) = _cache_files(cache_dir)
+    cache = RecordsCache(path)
+    assert cache.mapped and cache._index  # a complete safetensors file with its index
+
+
+def test_an_orphaned_temporary_file_is_removed(smol_path, cache_dir):
+    """A writer killed mid-write leaves its temporary file; the next write removes it (its process is gone)."""
+    cache_dir.mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = cache_dir / f"{dead.stdout.strip()}.abc.tmp"
+    orphan.write_bytes(b"partial")
+    _close(_start(smol_path))
+    assert not orphan.exists() and _cache_files(cache_dir)
 
 
 def test_an_edited_file_gets_new_records(smol_path, cache_dir, tmp_path, monkeypatch):

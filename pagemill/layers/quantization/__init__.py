@@ -19,11 +19,11 @@ __all__ = ["LinearMethodBase", "QuantConfig", "get_quant_config"]
 def get_quant_config(linear_dtype: str, quantization: str, model_dtype: torch.dtype, ops: TorchLayerOps,
                      gguf_tensor_types: dict[str, int] | None = None, records_cache: Any = None,
                      checkpoint: Any = None, tensor_dtypes: dict[str, torch.dtype] | None = None) -> QuantConfig:
-    """The chooser of every linear layer's method (run with the layer-ops table `ops`), from the engine options and
-    (GGUF) the file's tensor table and its records cache (records_cache.RecordsCache, or None), or (a GPTQ / AWQ /
-    compressed-tensors / FP8 checkpoint) the loader's QuantizedCheckpoint; `tensor_dtypes` (a safetensors
-    checkpoint's stored dtypes by name; a GGUF file's come from its tensor table) lets float16 / bfloat16 weights
-    stay 16-bit."""
+    """The chooser of every linear layer's method (run with the layer-ops table `ops`), from the engine options,
+    the weight files' records cache (records_cache.RecordsCache, or None: layouts packed by earlier starts) and
+    (GGUF) the file's tensor table, or (a GPTQ / AWQ / compressed-tensors / FP8 checkpoint) the loader's
+    QuantizedCheckpoint; `tensor_dtypes` (a safetensors checkpoint's stored dtypes by name; a GGUF file's come from
+    its tensor table) lets float16 / bfloat16 weights stay 16-bit."""
     check_linear_options(linear_dtype, quantization)
     if quantization in WEIGHT_ONLY_QUANTIZATIONS and gguf_tensor_types is not None:
         raise ValueError(f"quantization={quantization!r} quantizes a float checkpoint; a GGUF file is already "
@@ -41,7 +41,8 @@ def get_quant_config(linear_dtype: str, quantization: str, model_dtype: torch.dt
 
         tensor_dtypes = {n: GGUF_FLOAT_DTYPES.get(t) for n, t in gguf_tensor_types.items()}
     dense = DenseQuantConfig(dtype, model_dtype, ops, prepack=quantization == "gguf",
-                             int8_activations=int8_activations, tensor_dtypes=tensor_dtypes)
+                             int8_activations=int8_activations, tensor_dtypes=tensor_dtypes,
+                             records_cache=records_cache)
     if quantization == "gguf":
         from pagemill.layers.quantization.gguf import GGUFQuantConfig
 

@@ -20,6 +20,7 @@ from pagemill.layers.quantization.half_tiles import HALF_KINDS, HalfTilesLinearM
 
 if TYPE_CHECKING:
     from pagemill.kernels.ops import TorchLayerOps
+    from pagemill.layers.quantization.records_cache import RecordsCache
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,8 @@ class DenseQuantConfig(QuantConfig):
     """
 
     def __init__(self, linear_dtype: torch.dtype, model_dtype: torch.dtype, ops: TorchLayerOps, prepack: bool = False,
-                 int8_activations: bool = False, tensor_dtypes: dict[str, torch.dtype] | None = None):
+                 int8_activations: bool = False, tensor_dtypes: dict[str, torch.dtype] | None = None,
+                 records_cache: RecordsCache | None = None):
         self.linear_dtype, self.model_dtype, self.ops = linear_dtype, model_dtype, ops
         # linear_dtype="int8": the records methods quantize activations to int8 (the dense layers stay float)
         self.int8_activations = int8_activations
@@ -113,13 +115,15 @@ class DenseQuantConfig(QuantConfig):
         # checkpoint's dtype when every tensor shares one.
         dtypes = set(self.tensor_dtypes.values())
         self.uniform_dtype = dtypes.pop() if len(dtypes) == 1 else None
+        self.records_cache = records_cache  # the weight files' records cache: layouts packed by earlier starts
 
     def get_linear_method(self, checkpoint_names: list[str], in_features: int) -> LinearMethodBase:
         """16-bit tiles for a layer whose checkpoint tensors are all float16 or all bfloat16 (float32 engine with the
         kernels), else the same method for every layer."""
         stored = {self.tensor_dtypes.get(n, self.uniform_dtype) for n in checkpoint_names}
         if self.keeps_16_bit and len(stored) == 1 and next(iter(stored)) in HALF_KINDS:
-            return HalfTilesLinearMethod(next(iter(stored)), self.ops)
+            method = HalfTilesLinearMethod(next(iter(stored)), self.ops)
+            return method.use_cache(self.records_cache, "+".join(checkpoint_names))
         if self.prepack:
             return PrepackedLinearMethod(self.linear_dtype, self.ops)
         return UnquantizedLinearMethod(self.linear_dtype)

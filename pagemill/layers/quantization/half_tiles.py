@@ -79,29 +79,41 @@ class HalfTilesLinearMethod(RecordsLinearMethod):
         self.weight_dtype = weight_dtype
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
-        """The tiles, filled as the checkpoint's parts arrive (pages are committed as they are written)."""
+        """The tiles an earlier start packed (mapped from the records cache), else room for them, filled as the
+        checkpoint's parts arrive (pages are committed as they are written)."""
         layer.in_features, layer.out_features = in_features, out_features
-        layer.half_tiles = torch.empty(-(-out_features // TILE), in_features, TILE, dtype=self.weight_dtype)
-        layer.half_tiles[-1, :, out_features % TILE or TILE:] = 0  # the padding channels (the parts fill the rest)
+        shape = (-(-out_features // TILE), in_features, TILE)
+        cached = self.cached_records()
+        layer.half_mapped = isinstance(cached, torch.Tensor) and cached.shape == shape and cached.dtype == (
+            self.weight_dtype)
+        if layer.half_mapped:
+            layer.half_tiles = cached
+        else:
+            layer.half_tiles = torch.empty(shape, dtype=self.weight_dtype)
+            layer.half_tiles[-1, :, out_features % TILE or TILE:] = 0  # the padding channels (parts fill the rest)
         layer.half_parts = []  # (the part's row-major values, whether they view the file): an LM head's rows
 
     def load_weight(self, layer: nn.Module, loaded: Any, row_offset: int, shard_index: int) -> None:
-        """Write the part's rows into the tiles."""
+        """Write the part's rows into the tiles (nothing to write when they are mapped from the cache)."""
         rows = half_values(loaded, self.weight_dtype)
         if rows.dim() != 2 or rows.shape[1] != layer.in_features:
             raise ValueError(f"checkpoint tensor has shape {tuple(rows.shape)}, expected [rows, {layer.in_features}]")
-        write_tile_rows(layer.half_tiles, rows, row_offset)
+        if row_offset < 0 or row_offset + rows.shape[0] > layer.out_features:
+            raise ValueError(f"rows [{row_offset}, {row_offset + rows.shape[0]}) reach beyond the layer's "
+                             f"{layer.out_features}")
         in_file = rows.is_contiguous() and file_mapped(rows)
-        if in_file:  # read once: the file's pages leave the resident set (the map lives on in any view of it)
-            release_mapped_pages(rows)
+        if not layer.half_mapped:
+            write_tile_rows(layer.half_tiles, rows, row_offset)
+            if in_file:  # read once: the file's pages leave the resident set (the map lives on in any view of it)
+                release_mapped_pages(rows)
         layer.half_parts.append((rows, in_file))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Install the tiles as the layer's one segment. A one-part layer whose rows view the checkpoint file keeps
         that view (`gguf_rows`: an LM head's screen rechecks its candidates there)."""
-        self.set_records(layer, layer.half_tiles)
+        self.install_records(layer, layer.half_tiles, layer.half_mapped)
         parts, layer.half_parts = layer.half_parts, []
-        del layer.half_tiles
+        del layer.half_tiles, layer.half_mapped
         layer.gguf_rows = None
         if len(parts) == 1 and parts[0][1] and layer.in_features % 32 == 0:
             rows = parts[0][0]

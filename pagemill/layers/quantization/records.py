@@ -20,6 +20,7 @@ from pagemill.utils.memory import release_mapped_pages
 
 if TYPE_CHECKING:
     from pagemill.kernels.ops import TorchLayerOps
+    from pagemill.layers.quantization.records_cache import RecordsCache
 
 HALF_TILE_KINDS = {"f16": torch.float16, "bf16": torch.bfloat16}  # 16-bit tiles [tiles, K, 64] of that dtype
 
@@ -46,6 +47,26 @@ class RecordsLinearMethod(LinearMethodBase):
         # linear_dtype="int8": x quantized per row and block of 32 (Q4_K / Q6_K with VNNI: 256), integer products
         # (4-bit records, int8 tiles, 6-bit records with VNNI; the other kinds stay on the float kernels)
         self.int8_activations = False
+        self.cache: RecordsCache | None = None  # the weight file's records cache (records_cache.py), if any
+        self.cache_key = ""  # this layer's key in it
+
+    def use_cache(self, cache: RecordsCache | None, key: str) -> RecordsLinearMethod:
+        """Look the layer's records up in `cache` under `key`, and remember them there once packed."""
+        self.cache, self.cache_key = cache, key
+        return self
+
+    def cached_records(self) -> Any:
+        """The records an earlier start packed for this layer, mapped read-only from the cache; None if none."""
+        hit = self.cache.lookup(self.cache_key) if self.cache is not None else None
+        return hit[1] if hit is not None and hit[0] == self.records else None
+
+    def install_records(self, layer: nn.Module, records: Any, mapped: bool) -> None:
+        """Install the layer's one segment: records mapped from the cache, or packed this start (remembered for
+        the cache)."""
+        if not mapped and self.cache is not None:
+            self.cache.add(self.cache_key, self.records, records)
+        layer.records_mapped = mapped
+        self.set_records(layer, records)
 
     def set_records(self, layer: nn.Module, records: Any) -> None:
         """Install the layer's records, all of kind `self.records` (and its bias in float32, which the kernels add)."""

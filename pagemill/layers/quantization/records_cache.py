@@ -1,13 +1,15 @@
 """GEMV records laid out once per weight file and kept on disk, so that a second start maps them instead of packing.
 
-The cache is one safetensors file per (weight file, tensor / pipeline-parallel rank, layout) in $PAGEMILL_RECORDS_CACHE_DIR
-(default $PAGEMILL_CACHE_DIR/records, ~/.cache/pagemill/records). Its name hashes the weight file's identity (real
-path, size, modification time) and the source of the code that lays records out, so an edited file or a changed
-layout never reads stale records. A hit maps the file read-only: the records cost page cache, shared between
-processes, and no packing time. A miss packs as before and writes the file once the model is loaded (to a temporary
-name, renamed into place: concurrent starts never see half a file). PAGEMILL_RECORDS_CACHE=0 turns it off. The
-directory is kept under PAGEMILL_RECORDS_CACHE_MAX_GB (default 20): a write deletes the least recently used files
-beyond it, and a write that would leave the disk nearly full is skipped.
+The cache is one safetensors file per (weight files, tensor / pipeline-parallel rank, layout) in
+$PAGEMILL_RECORDS_CACHE_DIR (default $PAGEMILL_CACHE_DIR/records, ~/.cache/pagemill/records). Its name hashes the
+weight files' identity (real paths, sizes, modification times) and the source of the code that lays records out, so
+an edited file or a changed layout never reads stale records. GGUF records, a quantized checkpoint's records, a
+16-bit checkpoint's tiles and quantization='int8' / 'int4' records are all kept here. A hit maps the file read-only:
+the records cost page cache, shared between processes, and no packing time. A miss packs as before and writes the
+file once the model is loaded, on a thread of its own while the engine serves (to a temporary name, renamed into
+place: concurrent starts never see half a file; the process finishes the write before it exits).
+PAGEMILL_RECORDS_CACHE=0 turns it off. The directory is kept under PAGEMILL_RECORDS_CACHE_MAX_GB (default 20): a
+write deletes the least recently used files beyond it, and a write that would leave the disk nearly full is skipped.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +35,42 @@ logger = logging.getLogger(__name__)
 Records = torch.Tensor | list[torch.Tensor]
 # What decides the bytes (paths relative to this package; packing.cpp lays out the LM head's screen).
 _LAYOUT_SOURCES = ("gguf_records.py", "gguf.py", "int8_grid.py", "records_cache.py", "checkpoint_formats.py",
-                   "prequantized.py", "../head_screen.py", "../../csrc/cpu/packing.cpp")
+                   "prequantized.py", "half_tiles.py", "weight_only.py", "../head_screen.py",
+                   "../../csrc/cpu/packing.cpp")
 _META_KEY = "pagemill.records"
 _DEFAULT_MAX_GIB = 20.0
+
+
+# Cache files being written on a background thread (RecordsCache.save), by path.
+_writers: dict[Path, threading.Thread] = {}
+_writers_lock = threading.Lock()
+
+
+def wait_for_writes(path: Path | None = None) -> None:
+    """Block until the background writes of the cache file `path` (default: every one) are done."""
+    with _writers_lock:
+        if path is None:
+            writers = list(_writers.values())
+            _writers.clear()
+        else:
+            writer = _writers.pop(path, None)
+            writers = [writer] if writer is not None else []
+    for writer in writers:
+        writer.join()
+
+
+def _remove_orphaned_writes(directory: Path) -> None:
+    """Delete the temporary files of writers whose process is gone (killed mid-write)."""
+    for tmp in directory.glob("*.tmp"):
+        pid = tmp.name.split(".", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # alive (another user's process): not ours to delete
 
 
 def records_cache_dir() -> Path:
@@ -69,6 +105,7 @@ class RecordsCache:
         self._file = None
         self._stale: str | None = None
         self._model_prefix = path.stem  # the names of this weight file's records and their siblings start with it
+        wait_for_writes(path)  # an earlier engine of this process may still be writing it
         if path.is_file():
             try:
                 self._file = safe_open(str(path), framework="pt")
@@ -82,14 +119,23 @@ class RecordsCache:
     def for_weight_file(cls, weight_path: str, rank: str = "tp0/1") -> RecordsCache | None:
         """The cache of `weight_path` for this rank's share (`rank` names it, e.g. "tp0/2,pp1/2"), or None when
         caching is off or the file is missing."""
-        if not records_cache_enabled() or not os.path.isfile(weight_path):
+        return cls.for_weight_files([weight_path], rank)
+
+    @classmethod
+    def for_weight_files(cls, weight_paths: list[str], rank: str = "tp0/1") -> RecordsCache | None:
+        """The cache of a checkpoint's weight files (every file's size and time in its version) for this rank's
+        share and layout, or None when caching is off or a file is missing."""
+        if not records_cache_enabled() or not weight_paths or not all(os.path.isfile(p) for p in weight_paths):
             return None
-        real = os.path.realpath(weight_path)
-        st = os.stat(real)
-        owner = f"{Path(real).stem[:48]}-{hashlib.sha256(f'{real}|{rank}'.encode()).hexdigest()[:8]}"
-        version = hashlib.sha256(f"{st.st_size}|{st.st_mtime_ns}|{_layout_digest()}".encode()).hexdigest()[:12]
+        reals = [os.path.realpath(p) for p in weight_paths]
+        first = Path(reals[0])
+        # a checkpoint directory's files are named model*.safetensors: the directory names its records
+        label = first.stem if len(reals) == 1 and not first.stem.startswith("model") else first.parent.name
+        owner = f"{label[:48]}-{hashlib.sha256('|'.join([*reals, rank]).encode()).hexdigest()[:8]}"
+        stats = "|".join(f"{os.stat(r).st_size}|{os.stat(r).st_mtime_ns}" for r in reals)
+        version = hashlib.sha256(f"{stats}|{_layout_digest()}".encode()).hexdigest()[:12]
         cache = cls(records_cache_dir() / f"{owner}-{version}.safetensors")
-        cache._stale = f"{glob.escape(owner)}-*"  # earlier versions of this file's records (replaced by save)
+        cache._stale = f"{glob.escape(owner)}-*"  # earlier versions of these files' records (replaced by save)
         return cache
 
     @property
@@ -121,9 +167,11 @@ class RecordsCache:
         """Remember records packed this start (written by save), with JSON values to keep beside them."""
         self.packed[key] = (kind, records, extra)
 
-    def save(self) -> None:
-        """Write the records packed this start, if this start found no cache file (atomically; errors are logged:
-        a read-only cache directory only costs the next start its packing time)."""
+    def save(self, background: bool = True) -> None:
+        """Write the records packed this start, if this start found no cache file: atomically, and by default on a
+        thread of its own, so the engine serves while the file is written (the process finishes the write before
+        it exits; wait_for_writes joins it). Errors are logged: a read-only cache directory only costs the next
+        start its packing time."""
         if self.mapped or not self.packed:
             return
         tensors, index = {}, {}
@@ -131,6 +179,18 @@ class RecordsCache:
             parts = records if isinstance(records, list) else [records]
             index[key] = {"kind": kind, "parts": len(parts), "list": isinstance(records, list), "extra": extra}
             tensors.update({f"{key}#{i}": p.contiguous() for i, p in enumerate(parts)})
+        self.packed = {}
+        if not background:
+            self._write(tensors, index)
+            return
+        wait_for_writes(self.path)  # (one writer per file)
+        writer = threading.Thread(target=self._write, args=(tensors, index), name="records-cache-writer")
+        with _writers_lock:
+            _writers[self.path] = writer
+        writer.start()
+
+    def _write(self, tensors: dict[str, torch.Tensor], index: dict[str, dict]) -> None:
+        """Write the cache file (to a temporary name renamed into place), then drop stale versions and trim."""
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         if not room_to_write(self.path.parent, nbytes):
             logger.warning("Not writing the records cache %s (%.2f GB): the disk would be nearly full", self.path,
@@ -138,7 +198,8 @@ class RecordsCache:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+            _remove_orphaned_writes(self.path.parent)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f"{os.getpid()}.", suffix=".tmp")
             os.close(fd)
             try:
                 save_file(tensors, tmp, metadata={_META_KEY: json.dumps(index)})

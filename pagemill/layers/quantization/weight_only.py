@@ -11,8 +11,9 @@
   Q4_1 records `pack_gemv_weight_q4` fits for `gemv_q4` (0.625 bytes per weight).
 
 Every row count runs on the records alone (RecordsLinearMethod.apply: streamed up to 16 rows, fp32 panels
-dequantized per k block beyond); no float copy of a quantized weight is kept. The LM head (tied or not) and the embedding stay float: the head's
-error lands directly on the logits, and a tied head shares the embedding's table at no extra memory.
+dequantized per k block beyond); no float copy of a quantized weight is kept, and the records cache keeps the
+records for the next start (which then quantizes nothing). The LM head (tied or not) and the embedding stay float:
+the head's error lands directly on the logits, and a tied head shares the embedding's table at no extra memory.
 """
 
 from __future__ import annotations
@@ -48,19 +49,32 @@ class WeightOnlyLinearMethod(RecordsLinearMethod):
         super().__init__("int8" if weight_format == "int8" else "q4", weight_format, dtype, ops)
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
-        """A float32 staging weight [out, in] that the checkpoint fills (freed once quantized)."""
+        """The records an earlier start made (mapped from the records cache), else a float32 staging weight
+        [out, in] that the checkpoint fills (freed once quantized)."""
         layer.in_features, layer.out_features = in_features, out_features
-        layer.weight = torch.empty(out_features, in_features, dtype=torch.float32)
+        layer.cached_records = self.cached_records()
+        layer.weight = None if layer.cached_records is not None else torch.empty(out_features, in_features,
+                                                                                  dtype=torch.float32)
 
     def load_weight(self, layer: nn.Module, loaded: Any, row_offset: int, shard_index: int) -> None:
-        """Copy (converting to float32) into rows [row_offset, + rows) of the staging weight."""
+        """Copy (converting to float32) into rows [row_offset, + rows) of the staging weight (nothing to copy when
+        the records are cached)."""
         if not isinstance(loaded, torch.Tensor) or not loaded.is_floating_point():
             raise ValueError(f"quantization={self.weight_format!r} quantizes float checkpoint tensors, got "
                              f"{type(loaded).__name__} {getattr(loaded, 'dtype', getattr(loaded, 'format', ''))}")
-        copy_into(layer.weight.narrow(0, row_offset, loaded.shape[0]), loaded)
+        if loaded.dim() != 2 or loaded.shape[1] != layer.in_features:
+            raise ValueError(f"checkpoint tensor has shape {tuple(loaded.shape)}, expected [rows, "
+                             f"{layer.in_features}]")
+        if layer.weight is not None:
+            copy_into(layer.weight.narrow(0, row_offset, loaded.shape[0]), loaded)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Quantize the staging weight into the kernel's layout (the staging weight is freed)."""
+        """Quantize the staging weight into the kernel's layout (the staging weight is freed), or install the
+        cached records."""
+        cached, layer.cached_records = layer.cached_records, None
+        if cached is not None:
+            self.install_records(layer, cached, mapped=True)
+            return
         w = layer.weight
         if not torch.isfinite(w).all():
             raise ValueError(f"quantization={self.weight_format!r}: the checkpoint weight has non-finite values")
@@ -71,7 +85,7 @@ class WeightOnlyLinearMethod(RecordsLinearMethod):
             if not math.isfinite(float(err)):  # d or m past float16's range
                 raise ValueError("quantization='int4' needs weights within float16 range (|w| <= 32768)")
         del w
-        self.set_records(layer, records)
+        self.install_records(layer, records, mapped=False)
 
 
 class WeightOnlyQuantConfig(QuantConfig):
@@ -95,5 +109,6 @@ class WeightOnlyQuantConfig(QuantConfig):
         if head or in_features % FORMAT_GROUPS[self.weight_format]:
             return self.dense.get_linear_method(checkpoint_names, in_features)
         method = WeightOnlyLinearMethod(self.weight_format, self.dense.linear_dtype, self.dense.ops)
+        method.use_cache(self.dense.records_cache, "+".join(checkpoint_names))
         method.int8_activations = self.dense.int8_activations
         return method
