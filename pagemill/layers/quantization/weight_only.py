@@ -27,7 +27,9 @@ from torch import nn
 from pagemill.layers.quantization.base import LinearMethodBase, QuantConfig, copy_into
 from pagemill.layers.quantization.dense import DenseQuantConfig
 from pagemill.layers.quantization.records import RecordsLinearMethod
+from pagemill.layers.quantization.gguf_records import GEMV_TILE
 from pagemill.layers.quantization.int8_grid import int8_tiles, quantize_int8
+from pagemill.utils.memory import file_mapped, release_mapped_pages
 
 if TYPE_CHECKING:
     from pagemill.kernels.ops import TorchLayerOps
@@ -49,42 +51,68 @@ class WeightOnlyLinearMethod(RecordsLinearMethod):
         super().__init__("int8" if weight_format == "int8" else "q4", weight_format, dtype, ops)
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
-        """The records an earlier start made (mapped from the records cache), else a float32 staging weight
-        [out, in] that the checkpoint fills (freed once quantized)."""
+        """The records an earlier start made (mapped from the records cache), else room for the parts: each part of
+        whole 64-row tiles (every real model's) is quantized as it arrives; other layers fill a float32 staging
+        weight [out, in] (freed once quantized)."""
         layer.in_features, layer.out_features = in_features, out_features
         layer.cached_records = self.cached_records()
-        layer.weight = None if layer.cached_records is not None else torch.empty(out_features, in_features,
-                                                                                  dtype=torch.float32)
+        layer.part_records = {}  # row offset -> (rows, the part's records)
+        sizes = getattr(layer, "output_sizes", [out_features])
+        whole_tiles = all(size % GEMV_TILE == 0 for size in sizes)
+        layer.weight = None if layer.cached_records is not None or whole_tiles else torch.empty(
+            out_features, in_features, dtype=torch.float32)
 
     def load_weight(self, layer: nn.Module, loaded: Any, row_offset: int, shard_index: int) -> None:
-        """Copy (converting to float32) into rows [row_offset, + rows) of the staging weight (nothing to copy when
-        the records are cached)."""
+        """Quantize the part (whole tiles), or copy it (converting to float32) into rows [row_offset, + rows) of
+        the staging weight; nothing when the records are cached."""
         if not isinstance(loaded, torch.Tensor) or not loaded.is_floating_point():
             raise ValueError(f"quantization={self.weight_format!r} quantizes float checkpoint tensors, got "
                              f"{type(loaded).__name__} {getattr(loaded, 'dtype', getattr(loaded, 'format', ''))}")
         if loaded.dim() != 2 or loaded.shape[1] != layer.in_features:
             raise ValueError(f"checkpoint tensor has shape {tuple(loaded.shape)}, expected [rows, "
                              f"{layer.in_features}]")
+        if layer.cached_records is not None:
+            return
         if layer.weight is not None:
             copy_into(layer.weight.narrow(0, row_offset, loaded.shape[0]), loaded)
+        elif row_offset % GEMV_TILE or loaded.shape[0] % GEMV_TILE:
+            raise ValueError(f"rows [{row_offset}, {row_offset + loaded.shape[0]}) are not whole 64-row tiles")
+        else:
+            layer.part_records[row_offset] = (loaded.shape[0], self._quantize(loaded.float()))
+            if file_mapped(loaded):  # read once: the file's pages leave the resident set
+                release_mapped_pages(loaded)
 
-    def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Quantize the staging weight into the kernel's layout (the staging weight is freed), or install the
-        cached records."""
-        cached, layer.cached_records = layer.cached_records, None
-        if cached is not None:
-            self.install_records(layer, cached, mapped=True)
-            return
-        w = layer.weight
+    def _quantize(self, w: torch.Tensor) -> Any:
+        """The records of float32 rows w [rows, in]: int8 tiles [q, scales, mins] or Q4_1 records."""
         if not torch.isfinite(w).all():
             raise ValueError(f"quantization={self.weight_format!r}: the checkpoint weight has non-finite values")
         if self.weight_format == "int8":
-            records = int8_tiles(quantize_int8(w, INT8_GROUP, asymmetric=True, search=True))
+            return int8_tiles(quantize_int8(w, INT8_GROUP, asymmetric=True, search=True))
+        records, err = self.ops.pack_gemv_weight_q4(w, QUANT_GROUP)
+        if not math.isfinite(float(err)):  # d or m past float16's range
+            raise ValueError("quantization='int4' needs weights within float16 range (|w| <= 32768)")
+        return records
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Install the cached records, or the parts' records stacked in row order, or quantize the staging weight
+        (then freed)."""
+        cached, layer.cached_records = layer.cached_records, None
+        parts, layer.part_records = sorted(layer.part_records.items()), {}
+        if cached is not None:
+            self.install_records(layer, cached, mapped=True)
+            return
+        if layer.weight is not None:
+            records = self._quantize(layer.weight)
+            layer.weight = None
         else:
-            records, err = self.ops.pack_gemv_weight_q4(w, QUANT_GROUP)
-            if not math.isfinite(float(err)):  # d or m past float16's range
-                raise ValueError("quantization='int4' needs weights within float16 range (|w| <= 32768)")
-        del w
+            rows = sum(n for _, (n, _) in parts)
+            if rows != layer.out_features:
+                raise ValueError(f"checkpoint parts cover {rows} of {layer.out_features} rows")
+            records = [r for _, (_, r) in parts]
+            if self.weight_format == "int8":  # [q, scales, mins], each stacked over the parts' tiles
+                records = [torch.cat(kind) if len(parts) > 1 else kind[0] for kind in zip(*records)]
+            else:
+                records = torch.cat(records) if len(parts) > 1 else records[0]
         self.install_records(layer, records, mapped=False)
 
 
