@@ -68,7 +68,7 @@ class GGUFLinearMethod(RecordsLinearMethod):
                  cache_key: str = "") -> None:
         super().__init__(record_kind(formats, ops.isa()), "+".join(sorted(formats)), dtype, ops)
         self.formats = formats
-        self.cache, self.cache_key = cache, cache_key  # the file's records cache and this layer's key in it
+        self.use_cache(cache, cache_key)  # the file's records cache and this layer's key in it
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
         """Room for the checkpoint parts (loaded lazily from the file; nothing is allocated)."""

@@ -101,7 +101,7 @@ class PrequantizedLinearMethod(RecordsLinearMethod):
     def __init__(self, method: str, bits: int, dtype: torch.dtype, ops: TorchLayerOps,
                  cache: RecordsCache | None = None, cache_key: str = "") -> None:
         super().__init__("q4" if bits == 4 else "int8", method, dtype, ops)
-        self.cache, self.cache_key = cache, cache_key  # the checkpoint's records cache and this layer's key in it
+        self.use_cache(cache, cache_key)  # the checkpoint's records cache and this layer's key in it
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
         """Room for the shards (nothing is allocated); the layer's cached records, if an earlier start made them."""
