@@ -184,10 +184,20 @@ class RecordsCache:
             self._write(tensors, index)
             return
         wait_for_writes(self.path)  # (one writer per file)
-        writer = threading.Thread(target=self._write, args=(tensors, index), name="records-cache-writer")
+        writer = threading.Thread(target=self._write_in_background, args=(tensors, index),
+                                  name="records-cache-writer")
         with _writers_lock:
             _writers[self.path] = writer
         writer.start()
+
+    def _write_in_background(self, tensors: dict[str, torch.Tensor], index: dict[str, dict]) -> None:
+        """_write at the lowest CPU priority: the engine's threads (its start-up, then its steps) go first, and the
+        copy into the page cache takes the cycles they leave."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
+        except (AttributeError, OSError):
+            pass  # elsewhere the writer keeps the process's priority
+        self._write(tensors, index)
 
     def _write(self, tensors: dict[str, torch.Tensor], index: dict[str, dict]) -> None:
         """Write the cache file (to a temporary name renamed into place), then drop stale versions and trim."""
