@@ -21,29 +21,18 @@ import json
 import logging
 import os
 import pickle
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pagemill.config.config_snapshot import FORMAT, ConfigSnapshot, UnsavableConfig
-from pagemill.utils.cache_dirs import cache_enabled, cache_limit_bytes, cache_root, mark_used, room_to_write, trim_cache
+from pagemill.utils.cache_dirs import (METADATA_CACHE_MAX_GIB, cache_limit_bytes, mark_used, metadata_cache_dir,
+                                       metadata_cache_enabled, write_atomically)
 
 logger = logging.getLogger(__name__)
 
 _TOKENIZER_SOURCES = ("tokenizer.py", "metadata_cache.py")  # what decides the tokenizer built (beside this file)
-_DEFAULT_MAX_GIB = 0.5
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".index.json")
-
-
-def metadata_cache_dir() -> Path:
-    """$PAGEMILL_CACHE_DIR/metadata (default ~/.cache/pagemill/metadata)."""
-    return Path(cache_root()) / "metadata"
-
-
-def metadata_cache_enabled() -> bool:
-    """False when PAGEMILL_METADATA_CACHE is 0 / false / off."""
-    return cache_enabled("PAGEMILL_METADATA_CACHE")
 
 
 def _version(package: str) -> str:
@@ -128,22 +117,5 @@ def _tokenizer_files_id(source: str) -> str:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary name and rename into place (concurrent starts never see half a file); errors are logged:
-    a read-only cache directory or a full disk only costs the next start the build. Then trims the directory."""
-    try:
-        if not room_to_write(path.parent, len(data)):
-            logger.warning("Not writing the cache file %s: the disk would be nearly full", path)
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    except OSError as e:
-        logger.warning("Could not write the cache file %s (%s)", path, e)
-        return
-    trim_cache(path.parent, cache_limit_bytes("PAGEMILL_METADATA_CACHE_MAX_GB", _DEFAULT_MAX_GIB), keep=[path])
+    """write_atomically under this directory's size limit."""
+    write_atomically(path, data, cache_limit_bytes("PAGEMILL_METADATA_CACHE_MAX_GB", METADATA_CACHE_MAX_GIB))

@@ -6,17 +6,29 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
+METADATA_CACHE_MAX_GIB = 0.5  # default of PAGEMILL_METADATA_CACHE_MAX_GB
 
 
 def cache_root() -> str:
     """$PAGEMILL_CACHE_DIR, else ~/.cache/pagemill."""
     return os.environ.get("PAGEMILL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pagemill"))
+
+
+def metadata_cache_dir() -> Path:
+    """$PAGEMILL_CACHE_DIR/metadata (default ~/.cache/pagemill/metadata): configs, tokenizers, RoPE tables."""
+    return Path(cache_root()) / "metadata"
+
+
+def metadata_cache_enabled() -> bool:
+    """False when PAGEMILL_METADATA_CACHE is 0 / false / off."""
+    return cache_enabled("PAGEMILL_METADATA_CACHE")
 
 
 def cache_enabled(env: str) -> bool:
@@ -77,3 +89,26 @@ def trim_cache(directory: Path, max_bytes: int, keep: Iterable[Path] = ()) -> in
     if freed:
         logger.info("Trimmed %.2f GB of least recently used files from %s", freed / 1e9, directory)
     return freed
+
+
+def write_atomically(path: Path, data: bytes, max_bytes: int) -> None:
+    """Write `data` to a temporary name and rename it into place (concurrent starts never see half a file), then trim
+    the directory to `max_bytes`; errors are logged: a read-only cache directory or a full disk only costs the next
+    start the build."""
+    try:
+        if not room_to_write(path.parent, len(data)):
+            logger.warning("Not writing the cache file %s: the disk would be nearly full", path)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as e:
+        logger.warning("Could not write the cache file %s (%s)", path, e)
+        return
+    trim_cache(path.parent, max_bytes, keep=[path])
