@@ -1,5 +1,5 @@
 """Model configs (of a GGUF file or a HF directory's config.json) and tokenizers saved on disk, so that a second
-start builds neither.
+start builds neither (the RoPE tables of scaled RoPE types sit beside them: layers/rotary.py).
 
 Building them costs most of a small model's start: the config needs transformers' configuration classes (~1.2 s of
 imports), a GGUF's tokenizer transformers' own pass over the file's metadata (~0.3 s for SmolLM2) and its model
