@@ -16,6 +16,7 @@ from pagemill.layers.quantization import get_quant_config
 from pagemill.layers.quantization.records_cache import RecordsCache
 from pagemill.layers.quantization.weight_memory import weight_memory_line
 from pagemill.models.registry import get_model_class
+from pagemill.utils.memory import release_free_memory
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ def load_model(model_config: ModelConfig, ops: TorchLayerOps, attn_backend: Atte
         weights = iter_hf_weights(model_config.model)
     model.load_weights(weights)
     model.eval().requires_grad_(False)
+    release_free_memory()  # the load's freed temporaries: the step buffers' mallopt keeps freed heap pages mapped
     if gguf is not None:
         gguf.gguf.release_pages()  # the file no longer counts in the resident set
     if records_cache is not None:

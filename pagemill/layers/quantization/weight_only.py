@@ -29,7 +29,7 @@ from pagemill.layers.quantization.dense import DenseQuantConfig
 from pagemill.layers.quantization.records import RecordsLinearMethod
 from pagemill.layers.quantization.gguf_records import GEMV_TILE
 from pagemill.layers.quantization.int8_grid import int8_tiles, quantize_int8
-from pagemill.utils.memory import file_mapped, release_mapped_pages
+from pagemill.utils.memory import file_mapped, release_free_memory, release_mapped_pages
 
 if TYPE_CHECKING:
     from pagemill.kernels.ops import TorchLayerOps
@@ -81,6 +81,7 @@ class WeightOnlyLinearMethod(RecordsLinearMethod):
             layer.part_records[row_offset] = (loaded.shape[0], self._quantize(loaded.float()))
             if file_mapped(loaded):  # read once: the file's pages leave the resident set
                 release_mapped_pages(loaded)
+            release_free_memory()  # the fit's temporaries (freed heap pages otherwise stay mapped: utils.memory)
 
     def _quantize(self, w: torch.Tensor) -> Any:
         """The records of float32 rows w [rows, in]: int8 tiles [q, scales, mins] or Q4_1 records."""
