@@ -4,8 +4,6 @@ packs nothing and generates the same tokens; a float32 checkpoint on the plain f
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -21,14 +19,6 @@ from tests.layers.helpers import engine_model
 pytestmark = requires_kernels
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-
-
-@pytest.fixture
-def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "records"
-    monkeypatch.setenv("PAGEMILL_RECORDS_CACHE_DIR", str(root))
-    monkeypatch.delenv("PAGEMILL_RECORDS_CACHE", raising=False)
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -46,14 +46,6 @@ def _cache_files(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("*.safetensors") if ".head_screen." not in p.name)
 
 
-@pytest.fixture
-def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "records"
-    monkeypatch.setenv("PAGEMILL_RECORDS_CACHE_DIR", str(root))
-    monkeypatch.delenv("PAGEMILL_RECORDS_CACHE", raising=False)
-    return root
-
-
 def _forbid_packing(monkeypatch: pytest.MonkeyPatch) -> None:
     def packing(*args, **kwargs):
         raise AssertionError("records were packed although the cache holds them")

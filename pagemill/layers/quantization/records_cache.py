@@ -167,11 +167,11 @@ class RecordsCache:
         """Remember records packed this start (written by save), with JSON values to keep beside them."""
         self.packed[key] = (kind, records, extra)
 
-    def save(self, background: bool = True) -> None:
-        """Write the records packed this start, if this start found no cache file: atomically, and by default on a
-        thread of its own, so the engine serves while the file is written (the process finishes the write before
-        it exits; wait_for_writes joins it). Errors are logged: a read-only cache directory only costs the next
-        start its packing time."""
+    def save(self) -> None:
+        """Write the records packed this start, if this start found no cache file: atomically, on a thread of its
+        own, so the engine serves while the file is written (the process finishes the write before it exits;
+        wait_for_writes joins it). Errors are logged: a read-only cache directory only costs the next start its
+        packing time."""
         if self.mapped or not self.packed:
             return
         tensors, index = {}, {}
@@ -180,9 +180,6 @@ class RecordsCache:
             index[key] = {"kind": kind, "parts": len(parts), "list": isinstance(records, list), "extra": extra}
             tensors.update({f"{key}#{i}": p.contiguous() for i, p in enumerate(parts)})
         self.packed = {}
-        if not background:
-            self._write(tensors, index)
-            return
         wait_for_writes(self.path)  # (one writer per file)
         writer = threading.Thread(target=self._write_in_background, args=(tensors, index),
                                   name="records-cache-writer")
